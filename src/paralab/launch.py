@@ -51,6 +51,13 @@ class LaunchTimeout(LaunchError):
     """Some ranks did not finish within the timeout (typically: a collective their peers skipped)."""
 
 
+def rank_device() -> torch.device:
+    """The device this rank's tensors live on: its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _default_start_method() -> str:
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
