@@ -81,10 +81,10 @@ def test_a_dying_rank_is_reported():
 def test_a_skipped_collective_times_out_instead_of_hanging():
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        run(_skip_collective_on, 4, 1, timeout=3)
+        run(_skip_collective_on, 4, 1, timeout=8)
     elapsed = time.monotonic() - start
-    assert elapsed < 10
-    assert "ranks [0, 2, 3] of 4 did not finish within 3 s while ranks [1] had returned" in str(info.value)
+    assert elapsed < 20
+    assert "ranks [0, 2, 3] of 4 did not finish within 8 s while ranks [1] had returned" in str(info.value)
     assert info.value.hung_ranks == [0, 2, 3]
     assert not _children_alive()
 
@@ -101,15 +101,18 @@ def test_bad_arguments_give_clear_errors():
         run(_rank_and_sum, 2, start_method="fork")
 
 
-def test_spawn_start_method_also_works():
-    assert [r[0] for r in run(_rank_and_sum, 2, start_method="spawn")] == [0, 1]
-
-
-def test_warm_launch_is_fast():
-    run(_rank_and_sum, 8)
+def _timed_launch(**kwargs) -> float:
     start = time.monotonic()
-    run(_rank_and_sum, 8)
-    assert time.monotonic() - start < 3.0  # ~0.15 s on an idle 2-core machine
+    assert [r[0] for r in run(_rank_and_sum, 2, **kwargs)] == [0, 1]
+    return time.monotonic() - start
+
+
+def test_warm_forkserver_launch_beats_spawn():
+    """spawn pays `import torch` in every rank (~1 s each); the preloaded forkserver does not."""
+    _timed_launch()
+    warm = min(_timed_launch() for _ in range(2))
+    spawned = _timed_launch(start_method="spawn")
+    assert warm < spawned / 3, f"warm forkserver {warm:.2f} s vs spawn {spawned:.2f} s"
 
 
 def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
