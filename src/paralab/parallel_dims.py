@@ -244,6 +244,14 @@ class ParallelDims:
     def lb_size(self) -> int:
         return self._local("lb")[1]
 
+    def group_ranks(self) -> dict[str, list[int]]:
+        """This rank's group on every built 1-D mesh, read from the real DeviceMesh."""
+        return {
+            axis: mesh.mesh.flatten().tolist()
+            for axis, mesh in self._meshes.items()
+            if mesh.ndim == 1
+        }
+
     def __repr__(self) -> str:
         return (
             f"ParallelDims(world_size={self._world_size}, dp_shard={self._dp_shard}, "
@@ -262,3 +270,29 @@ def fsdp_mesh(parallel_dims: ParallelDims) -> DeviceMesh | None:
     if parallel_dims.dp_replicate > 1:
         return parallel_dims.dp_mesh
     return parallel_dims.dp_shard_mesh
+
+
+def predict_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
+    """Row-major arithmetic for the groups `build_meshes` gives `rank`, without any process group.
+
+    A mesh of shape (..., n) named (..., axis) puts rank r in the group of the
+    n ranks that share every other coordinate: the ranks r - r % n ... when the
+    axis is last, strided by the product of the later dims otherwise.
+    """
+    pd, world = parallel_dims, parallel_dims.world_size
+    layouts = {
+        "cfgp": ((world // (pd.cfgp * pd.cp), pd.cfgp, pd.cp), 1),
+        "cp": ((world // (pd.cfgp * pd.cp), pd.cfgp, pd.cp), 2),
+        "dp_replicate": ((pd.dp_replicate, pd.dp_shard), 0),
+        "dp_shard": ((pd.dp_replicate, pd.dp_shard), 1),
+        "lb": ((world // pd.lb, pd.lb), 1),
+    }
+    sizes = {"cfgp": pd.cfgp, "cp": pd.cp, "dp_replicate": pd.dp_replicate, "dp_shard": pd.dp_shard, "lb": pd.lb}
+    groups = {}
+    for axis, (shape, dim) in layouts.items():
+        if sizes[axis] == 1 or (axis.startswith("dp") and not pd.dp_enabled):
+            continue
+        stride = math.prod(shape[dim + 1:])
+        first = rank - (rank // stride % shape[dim]) * stride
+        groups[axis] = [first + i * stride for i in range(shape[dim])]
+    return groups

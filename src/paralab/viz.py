@@ -1,0 +1,79 @@
+"""Pictures for the labs. Every function returns a matplotlib Figure; the notebook displays it.
+
+One section per lab; the mesh pictures of lab 00 come first.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+PALETTE = plt.get_cmap("tab20").colors
+
+
+# ----------------------------------------------------------------------------- lab 00: meshes
+def _grid_shape(world_size: int) -> tuple[int, int]:
+    rows = 2 if world_size >= 4 and world_size % 2 == 0 else 1
+    return rows, math.ceil(world_size / rows)
+
+
+def plot_rank_groups(
+    groups: list[dict[str, list[int]]],
+    axes: list[str] | None = None,
+    title: str = "",
+) -> Figure:
+    """One panel per axis: every rank a cell, coloured by the group it belongs to on that axis.
+
+    `groups[rank][axis]` is the list of ranks in `rank`'s group (as returned by
+    `ParallelDims.group_ranks()` on each rank). Ranks without the axis are grey.
+    """
+    world = len(groups)
+    if axes is None:
+        axes = list(dict.fromkeys(a for g in groups for a in g))
+    rows, cols = _grid_shape(world)
+    fig, panels = plt.subplots(1, len(axes), figsize=(2.6 * len(axes) * cols / 4 + 0.6, 1.2 * rows + 0.9), squeeze=False)
+    for panel, axis in zip(panels[0], axes):
+        group_ids: dict[tuple[int, ...], int] = {}
+        for rank in range(world):
+            members = tuple(groups[rank].get(axis, ()))
+            r, c = divmod(rank, cols)
+            if members:
+                gid = group_ids.setdefault(members, len(group_ids))
+                color, label = PALETTE[(2 * gid) % len(PALETTE)], f"{rank}\ng{gid}"
+            else:
+                color, label = (0.85, 0.85, 0.85), str(rank)
+            panel.add_patch(plt.Rectangle((c, rows - 1 - r), 0.94, 0.94, color=color))
+            panel.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=8)
+        panel.set_xlim(-0.05, cols)
+        panel.set_ylim(-0.05, rows)
+        panel.set_aspect("equal")
+        panel.axis("off")
+        panel.set_title(f"{axis}: {len(group_ids)} group(s)", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dp_grid(dp_replicate: int, dp_shard: int) -> Figure:
+    """The dp mesh as a (replicas x shards) table of ranks: rows are replicas, columns shard slots."""
+    fig, ax = plt.subplots(figsize=(1.0 * dp_shard + 1.2, 0.8 * dp_replicate + 0.9))
+    for rep in range(dp_replicate):
+        for shard in range(dp_shard):
+            rank = rep * dp_shard + shard
+            y = dp_replicate - 1 - rep
+            ax.add_patch(plt.Rectangle((shard, y), 0.94, 0.94, color=PALETTE[(2 * shard) % len(PALETTE)]))
+            ax.text(shard + 0.47, y + 0.47, f"rank {rank}", ha="center", va="center", fontsize=8)
+    ax.set_xticks([s + 0.47 for s in range(dp_shard)], [f"shard {s}" for s in range(dp_shard)], fontsize=8)
+    ax.set_yticks([dp_replicate - 1 - r + 0.47 for r in range(dp_replicate)],
+                  [f"replica {r}" for r in range(dp_replicate)], fontsize=8)
+    ax.set_xlim(-0.05, dp_shard)
+    ax.set_ylim(-0.05, dp_replicate)
+    ax.set_aspect("equal")
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("dp mesh: a row is one full copy (dp_shard group),\na column one shard slot (dp_replicate group)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
