@@ -55,3 +55,21 @@ class TinyVideoEncoder:
 
     def __call__(self, video: torch.Tensor) -> torch.Tensor:
         return self.encode_normalized(normalize_pixels(video))
+
+
+def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[torch.Tensor]:
+    """`count` random uint8 (3, T, H, W) videos whose sizes differ a lot, as raw data does.
+
+    T is a multiple of 2 up to `max_frames`, H and W multiples of 8 up to
+    `max_side`, so `TinyVideoEncoder()` accepts all of them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+
+    def pick(step: int, top: int) -> int:
+        return step * int(torch.randint(1, top // step + 1, (1,), generator=generator))
+
+    videos = []
+    for _ in range(count):
+        shape = (3, pick(2, max_frames), pick(8, max_side), pick(8, max_side))
+        videos.append(torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8))
+    return videos

@@ -77,3 +77,55 @@ def plot_dp_grid(dp_replicate: int, dp_shard: int) -> Figure:
                  fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- lab 04: VAE load balancing
+def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int], int], ranks: list[int]) -> None:
+    """One bar per rank, one segment per sample it encodes, coloured by the sample's owner; guests hatched."""
+    x_of = {rank: k for k, rank in enumerate(ranks)}
+    bottom = [0.0] * len(ranks)
+    for (owner, index), rank in sorted(where.items(), key=lambda item: (x_of[item[1]], item[1] != item[0][0], item[0])):
+        k, cost = x_of[rank], costs[owner][index]
+        ax.bar(k, cost, bottom=bottom[k], width=0.7, color=PALETTE[(2 * x_of[owner]) % len(PALETTE)],
+               edgecolor="black", linewidth=0.5, hatch="//" if owner != rank else None)
+        bottom[k] += cost
+    mean = sum(bottom) / len(ranks)
+    ax.axhline(mean, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(ranks)), [str(r) for r in ranks], fontsize=8)
+    ax.set_xlabel("rank", fontsize=8)
+    ax.set_title(f"max {max(bottom):,.0f}, spread {max(bottom) - min(bottom):,.0f} (dashed: mean)", fontsize=8)
+
+
+def plot_lb_loads(
+    costs: dict[int, list[float]], after: dict[tuple[int, int], int], title: str = ""
+) -> Figure:
+    """Predicted load per rank before and after a plan, stacked by sample.
+
+    `costs[rank]` are the owner's sample costs; `after[(owner, index)]` is the
+    rank that encodes that sample once the plan is applied. Segments keep their
+    owner's colour; a hatched segment is a guest encoded for another rank.
+    """
+    ranks = sorted(costs)
+    before = {(rank, i): rank for rank in ranks for i in range(len(costs[rank]))}
+    fig, panels = plt.subplots(1, 2, figsize=(1.6 + 0.9 * len(ranks), 3.0), sharey=True)
+    for panel, where, name in ((panels[0], before, "before"), (panels[1], after, "after")):
+        _stacked_loads(panel, costs, where, ranks)
+        panel.set_title(f"{name}: " + panel.get_title(), fontsize=8)
+    panels[0].set_ylabel("predicted cost (frames x height x width)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_fit(pixels: list[float], seconds: list[float], slope: float, intercept: float) -> Figure:
+    """Measured encode time against frames x height x width, with the fitted line."""
+    fig, ax = plt.subplots(figsize=(4.2, 3.0))
+    ax.scatter(pixels, seconds, s=14, color=PALETTE[0])
+    top = max(pixels)
+    ax.plot([0, top], [intercept, intercept + slope * top], color=PALETTE[6], linewidth=1)
+    ax.set_xlabel("frames x height x width", fontsize=8)
+    ax.set_ylabel("encode time (s)", fontsize=8)
+    ax.set_title("encode time is linear in frames x height x width", fontsize=9)
+    fig.tight_layout()
+    return fig
