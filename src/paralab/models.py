@@ -16,7 +16,7 @@ def normalize_pixels(video: torch.Tensor) -> torch.Tensor:
     """uint8 pixels in [0, 255] -> float64 in [-1, 1] (x / 127.5 - 1: exact at 0 and 255)."""
     if video.dtype != torch.uint8:
         raise TypeError(f"normalize_pixels expects raw uint8 pixels, got {video.dtype}")
-    return video.to(torch.float64) / 127.5 - 1.0
+    return video.to(torch.float64).div_(127.5).sub_(1.0)  # in place: one float64 buffer, not three
 
 
 class TinyVideoEncoder:
@@ -57,8 +57,8 @@ class TinyVideoEncoder:
         return self.encode_normalized(normalize_pixels(video))
 
 
-def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[torch.Tensor]:
-    """`count` random uint8 (3, T, H, W) videos whose sizes differ a lot, as raw data does.
+def random_video_shapes(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[tuple[int, ...]]:
+    """`count` random (3, T, H, W) shapes that differ a lot, as raw video data does.
 
     T is a multiple of 2 up to `max_frames`, H and W multiples of 8 up to
     `max_side`, so `TinyVideoEncoder()` accepts all of them.
@@ -68,8 +68,11 @@ def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int
     def pick(step: int, top: int) -> int:
         return step * int(torch.randint(1, top // step + 1, (1,), generator=generator))
 
-    videos = []
-    for _ in range(count):
-        shape = (3, pick(2, max_frames), pick(8, max_side), pick(8, max_side))
-        videos.append(torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8))
-    return videos
+    return [(3, pick(2, max_frames), pick(8, max_side), pick(8, max_side)) for _ in range(count)]
+
+
+def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[torch.Tensor]:
+    """`count` random uint8 videos with the shapes of `random_video_shapes`."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+            for shape in random_video_shapes(count, seed, max_frames, max_side)]
