@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
-from paralab.launch import run
+from paralab.launch import LaunchTimeout, run
 from paralab.ledger import Ledger
 from paralab.models import TinyVideoEncoder, random_raw_videos
 from paralab.vae_lb import META_BYTES, encode_cost, offload_encode, plan_rebalance
@@ -137,3 +137,20 @@ def test_costs_and_videos_must_match():
 
     with pytest.raises(Exception, match="1 videos but 0 costs"):
         run(mismatched, 1)
+
+
+def skip_when_empty(batches):
+    """Worker with the data-dependent skip the protocol forbids: an empty rank returns at once."""
+    pd = ParallelDims(dist.get_world_size(), lb=2)
+    pd.build_meshes("cpu")
+    videos = batches[dist.get_rank()]
+    if not videos:
+        return []
+    return offload_encode(videos, [encode_cost(v) for v in videos], TinyVideoEncoder(), pd.lb_mesh.get_group())
+
+
+def test_a_rank_that_skips_the_collectives_hangs_its_peer():
+    batches = [random_raw_videos(n, seed=60 + r) for r, n in enumerate([2, 1, 0, 2])]
+    with pytest.raises(LaunchTimeout) as caught:
+        run(skip_when_empty, 4, batches, timeout=3)
+    assert caught.value.hung_ranks == [3]  # rank 2's only lb peer; group [0, 1] finished
