@@ -601,8 +601,9 @@ print(verdict_table(closing, "the two traps"))
 # LPT reaches the same makespan by moving 19 of the 21 videos. Every latent
 # came back to its owner, in order, bit-identical to local encoding, at lb = 2,
 # 4 and 8 and with 2 and 4 groups in one world of 8; the ledger's bytes equal
-# the formulas on every rank. The notebook ran in about 15 s on a 2-core
-# machine shared with other jobs (the cell below prints this run's time).
+# the formulas on every rank. Building and running the notebook takes 10–20 s
+# on a 2-core machine shared with other jobs, about 9 s of it inside the
+# kernel (the cell below prints this run's time).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
