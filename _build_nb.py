@@ -25,6 +25,7 @@ import inspect
 import os
 import re
 import sys
+import textwrap
 import time
 import types
 from pathlib import Path
@@ -52,17 +53,36 @@ def lab_sources(only: str | None = None) -> list[Path]:
 
 
 def _resolve(dotted: str) -> tuple[types.ModuleType, str, object]:
-    module_name, _, attr = dotted.rpartition(".")
-    module = importlib.import_module(module_name)
-    if not hasattr(module, attr):
-        raise SystemExit(f"# show: {dotted} does not exist in {module_name}")
-    return module, attr, getattr(module, attr)
+    """`pkg.module.name` or `pkg.module.Class.method` -> (module, qualified name, object)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        obj: object = module
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                raise SystemExit(f"# show: {dotted}: {attr!r} not found")
+            obj = getattr(obj, attr)
+        return module, ".".join(parts[cut:]), obj
+    raise SystemExit(f"# show: {dotted}: no such module")
+
+
+def _source(qualname: str, obj: object) -> str:
+    """A method is shown as a function and re-attached, so editing the cell patches the class."""
+    code = textwrap.dedent(inspect.getsource(obj)).rstrip()
+    if "." in qualname:
+        owner, name = qualname.rsplit(".", 1)
+        code += f"\n\n\n{owner}.{name} = {name}"
+    return code
 
 
 def _free_names(source: str) -> list[str]:
     """Global names the shown code reads but does not define itself."""
     tree = ast.parse(source)
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+    defined |= {t.attr for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Attribute)}
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for node in ast.walk(tree):  # names bound locally anywhere are not globals of interest
         if isinstance(node, ast.arg):
@@ -92,10 +112,12 @@ def show_cell(spec: str) -> str:
     if len(modules) != 1:
         raise SystemExit(f"# show: {spec} mixes modules; use one marker per module")
     module = next(iter(modules.values()))
-    bodies = [inspect.getsource(obj).rstrip() for _, _, obj in objects]
+    bodies = [_source(qualname, obj) for _, qualname, obj in objects]
     code = "\n\n\n".join(bodies)
     rel = Path(inspect.getsourcefile(module)).resolve().relative_to(ROOT)
     header = [f"# From {rel.as_posix()}: the code the package and its tests run. Edit and re-run to experiment."]
+    if any("." in qualname for _, qualname, _ in objects):
+        header.append("# Methods are re-attached to their class in this kernel; ranks import the package's copy.")
     header += _import_lines(module, _free_names(code))
     return "\n".join(header) + "\n\n\n" + code
 

@@ -51,6 +51,13 @@ class LaunchTimeout(LaunchError):
     """Some ranks did not finish within the timeout (typically: a collective their peers skipped)."""
 
 
+def rank_device() -> torch.device:
+    """The device this rank's tensors live on: its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _default_start_method() -> str:
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
@@ -126,7 +133,7 @@ def _worker(
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send(("error", f"raised {type(exc).__name__}: {exc}", traceback.format_exc()))
     finally:
         conn.close()
 
@@ -289,8 +296,8 @@ def _receive(conn: Any, proc: Any) -> tuple:
         try:
             return conn.recv()
         except EOFError:
-            pass
-    return ("error", f"process died without a result (exit code {proc.exitcode})", "")
+            proc.join(1.0)
+    return ("error", f"died without a result (exit code {proc.exitcode})", "")
 
 
 def _launch_error(errors: dict, pending: set, results: dict, logs: list[str], world_size: int) -> LaunchError:
@@ -298,13 +305,14 @@ def _launch_error(errors: dict, pending: set, results: dict, logs: list[str], wo
     order = list(errors)  # arrival order
     causes = [r for r in order if not _is_consequence(errors[r][0])] or order[:1]
     primary = causes[0]
-    lines = [f"rank {r} raised {errors[r][0]}" for r in causes]
+    lines = [f"rank {r} {errors[r][0]}" for r in causes]
     followers = sorted(r for r in errors if r not in causes)
     if followers:
         lines.append(f"ranks {followers} failed as a consequence (a peer vanished or stalled)")
     if pending:
         lines.append(f"ranks {sorted(pending)} were blocked waiting for the failed ranks and were stopped")
-    lines.append(f"--- traceback of rank {primary} ---\n{errors[primary][1].rstrip()}")
+    if errors[primary][1]:
+        lines.append(f"--- traceback of rank {primary} ---\n{errors[primary][1].rstrip()}")
     tail = _log_tail(logs[primary])
     if tail:
         lines.append(f"--- output of rank {primary} ---\n{tail}")

@@ -1,0 +1,158 @@
+"""paralab.launch.run: results, errors, hangs, cleanup, notebooks and torchrun."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+from nbclient import NotebookClient
+
+from paralab.launch import LaunchError, LaunchTimeout, run
+
+
+def _rank_and_sum():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item(), torch.get_num_threads()
+
+
+def _raise_on(bad_rank):
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"bad input on rank {bad_rank}")
+    dist.all_reduce(torch.zeros(1))
+
+
+def _skip_collective_on(skipping_rank):
+    if dist.get_rank() != skipping_rank:
+        dist.all_reduce(torch.zeros(1))
+    return dist.get_rank()
+
+
+def _die_on(bad_rank):
+    if dist.get_rank() == bad_rank:
+        os._exit(3)
+    dist.all_reduce(torch.zeros(1))
+
+
+def _children_alive() -> list[str]:
+    import multiprocessing
+
+    return [p.name for p in multiprocessing.active_children() if p.name.startswith("paralab-rank")]
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_results_come_back_in_rank_order(world):
+    results = run(_rank_and_sum, world)
+    expected_sum = world * (world - 1) / 2
+    assert results == [(r, world, expected_sum, 1) for r in range(world)]
+
+
+def test_args_kwargs_and_tensors_travel_both_ways():
+    def scale(x, *, factor):
+        return x * factor + dist.get_rank()
+
+    out = run(scale, 2, torch.arange(3.0), factor=2.0)
+    assert torch.equal(out[0], torch.tensor([0.0, 2.0, 4.0]))
+    assert torch.equal(out[1], torch.tensor([1.0, 3.0, 5.0]))
+
+
+def test_a_raising_rank_is_named_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        run(_raise_on, 4, 2, timeout=30)
+    assert time.monotonic() - start < 15
+    message = str(info.value)
+    assert "rank 2 raised ValueError: bad input on rank 2" in message
+    assert "traceback of rank 2" in message and "_raise_on" in message
+    assert 2 in info.value.failed_ranks
+    assert not _children_alive()
+
+
+def test_a_dying_rank_is_reported():
+    with pytest.raises(LaunchError, match="rank 1 died without a result \\(exit code 3\\)"):
+        run(_die_on, 3, 1, timeout=30)
+    assert not _children_alive()
+
+
+def test_a_skipped_collective_times_out_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        run(_skip_collective_on, 4, 1, timeout=3)
+    elapsed = time.monotonic() - start
+    assert elapsed < 10
+    assert "ranks [0, 2, 3] of 4 did not finish within 3 s while ranks [1] had returned" in str(info.value)
+    assert info.value.hung_ranks == [0, 2, 3]
+    assert not _children_alive()
+
+
+def test_bad_arguments_give_clear_errors():
+    with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
+        run(_rank_and_sum, 0)
+    with pytest.raises(TypeError, match="needs a callable"):
+        run(42, 2)
+    lock = __import__("threading").Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        run(_rank_and_sum, 2, lock)
+    with pytest.raises(ValueError, match="fork"):
+        run(_rank_and_sum, 2, start_method="fork")
+
+
+def test_spawn_start_method_also_works():
+    assert [r[0] for r in run(_rank_and_sum, 2, start_method="spawn")] == [0, 1]
+
+
+def test_warm_launch_is_fast():
+    run(_rank_and_sum, 8)
+    start = time.monotonic()
+    run(_rank_and_sum, 8)
+    assert time.monotonic() - start < 3.0  # ~0.15 s on an idle 2-core machine
+
+
+def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(textwrap.dedent("""
+            import torch, torch.distributed as dist
+            from paralab.launch import run
+
+            class Box:
+                def __init__(self, value):
+                    self.value = value
+
+            def gather_ranks(offset):
+                t = torch.tensor([dist.get_rank() + offset])
+                out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+                dist.all_gather(out, t)
+                return Box(torch.cat(out).tolist())
+
+            print([b.value for b in run(gather_ranks, 3, 10)])
+        """)),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert nb.cells[0].outputs[0]["text"].strip() == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
+
+
+def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        from paralab.launch import run
+
+        def who():
+            return dist.get_rank() * 10
+
+        if __name__ == "__main__":
+            results = run(who, 2)
+            print(f"rank {dist.get_rank()} sees {results}")
+            dist.barrier()
+            dist.destroy_process_group()
+    """))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 0 sees [0, 10]" in done.stdout and "rank 1 sees [0, 10]" in done.stdout
