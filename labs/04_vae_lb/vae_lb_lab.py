@@ -296,7 +296,7 @@ for name, (ratio, moves, count) in sums.items():
 # lb group of world 8, group rank 0 is global rank 4.
 
 # %%
-# show: paralab.vae_lb.share_costs paralab.vae_lb.comm_device paralab.vae_lb.global_rank paralab.vae_lb.metadata paralab.vae_lb.empty_from_metadata paralab.vae_lb.batched_p2p paralab.vae_lb.exchange
+# show: paralab.vae_lb.share_costs paralab.vae_lb.global_rank paralab.vae_lb.metadata paralab.vae_lb.empty_from_metadata paralab.vae_lb.batched_p2p paralab.vae_lb.exchange
 
 # %% [markdown]
 # The whole step. Every rank of the group calls it, with or without videos.

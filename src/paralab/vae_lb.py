@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from paralab.launch import rank_device
+
 
 # ------------------------------------------------------------------ cost model
 def encode_cost(video: torch.Tensor) -> float:
@@ -160,13 +162,6 @@ META_LEN = 2 + MAX_DIMS  # [ndim, dtype code, shape padded with zeros]
 META_BYTES = META_LEN * 8  # int64
 
 
-def comm_device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where tensors must live for this group's backend (NCCL: the current GPU)."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
     """Plans speak group ranks; point-to-point ops take global ranks."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
@@ -178,7 +173,7 @@ def share_costs(costs: list[float], group: dist.ProcessGroup | None = None) -> d
     gloo cannot all_gather tensors of unequal sizes, so: all_gather the counts,
     then all_gather the costs padded to the largest count (float64: exact).
     """
-    n, device = dist.get_world_size(group), comm_device(group)
+    n, device = dist.get_world_size(group), rank_device()
     count = torch.tensor([len(costs)], dtype=torch.int64, device=device)
     counts = [torch.empty_like(count) for _ in range(n)]
     dist.all_gather(counts, count, group=group)
@@ -231,7 +226,7 @@ def exchange(
     `sends` are (peer group rank, tensor); returns the tensors received from
     `recv_from`, in that order.
     """
-    device = comm_device(group)
+    device = rank_device()
     outgoing = [(peer, t.to(device).contiguous()) for peer, t in sends]
     metas = [torch.empty(META_LEN, dtype=torch.int64, device=device) for _ in recv_from]
     batched_p2p([(peer, metadata(t, device)) for peer, t in outgoing], list(zip(recv_from, metas)), group)
