@@ -180,3 +180,69 @@ def plot_cp_bytes(cps: list[int], measured: dict[str, dict[str, list[int]]],
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# =====================================================================================
+# Lab 04 — VAE load balancing: predicted load per rank
+# =====================================================================================
+def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int], int], ranks: list[int],
+                   groups: list[list[int]]) -> None:
+    """One bar per rank, one segment per sample it encodes, coloured by the sample's owner; guests hatched."""
+    x_of = {rank: k for k, rank in enumerate(ranks)}
+    load = {rank: 0.0 for rank in ranks}
+    for (owner, index), rank in sorted(where.items(), key=lambda item: (x_of[item[1]], item[1] != item[0][0], item[0])):
+        cost = costs[owner][index]
+        ax.bar(x_of[rank], cost, bottom=load[rank], width=0.7, color=PALETTE[(2 * x_of[owner]) % len(PALETTE)],
+               edgecolor="black", linewidth=0.5, hatch="//" if owner != rank else None)
+        load[rank] += cost
+    spreads = []
+    for group in groups[1:]:
+        ax.axvline(x_of[group[0]] - 0.5, color="grey", linestyle=":", linewidth=1)
+    for group in groups:
+        mean = sum(load[r] for r in group) / len(group)
+        ax.hlines(mean, x_of[group[0]] - 0.45, x_of[group[-1]] + 0.45, color="black", linestyle="--", linewidth=1)
+        spreads.append(max(load[r] for r in group) - min(load[r] for r in group))
+    ax.set_xticks(range(len(ranks)), [str(r) for r in ranks], fontsize=8)
+    ax.set_xlabel("rank", fontsize=8)
+    ax.set_title(f"max load {max(load.values()):,.0f}, spread {max(spreads):,.0f}", fontsize=8)
+
+
+def plot_lb_loads(
+    costs: dict[int, list[float]],
+    after: dict[tuple[int, int], int],
+    groups: list[list[int]] | None = None,
+    title: str = "",
+) -> Figure:
+    """Predicted load per rank before and after a plan, stacked by sample.
+
+    `costs[rank]` are the owner's sample costs; `after[(owner, index)]` is the
+    rank that encodes that sample once the plan is applied. Segments keep their
+    owner's colour; a hatched segment is a guest encoded for another rank.
+    Dashed lines: the mean load of each lb group (`groups`, default: one group;
+    dotted lines separate groups); the spread shown is the largest within one group.
+    """
+    ranks = sorted(costs)
+    groups = groups or [ranks]
+    before = {(rank, i): rank for rank in ranks for i in range(len(costs[rank]))}
+    fig, panels = plt.subplots(1, 2, figsize=(1.6 + 0.9 * len(ranks), 3.0), sharey=True)
+    for panel, where, name in ((panels[0], before, "before"), (panels[1], after, "after")):
+        _stacked_loads(panel, costs, where, ranks, groups)
+        panel.set_title(f"{name}: " + panel.get_title(), fontsize=8)
+    panels[0].set_ylabel("predicted cost (frames x height x width)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_fit(pixels: list[float], seconds: list[float], slope: float, intercept: float) -> Figure:
+    """Measured encode time against frames x height x width, with the fitted line."""
+    fig, ax = plt.subplots(figsize=(4.2, 3.0))
+    ax.scatter(pixels, seconds, s=14, color=PALETTE[0])
+    top = max(pixels)
+    ax.plot([0, top], [intercept, intercept + slope * top], color=PALETTE[6], linewidth=1)
+    ax.set_xlabel("frames x height x width", fontsize=8)
+    ax.set_ylabel("encode time (s)", fontsize=8)
+    ax.set_title("encode time against frames x height x width", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,156 @@
+"""offload_encode on real gloo ranks: latents come home in order, compute runs where the plan says."""
+import hashlib
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+from paralab import ParallelDims
+from paralab.check import CheckFailed, assert_match
+from paralab.launch import LaunchTimeout, run
+from paralab.ledger import Ledger
+from paralab.models import TinyVideoEncoder, random_raw_videos
+from paralab.vae_lb import META_BYTES, encode_cost, offload_encode, plan_rebalance
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need this file's worker by value
+
+
+def fingerprint(video: torch.Tensor) -> str:
+    return hashlib.sha1(video.numpy().tobytes()).hexdigest()[:16] + str(tuple(video.shape))
+
+
+def encode_on_ranks(batches, costs, lb, raw_trap=False):
+    """Worker: offload_encode this rank's videos; report latents, what this rank encoded, and its ledger."""
+    pd = ParallelDims(dist.get_world_size(), lb=lb)
+    pd.build_meshes("cpu")
+    group = pd.lb_mesh.get_group()
+    encoder, encoded = TinyVideoEncoder(), []
+
+    def encode_fn(video):
+        encoded.append(fingerprint(video))
+        return encoder.encode_normalized(video.to(torch.float64)) if raw_trap else encoder(video)
+
+    rank = dist.get_rank()
+    with Ledger() as led:
+        latents = offload_encode(batches[rank], costs[rank], encode_fn, group)
+    return {"latents": latents, "encoded": encoded, "records": led.records,
+            "group": dist.get_process_group_ranks(group)}
+
+
+def expected_encoder_rank(costs, groups):
+    """(owner, index) -> global rank that must encode it, from the plan each group computes."""
+    where = {(r, i): r for r, c in enumerate(costs) for i in range(len(c))}
+    for ranks in groups:
+        for m in plan_rebalance({g: costs[r] for g, r in enumerate(ranks)}):
+            where[(ranks[m.from_rank], m.local_index)] = ranks[m.to_rank]
+    return where
+
+
+def check_run(batches, costs, lb):
+    """Launch, then check latents, encode counts, encode places and P2P bytes; return the results."""
+    world = len(batches)
+    results = run(encode_on_ranks, world, batches, costs, lb, timeout=60)
+    encoder = TinyVideoEncoder()
+    assert_match([r["latents"] for r in results], [[encoder(v) for v in b] for b in batches], name="latents")
+    groups = [list(range(s, s + lb)) for s in range(0, world, lb)]
+    assert [r["group"] for r in results] == [g for g in groups for _ in g]
+    encoded_at = {}
+    for rank, result in enumerate(results):
+        for fp in result["encoded"]:
+            assert fp not in encoded_at, f"{fp} encoded twice"
+            encoded_at[fp] = rank
+    want = expected_encoder_rank(costs, groups)
+    assert encoded_at == {fingerprint(batches[o][i]): r for (o, i), r in want.items()}
+    for rank, result in enumerate(results):
+        sent = sum(r.bytes_sent for r in result["records"] if r.op == "isend")
+        moved_out = [(o, i) for (o, i), r in want.items() if o == rank and r != rank]
+        guests = [(o, i) for (o, i), r in want.items() if r == rank and o != rank]
+        formula = sum(META_BYTES + batches[o][i].nbytes for o, i in moved_out)
+        formula += sum(META_BYTES + encoder(batches[o][i]).nbytes for o, i in guests)
+        assert sent == formula, f"rank {rank}: {sent} B sent, formula {formula} B"
+    return results
+
+
+def test_latents_return_to_their_owners_in_order_lb4():
+    counts = [6, 0, 1, 3]
+    batches = [random_raw_videos(n, seed=10 + r) for r, n in enumerate(counts)]
+    costs = [[encode_cost(v) for v in b] for b in batches]
+    results = check_run(batches, costs, lb=4)
+    assert results[1]["latents"] == []  # the empty rank took part and got nothing back
+    assert results[1]["encoded"], "the empty rank should have helped"
+    stay_home = {fingerprint(v): r for r, b in enumerate(batches) for v in b}
+    encoded_at = {fp: r for r, res in enumerate(results) for fp in res["encoded"]}
+    assert encoded_at != stay_home  # the placement check in check_run can tell the two apart
+
+
+def test_two_lb_groups_in_one_world_use_global_peers():
+    counts = [5, 1, 0, 2, 1, 4, 0, 3]
+    batches = [random_raw_videos(n, seed=20 + r) for r, n in enumerate(counts)]
+    costs = [[encode_cost(v) for v in b] for b in batches]
+    results = check_run(batches, costs, lb=4)
+    peers = {rec.peer for rank in range(4, 8) for rec in results[rank]["records"] if rec.peer is not None}
+    assert peers and peers <= {4, 5, 6, 7}
+
+
+def test_a_rank_that_sends_and_receives_in_the_same_round():
+    batches = [random_raw_videos(n, seed=30 + r) for r, n in enumerate([2, 2, 1])]
+    costs = [[6.0, 6.0], [1.0, 1.0], [4.0]]  # plan: 0 -> 1, then 1 -> 2 twice
+    results = check_run(batches, costs, lb=3)
+    assert results[1]["encoded"] == [fingerprint(batches[0][0])]  # its own two went to rank 2
+    assert results[2]["encoded"] == [fingerprint(v) for v in [batches[2][0], *batches[1]]]  # own first, then guests
+    assert {r.op for r in results[1]["records"]} == {"all_gather", "isend", "irecv"}
+
+
+def test_a_plan_without_moves_moves_no_payload():
+    batches = [random_raw_videos(2, seed=40 + r) for r in range(4)]
+    costs = [[5.0, 5.0]] * 4
+    results = check_run(batches, costs, lb=4)
+    for rank, result in enumerate(results):
+        assert [r.op for r in result["records"]] == ["all_gather", "all_gather"], rank
+        assert sorted(result["encoded"]) == sorted(fingerprint(v) for v in batches[rank])
+
+
+def test_every_rank_empty():
+    results = check_run([[], [], [], []], [[], [], [], []], lb=2)
+    assert all(r["latents"] == [] and [x.op for x in r["records"]] == ["all_gather"] for r in results)
+
+
+def test_the_checks_catch_raw_uint8_and_a_wrong_order():
+    batches = [random_raw_videos(n, seed=50 + r) for r, n in enumerate([3, 1])]
+    costs = [[encode_cost(v) for v in b] for b in batches]
+    encoder = TinyVideoEncoder()
+    reference = [[encoder(v) for v in b] for b in batches]
+    trapped = run(encode_on_ranks, 2, batches, costs, 2, True)
+    with pytest.raises(CheckFailed, match="do not match"):
+        assert_match([r["latents"] for r in trapped], reference)
+    good = run(encode_on_ranks, 2, batches, costs, 2)
+    assert_match([r["latents"] for r in good], reference)
+    with pytest.raises(CheckFailed):
+        assert_match([good[0]["latents"][::-1], good[1]["latents"]], reference)
+
+
+def test_costs_and_videos_must_match():
+    def mismatched():
+        return offload_encode([torch.zeros(3, 2, 8, 8, dtype=torch.uint8)], [], TinyVideoEncoder())
+
+    with pytest.raises(Exception, match="1 videos but 0 costs"):
+        run(mismatched, 1)
+
+
+def skip_when_empty(batches):
+    """Worker with the data-dependent skip the protocol forbids: an empty rank returns at once."""
+    pd = ParallelDims(dist.get_world_size(), lb=2)
+    pd.build_meshes("cpu")
+    videos = batches[dist.get_rank()]
+    if not videos:
+        return []
+    return offload_encode(videos, [encode_cost(v) for v in videos], TinyVideoEncoder(), pd.lb_mesh.get_group())
+
+
+def test_a_rank_that_skips_the_collectives_hangs_its_peer():
+    batches = [random_raw_videos(n, seed=60 + r) for r, n in enumerate([2, 1, 0, 2])]
+    with pytest.raises(LaunchTimeout) as caught:
+        run(skip_when_empty, 4, batches, timeout=3)
+    assert caught.value.hung_ranks == [3]  # rank 2's only lb peer; group [0, 1] finished
