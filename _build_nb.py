@@ -105,8 +105,12 @@ def _import_lines(module: types.ModuleType, names: list[str]) -> list[str]:
     return lines
 
 
-def show_cell(spec: str) -> str:
-    """The code cell that replaces a `# show:` marker."""
+def show_cell(spec: str, shown_before: set[str] = frozenset()) -> tuple[str, set[str]]:
+    """The code cell that replaces a `# show:` marker, and the names it defines.
+
+    Names shown by an earlier cell are not imported again, so a reader's edit of
+    that cell stays in force for the code shown after it.
+    """
     objects = [_resolve(d) for d in spec.replace(",", " ").split()]
     modules = {m.__name__: m for m, _, _ in objects}
     if len(modules) != 1:
@@ -118,19 +122,22 @@ def show_cell(spec: str) -> str:
     header = [f"# From {rel.as_posix()}: the code the package and its tests run. Edit and re-run to experiment."]
     if any("." in qualname for _, qualname, _ in objects):
         header.append("# Methods are re-attached to their class in this kernel; ranks import the package's copy.")
-    header += _import_lines(module, _free_names(code))
-    return "\n".join(header) + "\n\n\n" + code
+    header += _import_lines(module, [n for n in _free_names(code) if n not in shown_before])
+    defined = {qualname for _, qualname, _ in objects if "." not in qualname}
+    return "\n".join(header) + "\n\n\n" + code, defined
 
 
 def build(source: Path) -> nbformat.NotebookNode:
     nb = jupytext.read(source, fmt="py:percent")
+    shown: set[str] = set()
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         match = SHOW_MARKER.match(first)
         if match:
-            cell.source = show_cell(match.group(1))
+            cell.source, defined = show_cell(match.group(1), shown)
+            shown |= defined
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata.pop("jupytext", None)
     return nb
