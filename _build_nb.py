@@ -143,6 +143,66 @@ def build(source: Path) -> nbformat.NotebookNode:
     return nb
 
 
+SOLUTION_REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n", re.DOTALL | re.MULTILINE)
+
+
+def stub_out(code: str, name: str, hint: str) -> str:
+    """Each solution region becomes a stub that raises, as nbgrader would make it."""
+    def stub(match: re.Match) -> str:
+        indent = match.group("indent")
+        return f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError({f'{name}: {hint}'!r})\n"
+
+    stubbed, count = SOLUTION_REGION.subn(stub, code + "\n")
+    if count == 0:
+        raise SystemExit(f"exercise {name}: its target has no ### BEGIN SOLUTION / ### END SOLUTION region")
+    return stubbed.rstrip()
+
+
+def exercise_notebook(lab: str, filename: str, solved: bool = False) -> nbformat.NotebookNode:
+    """The student notebook of one lab: per exercise, the prompt, the function to fill in, its check."""
+    from paralab.exercises import for_lab
+
+    exercises = for_lab(lab)
+    cells = [nbformat.v4.new_markdown_cell(
+        f"# Exercises — lab {lab}\n\n"
+        "Fill in every function below where it raises `NotImplementedError`, then run the check cell "
+        "under it: it runs your function on real ranks, compares it element by element with the "
+        "reference and tells you what differs. The lab notebook beside this one explains the ideas. "
+        f"Grade the whole notebook with `python -m paralab.grade {filename}`."
+    ), nbformat.v4.new_code_cell("from paralab.grade import check")]
+    for number, exercise in enumerate(exercises, 1):
+        code, _ = show_cell(exercise.target)
+        code = code.split("\n", 1)[1]  # drop the "From src/...: edit and re-run" line
+        name = exercise.target.rsplit(".", 1)[1]
+        if not solved:
+            code = stub_out(code, exercise.name, exercise.hint)
+        cells += [
+            nbformat.v4.new_markdown_cell(
+                f"## Exercise {number}: `{name}` ({exercise.points} points, about {exercise.minutes} min)\n\n"
+                f"{exercise.prompt}"),
+            nbformat.v4.new_code_cell(code),
+            nbformat.v4.new_code_cell(f'check("{exercise.name}", {name})'),
+        ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["paralab"] = {"lab": lab}
+    return nb
+
+
+def write_exercises(only: str | None = None) -> list[Path]:
+    from paralab.exercises import for_lab
+
+    written = []
+    for source in lab_sources(only):
+        lab = source.parent.name
+        if not for_lab(lab):
+            continue
+        target = source.with_name(source.stem.removesuffix("_lab") + "_exercise.ipynb")
+        nbformat.write(exercise_notebook(lab, target.name), target)
+        written.append(target)
+    return written
+
+
 def notebook_path(source: Path) -> Path:
     return source.with_suffix(".ipynb")
 
@@ -199,9 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--execute", action="store_true", help="run each notebook and store its outputs")
     parser.add_argument("--check", action="store_true", help="fail if a committed notebook is stale")
+    parser.add_argument("--exercises", action="store_true", help="write each lab's student notebook (stubs + checks)")
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
     args = parser.parse_args(argv)
     sources = lab_sources(args.lab)
+    if args.exercises:
+        for path in write_exercises(args.lab):
+            print(f"{path.parent.name:<24} {path.name}")
+        return 0
     if args.check:
         problems = [(s, stale(s)) for s in sources]
         for s, why in problems:

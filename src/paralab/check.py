@@ -67,7 +67,7 @@ def _walk(actual: Any, expected: Any, path: str, rank_level: bool):
         return
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
-            yield path, actual, expected
+            yield path or "result", f"got a {type(actual).__name__}, expected a dict with keys {sorted(expected)}", None
             return
         for key in expected:
             if key not in actual:

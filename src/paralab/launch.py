@@ -21,6 +21,7 @@ Why it looks the way it does:
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -29,7 +30,7 @@ import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 import torch
@@ -153,6 +154,24 @@ def _run_under_torchrun(fn: Callable, world_size: int, args: tuple, kwargs: dict
     return gathered
 
 
+@contextlib.contextmanager
+def _main_file_hidden_if_unreadable() -> Iterator[None]:
+    """Ranks re-import the parent's `__main__` by path; `python - <script` has none to import.
+
+    The function travels by value (cloudpickle), so the ranks never need it.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.exists(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 def _stop(procs: list) -> None:
     for p in procs:
         if p.is_alive():
@@ -204,18 +223,8 @@ def run(
         logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
         procs, conns = [], []
         try:
-            for rank in range(world_size):
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_worker,
-                    args=(rank, world_size, init_method, backend, timeout, child_env, payload, writer, logs[rank]),
-                    name=f"paralab-rank{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                writer.close()
-                procs.append(proc)
-                conns.append(reader)
+            with _main_file_hidden_if_unreadable():
+                _start_ranks(ctx, world_size, init_method, backend, timeout, child_env, payload, logs, procs, conns)
             results = _collect(procs, conns, logs, timeout)
             _join_clean_exit(procs)
             return results
@@ -223,6 +232,22 @@ def run(
             _stop(procs)
             for c in conns:
                 c.close()
+
+
+def _start_ranks(ctx, world_size, init_method, backend, timeout, env, payload, logs, procs, conns) -> None:
+    """Start one process per rank, each with the write end of its own result pipe."""
+    for rank in range(world_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_worker,
+            args=(rank, world_size, init_method, backend, timeout, env, payload, writer, logs[rank]),
+            name=f"paralab-rank{rank}",
+            daemon=True,
+        )
+        proc.start()
+        writer.close()
+        procs.append(proc)
+        conns.append(reader)
 
 
 # Messages of ranks that failed only because a peer went away or stalled.

@@ -1,0 +1,38 @@
+"""The exercises of every lab, by name. Each lab's module lists its own.
+
+An exercise names a package function whose body holds a solution region,
+marked with nbgrader's own comment lines:
+
+    ### BEGIN SOLUTION
+    ...
+    ### END SOLUTION
+
+The lab notebook shows the full function; `_build_nb.py --exercises` writes an
+exercise notebook where each region is a stub raising `NotImplementedError`,
+followed by a `paralab.grade.check` cell.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from paralab.grade import Exercise
+
+
+def _collect() -> dict[str, Exercise]:
+    found: dict[str, Exercise] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for exercise in getattr(module, "EXERCISES", []):
+            if exercise.name in found:
+                raise ValueError(f"two exercises named {exercise.name!r}")
+            found[exercise.name] = exercise
+    return found
+
+
+EXERCISES: dict[str, Exercise] = _collect()
+
+
+def for_lab(lab: str) -> list[Exercise]:
+    """The exercises of one lab, in the order its module lists them."""
+    return [e for e in EXERCISES.values() if e.lab == lab]
