@@ -137,10 +137,13 @@ def gather_latent(shard: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
     return unshard_sequence(shards, dim=1)
 
 
-def cp_forward_kwargs(pd: ParallelDims | None, tokens: int, cp_attention: str = "ring") -> dict:
-    """What the denoiser needs on a cp rank: the cp attention and the global positions of its shard."""
+def cp_forward_kwargs(
+    pd: ParallelDims | None, tokens: int, cp_attention: str = "ring", attention: Attention = full_attention
+) -> dict:
+    """What the denoiser needs on a cp rank: the cp attention and the global positions of its shard.
+    Without cp, the local `attention` over the whole sequence."""
     if pd is None or not pd.cp_enabled:
-        return {"attention": full_attention}
+        return {"attention": attention}
     from paralab import cp
 
     group = pd.cp_mesh.get_group()
@@ -166,6 +169,7 @@ def sample(
     parallel_dims: ParallelDims | None = None,
     exchange: str = "p2p",
     cp_attention: str = "ring",
+    attention: Attention = full_attention,
     batch_branches: bool = False,
     noise: str = "broadcast",
     combine: Combine = cfg_combine,
@@ -175,12 +179,13 @@ def sample(
 
     `parallel_dims` None or cfgp == 1: both branches here (each at batch 1, or
     `batch_branches=True` for one batch-2 forward). cfgp == 2: one branch per
-    cfgp rank and a swap per step. cp > 1: this rank holds a sequence shard and
-    attends with `cp_attention`. `trajectory`, if given, receives this rank's
+    cfgp rank and a swap per step. cp > 1: this rank holds a sequence shard
+    and attends with `cp_attention` ("ring" or "ulysses"); without cp it
+    attends with `attention`. `trajectory`, if given, receives this rank's
     latent before the first and after every step.
     """
     pd = parallel_dims
-    forward = cp_forward_kwargs(pd, model.latent_shape[1], cp_attention)
+    forward = cp_forward_kwargs(pd, model.latent_shape[1], cp_attention, attention)
     x = initial_latent(model.latent_shape, seed, pd, noise)
     if pd is not None and pd.cfgp_enabled:
         if batch_branches:

@@ -1,11 +1,8 @@
 """Plots for the labs, one clearly headed section per lab (matplotlib, returned as figures)."""
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
 
 # =====================================================================
@@ -14,7 +11,7 @@ import torch  # noqa: E402
 
 def _frames(latent: torch.Tensor, frames: int, height: int, width: int, channel: int) -> torch.Tensor:
     """(1, frames*height*width, channels) -> (frames, height, width) of one channel."""
-    return latent[0, :, channel].reshape(frames, height, width)
+    return latent.detach()[0, :, channel].reshape(frames, height, width)
 
 
 def plot_latent_steps(
@@ -59,12 +56,14 @@ def plot_cfg_branches(
     ]
     images = [_frames(t, frames, height, width, channel)[frame] for _, t in panels]
     lim = max(float(im.abs().max()) for im in images)
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8))
-    for ax, (title, _), im in zip(axes, panels, images):
-        shown = ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set_title(title, fontsize=9)
+    diff_lim = float(images[2].abs().max())
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2))
+    for i, (ax, (title, _), im) in enumerate(zip(axes, panels, images)):
+        scale = diff_lim if i == 2 else lim
+        ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
+        ax.set_title(title + (f"\n(own scale, max {diff_lim:.2f})" if i == 2 else ""), fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.colorbar(shown, ax=list(axes), shrink=0.8)
     fig.suptitle(f"predicted velocity, channel {channel}, frame {frame}: guidance amplifies the difference", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
