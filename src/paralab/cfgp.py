@@ -105,20 +105,22 @@ def initial_latent(
     """This rank's part of the initial noise: drawn on cfgp rank 0, cut to this rank's cp shard,
     broadcast over the cfgp group. `noise="per_rank_seed"` is the classic bug (seed + rank)."""
     if noise == "per_rank_seed":
-        full = draw_noise(shape, seed + dist.get_rank())
-        return _cp_shard(full, pd)
+        return shard_latent(draw_noise(shape, seed + dist.get_rank()), pd)
     if noise != "broadcast":
         raise ValueError(f"noise must be 'broadcast' or 'per_rank_seed', got noise={noise!r}")
     if pd is None or not pd.cfgp_enabled:
-        return _cp_shard(draw_noise(shape, seed), pd)
+        return shard_latent(draw_noise(shape, seed), pd)
     if pd.cfgp_rank == 0:
-        shard = _cp_shard(draw_noise(shape, seed), pd).contiguous()
+        shard = shard_latent(draw_noise(shape, seed), pd).contiguous()
     else:
-        shard = torch.empty(_cp_shard(torch.empty(shape, dtype=torch.float64), pd).shape, dtype=torch.float64)
+        tokens = shape[1] // pd.cp_size
+        shard = torch.empty((shape[0], tokens, *shape[2:]), dtype=torch.float64)  # filled by the broadcast
     return broadcast_noise(shard, pd.cfgp_mesh.get_group())
 
 
-def _cp_shard(full: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
+def shard_latent(full: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
+    """This rank's cp shard of a (batch, tokens, channels) latent: contiguous token ranges
+    (no causal mask in a denoiser, so no zigzag load balancing is needed)."""
     if pd is None or not pd.cp_enabled:
         return full
     from paralab.cp import shard_sequence
