@@ -1,0 +1,414 @@
+# %% [markdown]
+# # Lab 02 — Context parallelism: ring attention vs Ulysses, forward and backward
+#
+# **What is split.** One sequence too long for one device: its tokens are cut into
+# `cp` shards, one per rank of the cp group. Everything per-token (MLPs, norms,
+# projections) just runs on the local shard. Attention cannot: every query must see
+# every key. Two exact answers:
+#
+# | | **Ring attention** | **Ulysses** |
+# |---|---|---|
+# | idea | queries stay; K/V blocks travel round the ring, one hop per step | all-to-all from a *sequence* split to a *head* split, attend, all-to-all back |
+# | forward | `cp-1` send/recv of the K/V block; partial outputs merged by log-sum-exp | 3 all-to-alls (q, k, v), full-sequence attention on `H/cp` heads, 1 all-to-all (out) |
+# | backward | K/V travel again (`cp-1` hops) and their gradients dK/dV follow them home (`cp-1` hops) | mirror: all-to-all of dout in, attention backward, 3 all-to-alls of dq, dk, dv out |
+# | limit | none on heads; traffic per rank does not shrink with cp | `H % cp == 0` (and in practice the K/V head count) |
+#
+# Tensors are laid out like `scaled_dot_product_attention`: `(batch, heads, seq, head_dim)`.
+# Neither algorithm is visible to autograd (a `send` has no gradient formula, and
+# independent differentiable collectives may run in different orders on different
+# ranks), so both are `torch.autograd.Function`s whose backward is written by hand, with
+# one fixed collective order on every rank.
+#
+# **Traffic, the formulas this lab checks.** Let `S` be the bytes of one rank's shard of
+# ONE of q, k, v: `S = B·H·(N/cp)·D·8` in float64. Bytes each rank *sends*:
+#
+# | | forward | backward |
+# |---|---|---|
+# | ring | `2(cp-1)·S` (K and V, `cp-1` hops) | `4(cp-1)·S` (K/V again, plus dK/dV home) |
+# | Ulysses, `sequence_sharded` | `4·(cp-1)/cp·S` (4 all-to-alls, each keeps `1/cp`) | `4·(cp-1)/cp·S` |
+# | Ulysses, `replicated` | `(cp-1)·S` (all-gather of the output's heads) | `3(cp-1)·S` (all-gather of dq, dk, dv heads) |
+#
+# Ring over Ulysses in the forward: `2(cp-1)S / (4(cp-1)S/cp) = cp/2`: equal at cp = 2,
+# Ulysses sends `cp/2` times less beyond.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from IPython.display import display
+
+from paralab import ParallelDims, viz
+from paralab.check import CheckFailed, assert_match, compare, verdict_table
+from paralab.cp import shard_bytes, ring_bytes, ulysses_bytes
+from paralab.launch import run
+from paralab.ledger import Ledger, format_table
+
+LAB_START = time.monotonic()
+B, H, N, D = 2, 24, 48, 5  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
+CPS = (2, 4, 8)
+
+# %% [markdown]
+# ## 1. Where the tokens live: contiguous and zigzag shards
+#
+# Contiguous: rank `r` holds chunk `r` of `cp` equal chunks. With a causal mask that is
+# unfair: rank 0's queries see only their own chunk, the last rank's see everything.
+# Zigzag cuts `2·cp` chunks and gives rank `r` chunks `r` and `2·cp-1-r`: one early,
+# one late, the same causal work on every rank (section 3 draws it).
+
+# %%
+# show: paralab.cp.layout.chunk_ids paralab.cp.layout.shard_sequence paralab.cp.layout.unshard_sequence
+
+# %%
+positions = torch.arange(16).reshape(1, 1, 16, 1)
+for zigzag in (False, True):
+    shards = [shard_sequence(positions, r, 4, zigzag=zigzag) for r in range(4)]
+    assert torch.equal(unshard_sequence(shards, zigzag=zigzag), positions)
+    print(f"{'zigzag' if zigzag else 'contiguous':>10}:", "  ".join(f"rank {r} {s.flatten().tolist()}" for r, s in enumerate(shards)))
+try:
+    shard_sequence(torch.zeros(1, 1, 12, 1), 0, 4, zigzag=True)
+except ValueError as exc:
+    print("ValueError:", exc)
+
+# %% [markdown]
+# ## 2. The log-sum-exp merge: attention over key blocks, one block at a time
+#
+# Split the keys into blocks. A block returns its softmax-normalized output `out_B` and
+# `lse_B = log Σ_j exp(s_j)` over its own scores. The full softmax weight of a key is its
+# block weight times `exp(lse_B - lse)`, where `lse = log(Σ_B exp(lse_B))` covers all
+# keys. So two partial results merge into one by
+#
+# `lse' = logaddexp(lse_1, lse_2)`,  `out' = exp(lse_1 - lse')·out_1 + exp(lse_2 - lse')·out_2`.
+#
+# Both factors lie in `[0, 1]`: nothing overflows, however large the scores (that is the
+# numerically stable form; `exp(lse)` itself would overflow). The backward needs only the
+# *final* `lse` and `delta = rowsum(dout * out)`: from them each block rebuilds its slice
+# of the full softmax, `P = exp(S_B - lse)`, and its gradients, wherever its K/V happen to be.
+
+# %%
+# show: paralab.cp.blocks._scores paralab.cp.blocks.attention_block paralab.cp.blocks.merge_partials paralab.cp.blocks.attention_block_backward
+
+# %%
+g = torch.Generator().manual_seed(0)
+q1, k1, v1 = (4 * torch.randn(B, 3, 10, D, dtype=torch.float64, generator=g) for _ in range(3))  # large scores
+reference = F.scaled_dot_product_attention(q1, k1, v1)
+partials = [attention_block(q1, k1[:, :, a:b], v1[:, :, a:b]) for a, b in ((0, 3), (3, 7), (7, 10))]
+out, lse = partials[0]
+for block in partials[1:]:
+    out, lse = merge_partials(out, lse, *block)
+merge_verdicts = compare(out, reference, atol=1e-12 * reference.abs().max().item(), name="3 key blocks merged vs SDPA")
+
+unscaled = sum(o for o, _ in partials)  # the classic bug: add partial outputs without rescaling
+try:
+    assert_match(unscaled, reference, atol=1e-12 * reference.abs().max().item(), name="merged WITHOUT rescaling")
+    print("broken merge NOT caught")
+except CheckFailed as exc:
+    print("broken merge (no rescaling) caught by the check:", exc.verdicts[0].n_diff == exc.verdicts[0].numel, "(every element differs)")
+print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
+
+# %% [markdown]
+# ## 3. The ring, step by step
+#
+# At step `s` rank `r` holds the K/V block of rank `(r - s) mod cp`; while it computes
+# with it, the block is already on its way to rank `r+1` (`batch_isend_irecv`, started
+# before the compute and waited after it). With a causal mask, a (query chunk, key chunk)
+# pair is either fully in the past (full), on the diagonal (a triangle) or entirely in
+# the future (skipped: no compute, but the block still travels, because the next rank
+# needs it).
+
+# %%
+# show: paralab.cp.layout.kv_source paralab.cp.layout.block_kind paralab.cp.layout.ring_blocks paralab.cp.layout.causal_work
+
+# %%
+fig = viz.plot_ring_timeline(4)
+display(fig)
+plt.close(fig)
+fig = viz.plot_causal_ownership(4)
+display(fig)
+plt.close(fig)
+for cp in CPS:
+    for zigzag in (False, True):
+        work = [sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)) for r in range(cp)]
+        print(f"cp={cp} {'zigzag    ' if zigzag else 'contiguous'} causal work per rank {work}: "
+              f"slowest/mean = {max(work) / (sum(work) / cp):.3f}")
+
+# %% [markdown]
+# Contiguous: rank `r` does `r + 1/2` blocks of work; the slowest rank sets the pace, so
+# the step takes `(cp - 1/2) / (cp/2) = 2 - 1/cp` times the balanced time. Zigzag: each
+# rank does exactly `cp/2` blocks, and after step 0 exactly half a block per step (it
+# either attends all its queries to the first half of the visiting K/V, or its second
+# half of queries to all of it).
+#
+# The ring itself. The forward keeps one running `(out, lse)` per query chunk and merges
+# each new block into it with `merge_partials`. The backward runs the ring again: K/V
+# travel as in the forward, and a `dK/dV` accumulator travels with each block, gaining
+# every rank's contribution, and arrives home after `cp-1` hops (each rank keeps its own
+# contribution to its own block at home).
+
+# %%
+# show: paralab.cp.ring._wait paralab.cp.ring._chunks paralab.cp.ring.ring_pass paralab.cp.ring.ring_forward paralab.cp.ring.ring_backward paralab.cp.ring.RingAttention paralab.cp.ring.ring_attention
+
+# %% [markdown]
+# ## 4. Ulysses: a sequence split becomes a head split
+#
+# `seq_to_heads` cuts the local shard's heads into `cp` groups and sends group `j` to
+# rank `j`; rank `j` receives its heads for every sequence shard, i.e. the full sequence
+# on `H/cp` heads. Attention per head is independent, so each rank runs ordinary
+# attention, and `heads_to_seq` (the same all-to-all, read backwards) returns the output
+# to sequence shards. The backward of an all-to-all is the reverse all-to-all.
+#
+# Ulysses wants contiguous shards (after the all-to-all the sequence is in rank order)
+# and no zigzag: every rank attends over the full sequence, so the causal work is
+# balanced by construction.
+#
+# **Replicated layout.** If every cp rank already holds the full q, k, v (and wants the
+# full output), no input all-to-all is needed: take your heads locally, attend, and
+# all-gather the output's heads. Backward: the output is consumed identically on every
+# rank, so `dout` is the same everywhere and the backward of the all-gather is a **slice**.
+# A reduce-scatter would sum `cp` identical copies and give `cp` times the gradient (it is
+# the right backward only when each rank's downstream computation differs). The backward
+# of "take my heads" is an all-gather of the heads of dq, dk, dv, so every rank ends with
+# the full gradient, like the full input it started with.
+
+# %%
+# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
+
+# %% [markdown]
+# ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA
+#
+# One launch per cp runs all eight configurations on the cp group from
+# `ParallelDims(world, cp=world).cp_mesh`, under the ledger, forward and backward
+# (`out.backward(dout)` with a fixed random `dout`). The reference is the full
+# single-process `scaled_dot_product_attention` and its autograd gradients, here.
+
+# %%
+CONFIGS = [
+    ("ring", False, False), ("ring", True, False), ("ring", True, True), ("ring", False, True),
+    ("ulysses", False, "sequence_sharded"), ("ulysses", True, "sequence_sharded"),
+    ("ulysses", False, "replicated"), ("ulysses", True, "replicated"),
+]
+
+
+def config_name(config):
+    algo, causal, how = config
+    layout = ("zigzag" if how else "contiguous") if algo == "ring" else how
+    return f"{algo} {'causal' if causal else 'full'} {layout}"
+
+
+def rank_inputs(full, config, rank, world):
+    algo, _, how = config
+    if algo == "ulysses" and how == "replicated":
+        return [t.clone() for t in full]
+    return [shard_sequence(t, rank, world, zigzag=how is True) for t in full]
+
+
+def cp_worker(full, configs):
+    world = dist.get_world_size()
+    pd = ParallelDims(world, cp=world)
+    pd.build_meshes("cpu")
+    group, rank = pd.cp_mesh.get_group(), pd.cp_rank
+    results = []
+    for config in configs:
+        algo, causal, how = config
+        q, k, v, dout = rank_inputs(full, config, rank, world)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        with Ledger() as led:
+            with led.phase("forward"):
+                if algo == "ring":
+                    out = ring_attention(q, k, v, group, causal=causal, zigzag=how)
+                else:
+                    out = ulysses_attention(q, k, v, group, causal=causal, layout=how)
+            with led.phase("backward"):
+                out.backward(dout)
+        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records})
+    try:  # heads must divide by cp: 20 heads fail at cp = 8 only
+        bad = torch.zeros(1, 20, 2 * world, 3, dtype=torch.float64)
+        ulysses_attention(bad, bad, bad, group)
+        heads_error = None
+    except ValueError as exc:
+        heads_error = str(exc)
+    return {"results": results, "heads_error": heads_error}
+
+
+g = torch.Generator().manual_seed(1)
+FULL = [torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
+runs = {cp: run(cp_worker, cp, FULL, CONFIGS, timeout=120) for cp in CPS}
+print("heads error at cp = 8:", runs[8][0]["heads_error"])
+print("heads error at cp = 4:", runs[4][0]["heads_error"])
+
+# %% [markdown]
+# The verdicts. Each row stacks out, dq, dk, dv of one configuration into one tensor,
+# each divided by the largest magnitude of its reference, so the `max |diff|` column is
+# the error *relative to the reference* and the bound is `1e-12`. Sequence-sharded
+# results are reassembled with `unshard_sequence`; replicated ones are checked on every
+# rank. Ring and SDPA only agree closely, not bitwise: the ring sums the softmax in
+# blocks in a different order. The last rows are bitwise (exact mode): Ulysses computes
+# each head with the very same arithmetic as `attention_block` / `attention_block_backward`
+# on the full tensors in one process, whatever cp is, because heads never mix.
+
+# %%
+def reference_grads(causal):
+    q, k, v = (t.clone().requires_grad_() for t in FULL[:3])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out.backward(FULL[3])
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def one_process_blocks(causal):
+    """The same per-head arithmetic as Ulysses, on the full tensors, in this process."""
+    q, k, v, dout = FULL
+    out, lse = attention_block(q, k, v, diagonal=causal)
+    dq, dk, dv = attention_block_backward(dout, q, k, v, lse, (dout * out).sum(-1), diagonal=causal)
+    return {"out": out, "dq": dq, "dk": dk, "dv": dv}
+
+
+def assembled(per_rank, config):
+    """The full tensors from every rank's result (replicated: all ranks stacked)."""
+    algo, _, how = config
+    if algo == "ulysses" and how == "replicated":
+        return {n: torch.stack([r[n] for r in per_rank]) for n in ("out", "dq", "dk", "dv")}
+    return {n: unshard_sequence([r[n] for r in per_rank], zigzag=how is True) for n in ("out", "dq", "dk", "dv")}
+
+
+def stacked(tensors, reference, world=None, relative=True):
+    names = ("out", "dq", "dk", "dv")
+    scale = {n: reference[n].abs().max() if relative else 1 for n in names}
+    ref = {n: reference[n] if world is None else reference[n].expand(world, *reference[n].shape) for n in names}
+    return torch.stack([tensors[n] / scale[n] for n in names]), torch.stack([ref[n] / scale[n] for n in names])
+
+
+REFERENCE = {causal: reference_grads(causal) for causal in (False, True)}
+BLOCKS = {causal: one_process_blocks(causal) for causal in (False, True)}
+verdicts = []
+for cp in CPS:
+    for i, config in enumerate(CONFIGS):
+        algo, causal, how = config
+        got = assembled([r["results"][i] for r in runs[cp]], config)
+        world = cp if how == "replicated" else None
+        actual, expected = stacked(got, REFERENCE[causal], world)
+        verdicts += compare(actual, expected, atol=1e-12, name=f"cp={cp} {config_name(config)} vs SDPA")
+        if algo == "ulysses":
+            actual, expected = stacked(got, BLOCKS[causal], world, relative=False)
+            verdicts += compare(actual, expected, name=f"cp={cp} {config_name(config)} vs attention_block, bitwise")
+print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process reference"))
+
+# %% [markdown]
+# ## 6. What crossed the wire: ledger vs formulas
+#
+# Every send, receive and all-to-all went through `torch.distributed` under the ledger.
+# Per rank (in the ring every rank sends the same; in Ulysses too), bytes *sent*:
+
+# %%
+cp = 4
+print(f"cp = {cp}, ring causal zigzag, per rank:")
+print(format_table([r["results"][2]["records"] for r in runs[cp]]))
+print(f"\ncp = {cp}, Ulysses causal sequence_sharded, per rank:")
+print(format_table([r["results"][5]["records"] for r in runs[cp]]))
+print(f"\ncp = {cp}, Ulysses causal replicated, per rank:")
+print(format_table([r["results"][7]["records"] for r in runs[cp]]))
+
+
+# %%
+def formula(config, cp):
+    algo, _, how = config
+    s = shard_bytes(B, H, N, D, cp)
+    return ring_bytes(s, cp) if algo == "ring" else ulysses_bytes(s, cp, how)
+
+
+def sent(records, phase):
+    return sum(r.bytes_sent for r in records if r.phase == phase)
+
+
+byte_verdicts = []
+print(f"{'cp':>2} {'S (B)':>6}  {'configuration':<34} {'forward: formula = ledger':>26} {'backward: formula = ledger':>27}")
+for cp in CPS:
+    for i, config in enumerate(CONFIGS):
+        want = formula(config, cp)
+        measured = torch.tensor([[sent(r["results"][i]["records"], p) for r in runs[cp]] for p in ("forward", "backward")])
+        expected = torch.tensor([[want[p]] * cp for p in ("forward", "backward")])
+        byte_verdicts += compare(measured, expected, name=f"cp={cp} {config_name(config)} bytes sent [phase, rank]")
+        if not config[1]:
+            continue  # causal masking changes compute, not traffic: print the causal rows only
+        print(f"{cp:>2} {shard_bytes(B, H, N, D, cp):>6}  {config_name(config):<34} "
+              f"{want['forward']:>12} = {int(measured[0].max()):>11} {want['backward']:>13} = {int(measured[1].max()):>11}")
+print(verdict_table(byte_verdicts, "\nbytes sent per rank, ledger vs closed form (exact)"))
+
+# %%
+series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
+measured = {name: {p: [sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], p) for cp in CPS]
+                   for p in ("forward", "backward")} for name, c in series.items()}
+formulas = {name: {p: [formula(c, cp)[p] for cp in CPS] for p in ("forward", "backward")} for name, c in series.items()}
+fig = viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8)
+display(fig)
+plt.close(fig)
+
+# %% [markdown]
+# **What to conclude.** At a fixed sequence, the ring's bytes per rank *grow* towards
+# `2×` (forward) and `4×` (backward) a full q tensor as cp grows, because every rank must
+# see every other rank's K/V; Ulysses sequence-sharded *falls* as `4(cp-1)/cp²`, because
+# each all-to-all moves only a shard. They tie at cp = 2 and Ulysses wins by `cp/2`
+# beyond. What limits Ulysses is the head count: cp must divide the number of heads (20
+# heads ran at cp = 2 and 4 and failed at 8 above), and with grouped-query attention the
+# K/V heads are fewer still. The ring has no such limit, sends to one neighbour only,
+# and overlaps each hop with a block of compute; on slow links or across nodes that
+# overlap (and the absence of an all-to-all over the whole group) is why it is used,
+# often combined with Ulysses inside a node. The replicated layout trades memory for
+# traffic: no input all-to-all, only `(cp-1)·S` out, but every rank holds the full sequence.
+
+# %% [markdown]
+# ## 7. A broken ring backward is caught
+#
+# The checks must be able to fail. Here the ring backward forgets to rotate: every
+# `ring_pass` returns the block it was given, so each rank attends its queries to its own
+# (step-0) K/V at every step, and dK/dV never travel home. The forward is untouched. This
+# cell patches the *package* module (`paralab.cp.ring`) inside each rank, after the
+# forward, and runs `paralab.cp.ring.ring_attention`.
+
+# %%
+def broken_backward_worker(full, config):
+    import paralab.cp.ring as ring_module
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(rank_inputs(full, config, rank, world)))
+    out = ring_module.ring_attention(q, k, v, causal=config[1], zigzag=config[2])
+    ring_module.ring_pass = lambda t, group, tag: (t.clone(), [])  # K/V (and dK/dV) never move
+    out.backward(dout)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+broken = run(broken_backward_worker, 4, FULL, CONFIGS[2])
+got = assembled(broken, CONFIGS[2])
+for name in ("out", "dq", "dk", "dv"):
+    verdict = compare(got[name], REFERENCE[True][name], atol=1e-12 * REFERENCE[True][name].abs().max().item())[0]
+    print(f"ring backward reusing step-0 K/V, {name}: {'pass' if verdict.passed else 'FAIL: caught'}")
+
+# %% [markdown]
+# ## What to try
+#
+# 1. Run section 5 with `CPS = (3,)` (24 heads and 48 tokens divide by 3 and 6). Do all
+#    verdicts and byte formulas still hold at an odd cp?
+# 2. Set `H = 20` and re-run from the top. Which configurations fail at cp = 8, with what
+#    message, and does the ring still pass?
+# 3. In the `merge_partials` cell, drop the rescaling (return `out + block_out`), re-run
+#    that cell and section 5. Which rows fail, and why does Ulysses still pass?
+# 4. `viz.plot_ring_timeline(8)`: what is the slowest/mean work ratio for contiguous
+#    shards? Check it against `2 - 1/cp`.
+# 5. In `UlyssesAttention.backward`, replace `take_heads(dout, group)` by a reduce-scatter
+#    of `dout`'s heads (sum over ranks). By what factor are the replicated gradients off?
+# 6. The ring backward sends K/V again (`4(cp-1)S` instead of `2(cp-1)S`). What would it
+#    cost in memory to keep every visiting K/V block from the forward instead?
+# 7. At which cp would the ring's forward traffic equal Ulysses' backward + forward? Read
+#    it off the plot, then from the formulas.
+
+# %% [markdown]
+# ## Closing note
+#
+# Bytes sent per rank, measured by the ledger = formula (B=2, H=24, N=48, D=5, float64;
+# the table in section 6 prints them and asserts equality). Lab run time on 2 shared CPU
+# cores:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")

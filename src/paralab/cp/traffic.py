@@ -1,0 +1,27 @@
+"""Closed-form bytes each rank sends, per phase, for ring and Ulysses attention.
+
+S = bytes of one rank's shard of ONE of q, k, v: batch * heads * (seq/cp) * head_dim * itemsize
+(in the replicated layout, a rank's heads of the full sequence: the same number).
+
+| algorithm | forward | backward |
+|---|---|---|
+| ring | (cp-1) * 2S: K and V, cp-1 hops | (cp-1) * 2S + (cp-1) * 2S: K/V again, then dK/dV home |
+| Ulysses, sequence_sharded | 4 * (cp-1)/cp * S: q, k, v, out all-to-alls | 4 * (cp-1)/cp * S: dout, dq, dk, dv |
+| Ulysses, replicated | (cp-1) * S: all-gather of out heads | 3 * (cp-1) * S: all-gather of dq, dk, dv heads |
+"""
+from __future__ import annotations
+
+
+def shard_bytes(batch: int, heads: int, seq: int, head_dim: int, cp: int, itemsize: int = 8) -> int:
+    """S: one rank's share of one of q, k, v."""
+    return batch * heads * (seq // cp) * head_dim * itemsize
+
+
+def ring_bytes(s: int, cp: int) -> dict[str, int]:
+    return {"forward": 2 * (cp - 1) * s, "backward": 4 * (cp - 1) * s}
+
+
+def ulysses_bytes(s: int, cp: int, layout: str = "sequence_sharded") -> dict[str, int]:
+    if layout == "replicated":
+        return {"forward": (cp - 1) * s, "backward": 3 * (cp - 1) * s}
+    return {"forward": 4 * (cp - 1) * s // cp, "backward": 4 * (cp - 1) * s // cp}

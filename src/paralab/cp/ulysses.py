@@ -1,0 +1,114 @@
+"""Ulysses attention: trade the sequence split for a head split with an all-to-all, and back.
+
+layout="sequence_sharded" (inputs and output are sequence shards):
+    forward : q, k, v  seq->heads all-to-all (3 calls), full-sequence attention on
+              heads/cp heads, output heads->seq all-to-all (1 call).
+    backward: dout seq->heads, attention backward, dq, dk, dv heads->seq: the
+              backward of an all-to-all is the reverse all-to-all.
+layout="replicated" (every cp rank holds the full sequence, in and out):
+    forward : take this rank's heads locally (no communication), attend, all-gather
+              the heads of the output.
+    backward: dout is the same on every rank (the code after attention is
+              replicated), so the backward of the all-gather is a SLICE of it.
+              A reduce-scatter would sum cp identical copies: cp times the gradient.
+              The backward of taking heads is an all-gather of dq, dk, dv heads, so
+              every rank again holds the full gradient, like its full input.
+
+Ulysses expects contiguous shards (after the all-to-all the sequence is in rank
+order) and needs no load balancing: every rank attends over the full sequence.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paralab.cp.blocks import attention_block, attention_block_backward
+from paralab.cp.ring import check_qkv
+
+LAYOUTS = ("sequence_sharded", "replicated")
+
+
+def check_heads_divisible(heads: int, world: int) -> None:
+    """Ulysses gives every cp rank heads/cp whole heads."""
+    if heads % world:
+        raise ValueError(f"ulysses_attention: heads = {heads} (dim 1) is not divisible by cp = {world}")
+
+
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-to-all (b, h, n/cp, d) sequence shard -> (b, h/cp, n, d) head shard."""
+    world = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()  # [head group j] -> rank j
+    received = torch.empty_like(send)  # [i] = sequence shard i of my heads
+    dist.all_to_all_single(received, send, group=group)
+    return received.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-to-all (b, h/cp, n, d) head shard -> (b, h, n/cp, d) sequence shard: the inverse of `seq_to_heads`."""
+    world = dist.get_world_size(group)
+    b, hl, n, d = x.shape
+    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()  # [seq shard j] -> rank j
+    received = torch.empty_like(send)  # [i] = head group i of my sequence shard
+    dist.all_to_all_single(received, send, group=group)
+    return received.transpose(0, 1).reshape(b, world * hl, n // world, d)
+
+
+def take_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """This rank's heads of a replicated (b, h, n, d) tensor (no communication)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(world, dim=1)[rank].contiguous()
+
+
+def gather_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-gather (b, h/cp, n, d) head shards into the replicated (b, h, n, d)."""
+    world = dist.get_world_size(group)
+    gathered = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_single(gathered, x.contiguous(), group=group)  # [i*b:(i+1)*b] = rank i's heads
+    return gathered.reshape(world, *x.shape).transpose(0, 1).reshape(x.shape[0], world * x.shape[1], *x.shape[2:])
+
+
+class UlyssesAttention(torch.autograd.Function):
+    """Ulysses attention with a hand-written backward: one fixed collective order on every rank."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, layout):  # type: ignore[override]
+        to_heads = seq_to_heads if layout == "sequence_sharded" else take_heads
+        qh, kh, vh = to_heads(q, group), to_heads(k, group), to_heads(v, group)
+        out_heads, lse = attention_block(qh, kh, vh, diagonal=causal)
+        ctx.save_for_backward(qh, kh, vh, out_heads, lse)
+        ctx.group, ctx.causal, ctx.layout = group, causal, layout
+        return heads_to_seq(out_heads, group) if layout == "sequence_sharded" else gather_heads(out_heads, group)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        qh, kh, vh, out_heads, lse = ctx.saved_tensors
+        group = ctx.group
+        sharded = ctx.layout == "sequence_sharded"
+        dout_heads = seq_to_heads(dout.contiguous(), group) if sharded else take_heads(dout, group)
+        delta = (dout_heads * out_heads).sum(dim=-1)
+        dqh, dkh, dvh = attention_block_backward(dout_heads, qh, kh, vh, lse, delta, diagonal=ctx.causal)
+        from_heads = heads_to_seq if sharded else gather_heads
+        return from_heads(dqh, group), from_heads(dkh, group), from_heads(dvh, group), None, None, None
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    causal: bool = False,
+    layout: str = "sequence_sharded",
+) -> torch.Tensor:
+    """Exact attention over the cp `group` by switching from a sequence split to a head split.
+
+    layout="sequence_sharded": q, k, v and the result are contiguous sequence shards
+    (batch, heads, seq/cp, head_dim). layout="replicated": full (batch, heads, seq, head_dim)
+    on every rank, in and out.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"ulysses_attention: layout = {layout!r}, expected one of {LAYOUTS}")
+    check_qkv(q, k, v, "ulysses_attention")
+    check_heads_divisible(q.shape[1], dist.get_world_size(group))
+    return UlyssesAttention.apply(q, k, v, group, causal, layout)

@@ -1,0 +1,164 @@
+"""Ring and Ulysses attention on real gloo ranks: output and dq/dk/dv vs single-process SDPA, bytes vs formulas.
+
+One launch per cp runs every configuration (causal or not, contiguous or zigzag,
+both Ulysses layouts) and returns results plus ledger records for each.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import paralab.cp as cp
+from paralab.check import CheckFailed, assert_match
+from paralab.launch import LaunchError, run
+from paralab.ledger import Ledger
+
+# (algorithm, causal, zigzag or layout)
+CONFIGS = [
+    ("ring", False, False), ("ring", True, False), ("ring", True, True), ("ring", False, True),
+    ("ulysses", False, "sequence_sharded"), ("ulysses", True, "sequence_sharded"),
+    ("ulysses", False, "replicated"), ("ulysses", True, "replicated"),
+]
+
+
+def _shape(world):
+    """Not powers of two: 3 query rows per zigzag chunk, 3 heads per rank, head_dim 5."""
+    return 2, 3 * world, 2 * world * 3, 5
+
+
+def _tensors(world, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*_shape(world), dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
+
+
+def _inputs(full, config, rank, world):
+    algo, _, how = config
+    if algo == "ulysses" and how == "replicated":
+        return [t.clone() for t in full]
+    return [cp.shard_sequence(t, rank, world, zigzag=how is True) for t in full]
+
+
+def _attend(config, q, k, v):
+    algo, causal, how = config
+    if algo == "ring":
+        return cp.ring_attention(q, k, v, causal=causal, zigzag=how)
+    return cp.ulysses_attention(q, k, v, causal=causal, layout=how)
+
+
+def _worker(full, configs, patch=None):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = []
+    for config in configs:
+        q, k, v, dout = _inputs(full, config, rank, world)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        with Ledger() as led:
+            with led.phase("forward"):
+                out = _attend(config, q, k, v)
+            if patch:
+                patch()
+            with led.phase("backward"):
+                out.backward(dout)
+        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
+                        "sent": {p: led.total_sent(phase=p) for p in ("forward", "backward")}})
+    return results
+
+
+def _reference(full, causal):
+    q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(full))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out.backward(dout)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def _per_rank_expected(ref, config, world):
+    algo, _, how = config
+    if algo == "ulysses" and how == "replicated":
+        return [ref] * world
+    return [{n: cp.shard_sequence(t, r, world, zigzag=how is True) for n, t in ref.items()} for r in range(world)]
+
+
+def _check(results, full, config, world):
+    """max |diff| <= 1e-12 relative to each reference tensor's largest magnitude."""
+    expected = _per_rank_expected(_reference(full, config[1]), config, world)
+    actual = [{n: r[n] for n in ("out", "dq", "dk", "dv")} for r in results]
+    for name in ("out", "dq", "dk", "dv"):
+        scale = max(e[name].abs().max().item() for e in expected)
+        assert_match([a[name] for a in actual], [e[name] for e in expected], atol=1e-12 * scale, name=f"{config} {name}")
+
+
+def _formula(config, world):
+    b, h, n, d = _shape(world)
+    s = cp.shard_bytes(b, h, n, d, world)
+    algo, _, how = config
+    return cp.ring_bytes(s, world) if algo == "ring" else cp.ulysses_bytes(s, world, how)
+
+
+@pytest.fixture(scope="module", params=[2, 4, 8])
+def launched(request):
+    world = request.param
+    full = _tensors(world)
+    return world, full, run(_worker, world, full, CONFIGS, timeout=120)
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{a}-{'causal' if c else 'full'}-{h}" for a, c, h in CONFIGS])
+def test_matches_sdpa_forward_and_backward(launched, index):
+    world, full, per_rank = launched
+    _check([r[index] for r in per_rank], full, CONFIGS[index], world)
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{a}-{'causal' if c else 'full'}-{h}" for a, c, h in CONFIGS])
+def test_bytes_per_rank_equal_formula(launched, index):
+    world, _, per_rank = launched
+    want = _formula(CONFIGS[index], world)
+    assert [r[index]["sent"] for r in per_rank] == [want] * world
+
+
+def _unscaled_merge(out, lse, block_out, block_lse):
+    return out + block_out, torch.maximum(lse, block_lse)
+
+
+def _merge_without_rescaling():
+    cp.ring.merge_partials = _unscaled_merge
+
+
+def _kv_never_moves():
+    """Backward attends to its own (step-0) K/V at every step: the ring pass moves nothing."""
+    cp.ring.ring_pass = lambda t, group, tag: (t.clone(), [])
+
+
+@pytest.mark.parametrize("when, broken", [("forward", _merge_without_rescaling), ("backward", _kv_never_moves)])
+def test_broken_variants_are_caught(when, broken):
+    world = 4
+    full = _tensors(world, seed=1)
+    config = ("ring", True, True)
+    patch_forward = broken if when == "forward" else None
+
+    def worker(full):
+        if patch_forward:
+            patch_forward()
+        return _worker(full, [config], patch=None if patch_forward else broken)
+
+    results = [r[0] for r in run(worker, world, full)]
+    with pytest.raises(CheckFailed):
+        _check(results, full, config, world)
+
+
+def _heads_error(world):
+    q = torch.zeros(1, world + 1, 2, 3, dtype=torch.float64)
+    cp.ulysses_attention(q, q, q)
+
+
+def test_indivisible_heads_is_a_clear_error_on_every_rank():
+    with pytest.raises(LaunchError, match=r"heads = 5 \(dim 1\) is not divisible by cp = 4") as info:
+        run(_heads_error, 4, 4)
+    assert info.value.failed_ranks == [0, 1, 2, 3]
+
+
+def test_odd_zigzag_shard_and_bad_layout_are_clear_errors():
+    q = torch.zeros(1, 2, 3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"local sequence length 3 \(dim 2\) is odd"):
+        cp.ring_attention(q, q, q, zigzag=True)
+    with pytest.raises(ValueError, match="layout = 'heads'"):
+        cp.ulysses_attention(q, q, q, layout="heads")
+    with pytest.raises(ValueError, match="q, k, v shapes differ"):
+        cp.ring_attention(q, q[:, :1], q)
