@@ -28,7 +28,7 @@
 # (`B` batch, `S` latent tokens, `C` latent channels, 8 bytes per float64.)
 # Note the swap moves the *latent* (C = 4 channels here), not the model's
 # hidden states (width D), and its size does not grow with the depth of the
-# network, while cp pays per attention layer (section 7).
+# network, while cp pays per attention layer (section 9).
 #
 # **No backward.** cfgp is an *inference-only* axis: guidance is a sampling
 # trick, training runs one forward per sample (with the prompt randomly
@@ -38,7 +38,8 @@
 # Sections: 1 the denoiser and the sampler · 2 the single-process reference
 # and a picture · 3 why batching cond+uncond changes bits · 4 the
 # `ParallelDims` rules · 5 cfgp = 2 on real ranks, bit for bit · 6 the
-# broken variants · 7 the ledger · 8 time per step · 9 what to try.
+# broken variants · 7 the ledger · 8 time per step · 9 cfgp × cp on 4 and 8
+# ranks (lab 02's ring and Ulysses attention) · 10 what to try.
 
 # %%
 import time
@@ -338,7 +339,139 @@ t1, t2 = timing.values()
 print(f"speed-up {t1 / t2:.2f}x (ideal 2x)")
 
 # %% [markdown]
-# ## 9. What to try
+# ## 9. cfgp × cp: four ranks, two branches, each context-parallel
+#
+# `ParallelDims(world_size=4, cfgp=2, cp=2, enable_inference_mode=True)`
+# builds the overlay mesh `(rest, cfgp, cp) = (1, 2, 2)`, row-major: rank
+# `r` has `cfgp_rank = r // 2` and `cp_rank = r % 2`. Ranks 0 and 1 run the
+# **conditional** branch, context-parallel over the cp group {0, 1}; ranks 2
+# and 3 the **unconditional** one over {2, 3}. Each rank holds half the latent
+# tokens (`S/cp`), and its self-attention is lab 02's ring or Ulysses
+# attention over its cp group; everything else in the denoiser is per token.
+# The cfgp groups are {0, 2} and {1, 3}: a rank swaps its prediction with the
+# rank that holds the **same shard** of the other branch, so the swap shrinks
+# to `B·(S/cp)·C·8` bytes. The noise: cfgp rank 0 (ranks 0, 1) draws the full
+# noise from the seed, keeps its shard, and broadcasts it to its cfgp peer. At
+# the end the cp shards are all-gathered so every rank returns the whole
+# latent (the latent return path).
+#
+# | rank | cfgp_rank (branch) | cp_rank (tokens) | cfgp peer | cp peer |
+# |---|---|---|---|---|
+# | 0 | 0 (cond) | 0 (first half) | 2 | 1 |
+# | 1 | 0 (cond) | 1 (second half) | 3 | 0 |
+# | 2 | 1 (uncond) | 0 (first half) | 0 | 3 |
+# | 3 | 1 (uncond) | 1 (second half) | 1 | 2 |
+
+# %%
+# show: paralab.cfgp.cp_forward_kwargs paralab.cfgp.shard_latent paralab.cfgp.gather_latent
+
+# %% [markdown]
+# **Exact or close?** Two references, both single-process with each branch at
+# batch 1: the one of section 2 (PyTorch's `scaled_dot_product_attention`)
+# and the same loop with lab 02's own attention math (`attention_block`: scores,
+# log-sum-exp, weighted sum) over the whole sequence.
+#
+# - **Ulysses** trades the sequence split for a head split and then runs
+#   *whole-sequence* attention on `H/cp` heads: every head sees exactly the
+#   sums it sees in one process, so against the `attention_block` reference
+#   it is **bitwise**. (Against SDPA, a different kernel, it is only close.)
+# - **Ring** attention computes each key block's softmax partial on its own
+#   and merges them with the log-sum-exp rule: the sum over keys is split
+#   into per-block sums that are rescaled and added, a different summation
+#   order, so it is **close (≤ 1e-12), not bitwise**.
+#
+# The per-token layers give the same bits on a shard as on the full sequence
+# here (a `Linear` on 72 rows sums each row like on 144 rows; on very small
+# shards MKL switches kernels, see section 3). The cfgp part adds no
+# rounding at all.
+
+# %%
+from paralab import cp
+
+
+def block_attention(q, k, v):
+    """Whole-sequence attention with the cp kernels' math (lab 02's attention_block)."""
+    return cp.attention_block(q, k, v)[0]
+
+
+reference_block = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, attention=block_attention)
+
+
+def cp_variants(model, cond, uncond, dims, **kw):
+    return {kind: sample_on_rank(model, cond, uncond, dims, cp_attention=kind, **kw) for kind in ("ring", "ulysses")}
+
+
+cp_out = {
+    world: run(cp_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
+               steps=STEPS, guidance_scale=W, seed=SEED, timeout=120)
+    for world in (4, 8)
+}
+print("world 4 (cfgp_rank, cp_rank) per rank:", [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[4]])
+print("world 8 (cfgp_rank, cp_rank) per rank:", [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[8]])
+cp_verdicts = []
+for world, out in cp_out.items():
+    n = world
+    tag = f"cfgp=2 x cp={world // 2}"
+    cp_verdicts += compare([r["ulysses"]["latent"] for r in out], [reference_block] * n,
+                           name=f"{tag} ulysses vs attention_block ref (exact)")
+    cp_verdicts += compare([r["ring"]["latent"] for r in out], [reference_block] * n, atol=1e-12,
+                           name=f"{tag} ring vs attention_block ref (<=1e-12)")
+    for kind in ("ring", "ulysses"):
+        cp_verdicts += compare([r[kind]["latent"] for r in out], [reference] * n, atol=1e-12,
+                               name=f"{tag} {kind} vs SDPA ref (<=1e-12)")
+verdicts += cp_verdicts
+print(verdict_table(cp_verdicts, "cfgp x cp: final latent on every rank"))
+ring_bitwise = [torch.equal(r["ring"]["latent"], reference_block) for r in cp_out[4]]
+print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_bitwise)
+
+# %% [markdown]
+# **The ledger on 4 ranks.** Per rank and per step, the cfgp swap moves one
+# *latent* shard, `B·(S/cp)·C·8` bytes, whatever the depth of the network. cp
+# moves *hidden states* (width `D`, not `C`) in **every attention layer**:
+# ring sends K and V round the ring, `2(cp−1)·Sq` per layer, Ulysses does four
+# all-to-alls, `4(cp−1)/cp·Sq` per layer, with `Sq = B·H·(S/cp)·(D/H)·8` one
+# rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.traffic`).
+# So per step cp costs `layers·2(cp−1)·D / C` times the cfgp swap for ring:
+# the guidance axis is almost free next to the sequence axis.
+
+# %%
+out4 = cp_out[4]
+cpn = 2
+D, H, L = model.inp.out_features, model.blocks[0].heads, model.n_attention_layers
+shard_latent = B * (S // cpn) * C * 8
+Sq = cp.shard_bytes(B, H, S, D // H, cpn)
+print(format_table([r["ring"]["records"] for r in out4], by=("op", "group_ranks")))
+cp_ledger = []
+for rank, r in enumerate(out4):
+    cfgp_peer = (rank + 2) % 4
+    ring_recs, uly_recs = r["ring"]["records"], r["ulysses"]["records"]
+    measured = {
+        "cfgp swap sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer == cfgp_peer),
+        "ring K/V sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer != cfgp_peer),
+        "ulysses a2a sent": sum(x.bytes_sent for x in uly_recs if x.op == "all_to_all_single"),
+        "noise broadcast sent": sum(x.bytes_sent for x in ring_recs if x.op == "broadcast"),
+        "latent return sent": sum(x.bytes_sent for x in ring_recs if x.op == "all_gather"),
+    }
+    formula = {
+        "cfgp swap sent": STEPS * shard_latent,
+        "ring K/V sent": STEPS * L * cp.ring_bytes(Sq, cpn)["forward"],
+        "ulysses a2a sent": STEPS * L * cp.ulysses_bytes(Sq, cpn)["forward"],
+        "noise broadcast sent": shard_latent if r["ring"]["cfgp_rank"] == 0 else 0,
+        "latent return sent": (cpn - 1) * shard_latent,
+    }
+    for key in measured:
+        if rank == 0:
+            print(f"rank 0 {key:<21} formula {formula[key]:>7} B   measured {measured[key]:>7} B")
+        cp_ledger += compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
+verdicts += cp_ledger
+print(verdict_table(cp_ledger, f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})"))
+per_step_cfgp = shard_latent
+per_step_ring = L * cp.ring_bytes(Sq, cpn)["forward"]
+print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
+      f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
+
+# %% [markdown]
+# ## 10. What to try
 #
 # 1. Change `W` to 1.0. Is the cfgp result still bitwise equal to the
 #    reference? What does `cfg_combine` compute at `w = 1`, and could a
@@ -353,6 +486,12 @@ print(f"speed-up {t1 / t2:.2f}x (ideal 2x)")
 #    does the formula still hold? What about `dim=64` (the model's width)?
 # 5. Re-run the timing cell a few times. How noisy is the speed-up on a
 #    shared two-core machine?
+# 6. In section 9, double `n_blocks` of the denoiser. Which ledger rows
+#    double and which stay put? Recompute the "x the swap" ratio.
+# 7. Run cfgp × cp with `cp_attention="ulysses"` on a denoiser with
+#    `heads=2` at cp = 4 (world 8). What does the error say?
+# 8. Make the reference use `full_attention` (SDPA) and the cp runs
+#    Ulysses: why is it no longer bitwise, although no sum was split?
 
 # %%
 print(verdict_table(verdicts, "Lab 03 summary: every check"))

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from paralab import cp
 from paralab.ledger import Ledger
 from paralab.models import Attention, full_attention
 from paralab.parallel_dims import ParallelDims
@@ -123,20 +124,16 @@ def shard_latent(full: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
     (no causal mask in a denoiser, so no zigzag load balancing is needed)."""
     if pd is None or not pd.cp_enabled:
         return full
-    from paralab.cp import shard_sequence
-
-    return shard_sequence(full, pd.cp_rank, pd.cp_size, dim=1)
+    return cp.shard_sequence(full, pd.cp_rank, pd.cp_size, dim=1)
 
 
 def gather_latent(shard: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
     """The latent return path: all_gather the cp shards so every rank returns the whole latent."""
     if pd is None or not pd.cp_enabled:
         return shard
-    from paralab.cp import unshard_sequence
-
     shards = [torch.empty_like(shard) for _ in range(pd.cp_size)]
     dist.all_gather(shards, shard.contiguous(), group=pd.cp_mesh.get_group())
-    return unshard_sequence(shards, dim=1)
+    return cp.unshard_sequence(shards, dim=1)
 
 
 def cp_forward_kwargs(
@@ -146,8 +143,6 @@ def cp_forward_kwargs(
     Without cp, the local `attention` over the whole sequence."""
     if pd is None or not pd.cp_enabled:
         return {"attention": attention}
-    from paralab import cp
-
     group = pd.cp_mesh.get_group()
     kinds: dict[str, Attention] = {
         "ring": functools.partial(cp.ring_attention, group=group),
