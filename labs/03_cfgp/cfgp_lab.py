@@ -47,11 +47,9 @@ import time
 LAB_START = time.perf_counter()
 
 import torch
-import torch.nn.functional as F
 from IPython.display import display
 import matplotlib.pyplot as plt
 
-import paralab
 from paralab import ParallelDims
 from paralab.check import compare, verdict_table
 from paralab.launch import run
@@ -103,9 +101,10 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # with its peer (`batch_isend_irecv` posts the send and the receive
 # together, so neither rank blocks the other); `all_gather` is the
 # collective alternative. The noise is drawn on cfgp rank 0 and broadcast.
-# Both ranks call `cfg_combine(cond_pred, uncond_pred, w)` with the same
-# argument order: writing `mine + w·(mine − theirs)` on rank 0 and something
-# else on rank 1 would make the two ranks round differently.
+# Both ranks call the same `cfg_combine(cond_pred, uncond_pred, w)` on the
+# same operands: had one rank computed the algebraically equal
+# `(1 − w)·uncond + w·cond`, the two ranks would round differently and
+# their latents would drift apart by a few ulps per step.
 
 # %%
 # show: paralab.cfgp.broadcast_noise paralab.cfgp.exchange_prediction paralab.cfgp.exchange_prediction_all_gather paralab.cfgp.predict_cfgp paralab.cfgp.initial_latent
@@ -486,7 +485,10 @@ print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step
 #    double and which stay put? Recompute the "x the swap" ratio.
 # 7. Run cfgp × cp with `cp_attention="ulysses"` on a denoiser with
 #    `heads=2` at cp = 4 (world 8). What does the error say?
-# 8. Make the reference use `full_attention` (SDPA) and the cp runs
+# 8. Give `sample` a `combine=` that computes `(1 - w)·uncond + w·cond` on
+#    cfgp rank 1 only (hint: `torch.distributed.get_rank()`). Do the two
+#    ranks still agree bit for bit? With the reference?
+# 9. Make the reference use `full_attention` (SDPA) and the cp runs
 #    Ulysses: why is it no longer bitwise, although no sum was split?
 
 # %%
