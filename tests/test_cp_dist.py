@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import paralab.cp as cp
+from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
 from paralab.launch import LaunchError, run
 from paralab.ledger import Ledger
@@ -93,7 +94,7 @@ def _formula(config, world):
     return cp.ring_bytes(s, world) if algo == "ring" else cp.ulysses_bytes(s, world, how)
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8])
+@pytest.fixture(scope="module", params=[2, 3, 4, 8])
 def launched(request):
     world = request.param
     full = _tensors(world)
@@ -128,7 +129,7 @@ def _kv_never_moves():
 
 @pytest.mark.parametrize("when, broken", [("forward", _merge_without_rescaling), ("backward", _kv_never_moves)])
 def test_broken_variants_are_caught(when, broken):
-    world = 4
+    world = 2
     full = _tensors(world, seed=1)
     config = ("ring", True, True)
     patch_forward = broken if when == "forward" else None
@@ -162,3 +163,37 @@ def test_odd_zigzag_shard_and_bad_layout_are_clear_errors():
         cp.ulysses_attention(q, q, q, layout="heads")
     with pytest.raises(ValueError, match="q, k, v shapes differ"):
         cp.ring_attention(q, q[:, :1], q)
+
+
+def _two_rings_worker(fulls, cp_size):
+    """cp groups from ParallelDims: each group of `cp_size` ranks attends over its own sequence."""
+    pd = ParallelDims(dist.get_world_size(), cp=cp_size)
+    pd.build_meshes("cpu")
+    group = pd.cp_mesh.get_group() if pd.cp_enabled else None  # cp = 1 runs on a world of 1: WORLD
+    rank = pd.cp_rank
+    full = fulls[dist.get_rank() // cp_size]
+    out = {}
+    for algo in ("ring", "ulysses"):
+        q, k, v, dout = (cp.shard_sequence(t, rank, cp_size, zigzag=algo == "ring") for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        if algo == "ring":
+            o = cp.ring_attention(q, k, v, group, causal=True, zigzag=True)
+        else:
+            o = cp.ulysses_attention(q, k, v, group, causal=True)
+        o.backward(dout)
+        out[algo] = {"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return out
+
+
+@pytest.mark.parametrize("world, cp_size", [(4, 2), (1, 1)])
+def test_cp_subgroups_use_their_own_peers(world, cp_size):
+    """Two independent rings (world 4, cp 2) on different data, and the trivial cp = 1."""
+    fulls = [_tensors(2, seed=10 + i) for i in range(world // cp_size)]
+    per_rank = run(_two_rings_worker, world, fulls, cp_size)
+    for i, full in enumerate(fulls):
+        ranks = per_rank[i * cp_size:(i + 1) * cp_size]
+        ref = _reference(full, True)
+        for algo in ("ring", "ulysses"):
+            for name, want in ref.items():
+                got = cp.unshard_sequence([r[algo][name] for r in ranks], zigzag=algo == "ring")
+                assert_match(got, want, atol=1e-12 * want.abs().max().item(), name=f"group {i} {algo} {name}")
