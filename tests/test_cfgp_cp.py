@@ -93,3 +93,12 @@ def test_ledger_cfgp_swap_is_a_shard_per_step_and_cp_pays_per_layer(setup, runs)
         uly = [x for x in r["ulysses"]["records"] if x.op == "all_to_all_single"]
         per_layer = cp.ulysses_bytes(qkv_shard, 2)["forward"]
         assert sum(x.bytes_sent for x in uly) == STEPS * model.n_attention_layers * per_layer
+
+
+def test_cp_alone_runs_both_branches_on_each_shard(setup):
+    """cfgp=1, cp=2: the same loop, both branches on every rank, attention over the cp group."""
+    model, cond, uncond, refs = setup
+    out = run(sample_on_rank, 2, model, cond, uncond, {"cp": 2}, cp_attention="ulysses",
+              steps=STEPS, guidance_scale=W, seed=SEED)
+    assert_match([r["latent"] for r in out], [refs["block"]] * 2)
+    assert not any(x.op in ("isend", "irecv", "broadcast") for r in out for x in r["records"])
