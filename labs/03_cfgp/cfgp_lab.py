@@ -55,7 +55,7 @@ from paralab.check import compare, verdict_table
 from paralab.launch import run
 from paralab.ledger import format_table
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
-from paralab.viz import plot_cfg_branches, plot_latent_steps
+from paralab.viz import plot_cfg_branches, plot_latent_steps, plot_step_traffic
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
@@ -471,6 +471,29 @@ per_step_cfgp = shard_latent
 per_step_ring = L * cp.ring_bytes(Sq, cpn)["forward"]
 print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
       f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
+
+# %% [markdown]
+# The same comparison measured at cp = 2 (world 4) and cp = 4 (world 8),
+# rank 0, per step: the swap shrinks with cp (a smaller shard); ring
+# attention's traffic per rank grows, `2(cp−1)/cp · B·S·D·8` per layer,
+# towards twice the whole sequence's K (or V); Ulysses' shrinks,
+# `4(cp−1)/cp² · B·S·D·8` per layer.
+
+# %%
+per_step = {}
+for world, out in cp_out.items():
+    recs_ring, recs_uly = out[0]["ring"]["records"], out[0]["ulysses"]["records"]
+    cfgp_peer = world // 2  # rank 0's cfgp peer holds the same shard of the other branch
+    per_step[f"cfgp=2 x cp={world // 2}"] = {
+        "cfgp swap": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer == cfgp_peer) // STEPS,
+        "cp ring attention": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer != cfgp_peer) // STEPS,
+        "cp Ulysses attention": sum(x.bytes_sent for x in recs_uly if x.op == "all_to_all_single") // STEPS,
+    }
+for layout, row in per_step.items():
+    print(f"{layout:<16} " + "  ".join(f"{k} {v:>6} B" for k, v in row.items()))
+fig = plot_step_traffic(per_step)
+display(fig)
+plt.close(fig)
 
 # %% [markdown]
 # ## 10. What to try

@@ -168,3 +168,24 @@ def plot_cfg_branches(
     fig.suptitle(f"predicted velocity, channel {channel}, frame {frame}: guidance amplifies the difference", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
+
+
+def plot_step_traffic(per_step: dict[str, dict[str, int]]):
+    """Bytes one rank sends per sampling step, grouped by layout: the cfgp swap next to cp's attention traffic."""
+    layouts = list(per_step)
+    kinds = list(next(iter(per_step.values())))
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
+    width = 0.8 / len(kinds)
+    for i, kind in enumerate(kinds):
+        xs = [j + (i - (len(kinds) - 1) / 2) * width for j in range(len(layouts))]
+        values = [per_step[layout][kind] for layout in layouts]
+        bars = ax.bar(xs, values, width, label=kind)
+        ax.bar_label(bars, labels=[f"{v / 1024:.1f} KiB" for v in values], fontsize=8)
+    ax.set_xticks(range(len(layouts)), layouts)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 3)
+    ax.set_ylabel("bytes sent per step by one rank")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("cfgp moves one latent shard per step; cp moves hidden states in every layer", fontsize=10)
+    fig.tight_layout()
+    return fig
