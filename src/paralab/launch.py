@@ -36,7 +36,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-_GRACE_AFTER_ERROR_S = 2.0
+_GRACE_AFTER_ERROR_S = 5.0
 
 
 class LaunchError(RuntimeError):

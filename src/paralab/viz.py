@@ -8,6 +8,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
 from paralab.cp.layout import causal_work, chunk_ids, kv_source, ring_blocks
@@ -178,6 +179,92 @@ def plot_cp_bytes(cps: list[int], measured: dict[str, dict[str, list[int]]],
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("× bytes of one full q tensor")
     axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# =====================================================================================
+# Lab 03 — CFG parallelism: latents during sampling, the two branches and their combination
+# =====================================================================================
+
+
+def _frames(latent: torch.Tensor, frames: int, height: int, width: int, channel: int) -> torch.Tensor:
+    """(1, frames*height*width, channels) -> (frames, height, width) of one channel."""
+    return latent.detach()[0, :, channel].reshape(frames, height, width)
+
+
+def plot_latent_steps(
+    trajectory: list[torch.Tensor], step_ids: list[int], frames: int, height: int, width: int, channel: int = 0
+):
+    """One row per chosen step, one column per video frame: noise (step 0) turning into the sample."""
+    fig, axes = plt.subplots(len(step_ids), frames, figsize=(1.6 * frames, 1.6 * len(step_ids)), squeeze=False)
+    lim = max(float(trajectory[s][..., channel].abs().max()) for s in step_ids)
+    for row, s in enumerate(step_ids):
+        video = _frames(trajectory[s], frames, height, width, channel)
+        for f in range(frames):
+            ax = axes[row][f]
+            ax.imshow(video[f].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"frame {f}", fontsize=9)
+            if f == 0:
+                ax.set_ylabel(f"after step {s}" if s else "noise", fontsize=9)
+    fig.suptitle(f"latent channel {channel} during guided sampling", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cfg_branches(
+    cond_pred: torch.Tensor,
+    uncond_pred: torch.Tensor,
+    guided: torch.Tensor,
+    guidance_scale: float,
+    frames: int,
+    height: int,
+    width: int,
+    channel: int = 0,
+    frame: int = 0,
+):
+    """The two branches (one per cfgp rank) and the guided velocity both ranks compute from them."""
+    panels = [
+        ("cond (cfgp rank 0)", cond_pred),
+        ("uncond (cfgp rank 1)", uncond_pred),
+        ("cond - uncond", cond_pred - uncond_pred),
+        (f"uncond + {guidance_scale:g}(cond - uncond)", guided),
+    ]
+    images = [_frames(t, frames, height, width, channel)[frame] for _, t in panels]
+    lim = max(float(im.abs().max()) for im in images)
+    diff_lim = float(images[2].abs().max())
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2))
+    for i, (ax, (title, _), im) in enumerate(zip(axes, panels, images)):
+        scale = diff_lim if i == 2 else lim
+        ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
+        ax.set_title(title + (f"\n(own scale, max {diff_lim:.2f})" if i == 2 else ""), fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"predicted velocity, channel {channel}, frame {frame}: guidance amplifies the difference", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    return fig
+
+
+def plot_step_traffic(per_step: dict[str, dict[str, int]]):
+    """Bytes one rank sends per sampling step, grouped by layout: the cfgp swap next to cp's attention traffic."""
+    layouts = list(per_step)
+    kinds = list(next(iter(per_step.values())))
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
+    width = 0.8 / len(kinds)
+    for i, kind in enumerate(kinds):
+        xs = [j + (i - (len(kinds) - 1) / 2) * width for j in range(len(layouts))]
+        values = [per_step[layout][kind] for layout in layouts]
+        bars = ax.bar(xs, values, width, label=kind)
+        ax.bar_label(bars, labels=[f"{v / 1024:.1f} KiB" for v in values], fontsize=8)
+    ax.set_xticks(range(len(layouts)), layouts)
+    ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 3)
+    ax.set_ylabel("bytes sent per step by one rank")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("cfgp moves one latent shard per step; cp moves hidden states in every layer", fontsize=10)
     fig.tight_layout()
     return fig
 
