@@ -86,6 +86,29 @@ def plot_dp_grid(dp_replicate: int, dp_shard: int) -> Figure:
 
 
 # =====================================================================================
+# Bug clinic (every lab): where a buggy result departs from the correct one
+# =====================================================================================
+def plot_diff_heatmap(expected: torch.Tensor, actual: torch.Tensor, title: str = "",
+                      row_label: str = "row", col_label: str = "column") -> Figure:
+    """|actual - expected| element by element, as a heatmap over the last two dims.
+
+    Leading dims are stacked into rows, so any tensor shows as one picture; zero
+    differences are white, so the pattern of the bug is what stands out.
+    """
+    diff = (actual.detach().double() - expected.detach().double()).abs()
+    grid = diff.reshape(-1, diff.shape[-1]) if diff.dim() > 1 else diff.reshape(1, -1)
+    fig, ax = plt.subplots(figsize=(min(10, 1.5 + 0.25 * grid.shape[1]), min(6, 1.2 + 0.12 * grid.shape[0])))
+    image = ax.imshow(grid.numpy(), cmap="Reds", aspect="auto", interpolation="nearest", vmin=0)
+    fig.colorbar(image, ax=ax, label="|buggy - correct|")
+    wrong = int((grid != 0).sum())
+    ax.set_title(f"{title}\n{wrong} of {grid.numel()} elements differ", fontsize=9)
+    ax.set_xlabel(col_label, fontsize=8)
+    ax.set_ylabel(row_label, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# =====================================================================================
 # Lab 02 — context parallelism: ring attention vs Ulysses
 # =====================================================================================
 
