@@ -291,6 +291,44 @@ verdicts += compare(torch.tensor(counts[False].get(("all_reduce", 1), 0)), torch
 # `2U` all-gathers and `U` reduce-scatters per step — and the 2-D mesh adds `U`
 # all-reduces over a group of one rank. Lab 01 builds all of this by hand.
 #
+# ## 7. Bug clinic: a prediction that looks right on half the ranks
+#
+# Below, a plausible `predict_groups` variant (it lives in `paralab.exercises.lab00`,
+# where the grader uses it to prove its check can fail) runs next to the real
+# `DeviceMesh` groups of section 1. The heatmap shows, per rank (rows) and per member
+# slot of each axis' group (columns, axes side by side), how far the predicted rank
+# number is from the true one.
+
+# %%
+from paralab.exercises.lab00 import _cp_fastest_everywhere as buggy_predict_groups
+from paralab.viz import plot_diff_heatmap
+
+AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
+truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
+buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
+clinic = compare(buggy, truth, name="buggy predict_groups")
+print("\n".join(v.describe() for v in clinic))
+fig = plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
+                        row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)")
+display(fig)
+plt.close(fig)
+verdicts += compare(torch.tensor(not clinic[0].passed), torch.tensor(True), name="the check catches the buggy prediction")
+
+# %% [markdown]
+# **What is wrong?** Only some columns light up, and on every rank.
+#
+# <details><summary>Answer</summary>
+#
+# The variant gives `cfgp` contiguous groups (`0,1`, `2,3`, …), as if cfgp were the
+# last, fastest-varying mesh dimension like `cp`. But the overlay mesh is
+# `(rest, cfgp, cp)`: moving one step along `cfgp` skips over a whole cp group, so
+# cfgp partners are `cp` ranks apart (`0,2`, `1,3`). Every rank has the wrong cfgp
+# partner, while all other axes are right — which is why checking one axis or one
+# rank is not enough. On GPUs the same slip would put the heavy cp traffic on the slow
+# links.
+#
+# </details>
+#
 # ## Verdict
 
 # %%
