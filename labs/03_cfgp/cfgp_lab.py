@@ -39,7 +39,8 @@
 # and a picture · 3 why batching cond+uncond changes bits · 4 the
 # `ParallelDims` rules · 5 cfgp = 2 on real ranks, bit for bit · 6 the
 # broken variants · 7 the ledger · 8 time per step · 9 cfgp × cp on 4 and 8
-# ranks (lab 02's ring and Ulysses attention) · 10 what to try.
+# ranks (lab 02's ring and Ulysses attention) · 10 bug clinic: ranks
+# drawing different noise · 11 what to try.
 
 # %%
 import time
@@ -55,7 +56,7 @@ from paralab.check import compare, verdict_table
 from paralab.launch import run
 from paralab.ledger import format_table
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
-from paralab.viz import plot_cfg_branches, plot_latent_steps, plot_step_traffic
+from paralab.viz import plot_cfg_branches, plot_diff_heatmap, plot_latent_steps, plot_step_traffic
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
@@ -441,7 +442,7 @@ print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_
 out4 = cp_out[4]
 cpn = 2
 D, H, L = model.inp.out_features, model.blocks[0].heads, model.n_attention_layers
-shard_latent = B * (S // cpn) * C * 8
+shard_bytes = B * (S // cpn) * C * 8
 Sq = cp.shard_bytes(B, H, S, D // H, cpn)
 print(format_table([r["ring"]["records"] for r in out4], by=("op", "group_ranks")))
 cp_ledger = []
@@ -456,18 +457,18 @@ for rank, r in enumerate(out4):
         "latent return sent": sum(x.bytes_sent for x in ring_recs if x.op == "all_gather"),
     }
     formula = {
-        "cfgp swap sent": STEPS * shard_latent,
+        "cfgp swap sent": STEPS * shard_bytes,
         "ring K/V sent": STEPS * L * cp.ring_bytes(Sq, cpn)["forward"],
         "ulysses a2a sent": STEPS * L * cp.ulysses_bytes(Sq, cpn)["forward"],
-        "noise broadcast sent": shard_latent if r["ring"]["cfgp_rank"] == 0 else 0,
-        "latent return sent": (cpn - 1) * shard_latent,
+        "noise broadcast sent": shard_bytes if r["ring"]["cfgp_rank"] == 0 else 0,
+        "latent return sent": (cpn - 1) * shard_bytes,
     }
     for key in measured:
         if rank == 0:
             print(f"rank 0 {key:<21} formula {formula[key]:>7} B   measured {measured[key]:>7} B")
         cp_ledger += compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
 print(verdict_table(cp_ledger, f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})"))
-per_step_cfgp = shard_latent
+per_step_cfgp = shard_bytes
 per_step_ring = L * cp.ring_bytes(Sq, cpn)["forward"]
 print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
       f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
@@ -496,7 +497,94 @@ display(fig)
 plt.close(fig)
 
 # %% [markdown]
-# ## 10. What to try
+# ## 10. Bug clinic: CFG-parallel ranks drawing different noise
+#
+# A report from the field: *"with cfgp = 2 the videos look plausible, but
+# they are not the ones the single-GPU pipeline makes for the same seed;
+# with cfgp = 1 they match."* No error, no hang, no NaN. The sampler of
+# section 5 ran exactly this bug (the `per_rank_seed` variant) next to the
+# correct code, on the same two ranks. Below, first each rank's **initial**
+# latent, buggy vs broadcast (a short launch of the package's
+# `initial_latent`, once with the exercises' bug variant
+# `noise_per_rank_seed`), then each rank's **final** latent after 8 steps
+# against the single-process reference. Rows are rank · channel, columns
+# the 144 latent tokens; white means equal.
+
+# %%
+from paralab.exercises import EXERCISES
+from paralab.exercises.lab03 import noise_per_rank_seed
+from paralab.grade import grade, report
+
+
+def clinic_noise(shape, seed):
+    pd = ParallelDims(dist.get_world_size(), cfgp=2, enable_inference_mode=True)
+    pd.build_meshes("cpu")
+    return {"correct": initial_latent(shape, seed, pd), "buggy": noise_per_rank_seed(shape, seed, pd)}
+
+
+def by_rank_and_channel(latents):
+    """(1, S, C) per rank -> (ranks * C, S): one row per rank and channel, tokens along x."""
+    return torch.cat([latent[0].T for latent in latents])
+
+
+clinic = run(clinic_noise, 2, model.latent_shape, SEED)
+start_ok = by_rank_and_channel([r["correct"] for r in clinic])
+start_bug = by_rank_and_channel([r["buggy"] for r in clinic])
+end_ok = by_rank_and_channel([reference, reference])
+end_bug = by_rank_and_channel([r["per_rank_seed"]["latent"] for r in cfgp_out])
+for label, ok, bug in [("initial latent", start_ok, start_bug), ("final latent", end_ok, end_bug)]:
+    print(f"{label:<15} " + "   ".join(
+        f"rank {r}: {int((bug[r * C:(r + 1) * C] != ok[r * C:(r + 1) * C]).sum()):3d} of {S * C} elements differ"
+        for r in range(2)))
+for title, ok, bug in [("initial latent: per-rank seed vs broadcast noise", start_ok, start_bug),
+                       (f"final latent after {STEPS} steps: per-rank seed vs the reference", end_ok, end_bug)]:
+    fig = plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token")
+    display(fig)
+    plt.close(fig)
+
+# %% [markdown]
+# **What is wrong?** Rank 0 starts from exactly the right noise (top half of
+# the first picture is white), yet its final latent is wrong everywhere, and
+# the two ranks do not even agree with each other. Why does rank 0 go wrong,
+# and what is the fix?
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Each rank seeded its noise with `seed + rank`: rank 0 drew from `seed`,
+# rank 1 from `seed + 1`, so the two members of the cfgp pair started from
+# **different latents** `x_a` and `x_b`. Rank 0 computes `v_c(x_a)`, rank 1
+# `v_u(x_b)`, and after the swap each combines its own prediction with one
+# taken at *another* latent. Rank 0's first step already mixes `v_u(x_b)`
+# into `x_a`, so its trajectory leaves the reference at step 1 even though
+# its start was right; rank 1 is wrong from the start. The error is spread
+# over every token and channel (the whole noise differs), not a block or a
+# shard: a diff heatmap that is red everywhere points at an input every
+# element depends on.
+#
+# `seed + rank` is the right habit for data parallelism (different samples
+# per rank) and a common default in distributed setup code; cfgp ranks must
+# instead hold the **same** sample. Fix: draw on cfgp rank 0 and broadcast
+# over the cfgp group (`initial_latent`), or seed by the *data-parallel*
+# index only, never by the global rank. The check that catches it is the
+# same element-wise comparison as everywhere in this lab; the exercise
+# `initial_latent` grades exactly this (the cell below runs the grader on
+# the bug: it fails on rank 1, the rank whose noise differs).
+#
+# </details>
+
+# %%
+outcome = grade(EXERCISES["initial_latent"], noise_per_rank_seed)
+print(report(EXERCISES["initial_latent"], outcome))
+final_check = compare([r["per_rank_seed"]["latent"] for r in cfgp_out], [reference, reference])
+clinic_verdicts = compare(torch.tensor(outcome.verdict == "FAIL"), torch.tensor(True),
+                          name="grader fails per-rank noise (initial_latent)")
+clinic_verdicts += compare(torch.tensor(not all(v.passed for v in final_check)), torch.tensor(True),
+                           name="final latent check fails per-rank noise")
+print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing different noise"))
+
+# %% [markdown]
+# ## 11. What to try
 #
 # 1. Change `W` to 1.0. Is the cfgp result still bitwise equal to the
 #    reference? What does `cfg_combine` compute at `w = 1`, and could a
@@ -529,6 +617,7 @@ checks = {
     "7 ledger vs formulas, cfgp=2": ledger_verdicts,
     "9 cfgp x cp vs one process": cp_verdicts,
     "9 ledger vs formulas, cfgp x cp": cp_ledger,
+    "10 bug clinic caught": clinic_verdicts,
 }
 print("Lab 03 summary")
 for section, found in checks.items():

@@ -35,7 +35,9 @@ Combine = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 def cfg_combine(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     """Classifier-free guidance. Both cfgp ranks call it with the SAME argument order,
     so both compute the same float64 operations and get the same bits."""
+    ### BEGIN SOLUTION
     return uncond_pred + guidance_scale * (cond_pred - uncond_pred)
+    ### END SOLUTION
 
 
 def timesteps(steps: int) -> list[float]:
@@ -62,12 +64,14 @@ def broadcast_noise(noise: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 
 def exchange_prediction(mine: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Point-to-point swap with the other cfgp rank: send mine, receive theirs."""
+    ### BEGIN SOLUTION
     peer = dist.get_global_rank(group, 1 - dist.get_rank(group))
     theirs = torch.empty_like(mine)
     ops = [dist.P2POp(dist.isend, mine, peer, group), dist.P2POp(dist.irecv, theirs, peer, group)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return theirs
+    ### END SOLUTION
 
 
 def exchange_prediction_all_gather(mine: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -109,6 +113,7 @@ def initial_latent(
         return shard_latent(draw_noise(shape, seed + dist.get_rank()), pd)
     if noise != "broadcast":
         raise ValueError(f"noise must be 'broadcast' or 'per_rank_seed', got noise={noise!r}")
+    ### BEGIN SOLUTION
     if pd is None or not pd.cfgp_enabled:
         return shard_latent(draw_noise(shape, seed), pd)
     if pd.cfgp_rank == 0:
@@ -117,6 +122,7 @@ def initial_latent(
         tokens = shape[1] // pd.cp_size
         shard = torch.empty((shape[0], tokens, *shape[2:]), dtype=torch.float64)  # filled by the broadcast
     return broadcast_noise(shard, pd.cfgp_mesh.get_group())
+    ### END SOLUTION
 
 
 def shard_latent(full: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:

@@ -1,0 +1,197 @@
+"""Lab 03 exercises: the cfgp swap, the guidance combine, and the shared initial noise.
+
+Each bug variant below is a mistake seen in real CFG-parallel samplers; the
+tests prove the grader fails it and that its report points at the place.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paralab.cfgp import initial_latent
+from paralab.grade import Exercise
+from paralab.parallel_dims import ParallelDims
+
+LAB = "03_cfgp"
+LATENT_SHAPE = (1, 12, 4)  # (batch, tokens, channels): small, tokens divisible by cp = 2
+
+# World 2: one cfgp pair. World 4: two cfgp pairs, once as neighbours (cfgp alone: {0,1} {2,3})
+# and once strided (cfgp x cp = 2 x 2: {0,2} {1,3}), where the peer is NOT the adjacent rank.
+LAYOUTS = {2: [dict(cfgp=2)], 4: [dict(cfgp=2), dict(cfgp=2, cp=2)]}
+
+
+def _meshes(world: int, dims: dict) -> ParallelDims:
+    parallel_dims = ParallelDims(world, enable_inference_mode=True, **dims)
+    parallel_dims.build_meshes("cpu")
+    return parallel_dims
+
+
+# ----------------------------------------------------------------------------- the exchange
+def _exchange_cases(rank: int, world: int) -> list[tuple]:
+    """Each rank's own prediction is different (seeded by rank), so a wrong peer shows."""
+    cases = []
+    for i, dims in enumerate(LAYOUTS[world]):
+        group = _meshes(world, dims).cfgp_mesh.get_group()
+        mine = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(100 * i + rank), dtype=torch.float64)
+        cases.append((mine, group))
+    return cases
+
+
+def _as_received(theirs: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"received prediction": theirs}
+
+
+def keeps_own_prediction(mine: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Bug: no swap at all, each rank 'receives' its own prediction (cond combined with cond)."""
+    return mine.clone()
+
+
+def neighbour_as_peer(mine: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Bug: the peer taken as the adjacent global rank (rank ^ 1) instead of the cfgp group's
+    other member. Right at world 2 and with cfgp alone; wrong once cp sits between the pair."""
+    peer = dist.get_rank() ^ 1
+    theirs = torch.empty_like(mine)
+    ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return theirs
+
+
+def send_then_receive(mine: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Bug: blocking send before the receive on BOTH ranks: each waits for the other to
+    receive, so neither does (a deadlock, on gloo even for small tensors). The grader says
+    TIMEOUT, not FAIL, so it is tested on its own."""
+    peer = dist.get_global_rank(group, 1 - dist.get_rank(group))
+    theirs = torch.empty_like(mine)
+    dist.send(mine, peer, group=group)
+    dist.recv(theirs, peer, group=group)
+    return theirs
+
+
+# ----------------------------------------------------------------------------- the combine
+GUIDANCE_SCALES = (4.0, 1.0, 0.0, 7.5)
+
+
+def _combine_cases(rank: int, world: int) -> list[tuple]:
+    generator = torch.Generator().manual_seed(3)
+    cases = []
+    for w in GUIDANCE_SCALES:
+        cond = torch.randn(LATENT_SHAPE, generator=generator, dtype=torch.float64)
+        uncond = torch.randn(LATENT_SHAPE, generator=generator, dtype=torch.float64)
+        cases.append((cond, uncond, w))
+    return cases
+
+
+def _as_guided(velocity: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"guided velocity": velocity}
+
+
+def wrong_sign(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """Bug: guides away from the prompt: u - w (c - u)."""
+    return uncond_pred - guidance_scale * (cond_pred - uncond_pred)
+
+
+def scale_on_uncond(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """Bug: w multiplies the unconditional prediction instead of the difference."""
+    return guidance_scale * uncond_pred + (cond_pred - uncond_pred)
+
+
+def branches_swapped(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """Bug: cond and uncond swapped (what a rank 1 that forgets to swap the roles computes)."""
+    return cond_pred + guidance_scale * (uncond_pred - cond_pred)
+
+
+# ----------------------------------------------------------------------------- the initial noise
+def _noise_cases(rank: int, world: int) -> list[tuple]:
+    return [(LATENT_SHAPE, 7, _meshes(world, dims)) for dims in LAYOUTS[world]]
+
+
+def _as_latent(latent: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"latent": latent}
+
+
+def noise_per_rank_seed(shape: tuple[int, ...], seed: int, pd: ParallelDims | None,
+                        noise: str = "broadcast") -> torch.Tensor:
+    """Bug: each rank draws its own noise from `seed + rank` (right for data parallelism,
+    wrong here). The package's own `per_rank_seed` variant, the one the lab's sampler runs."""
+    return initial_latent(shape, seed, pd, noise="per_rank_seed")
+
+
+EXERCISES = [
+    Exercise(
+        name="exchange_prediction",
+        lab=LAB,
+        target="paralab.cfgp.exchange_prediction",
+        prompt=(
+            "Each of the two ranks of a cfgp `group` holds its own branch's prediction `mine`. "
+            "Swap them point to point: send `mine` to the other member of the group and return "
+            "the tensor received from it. `group` may be one of several cfgp groups, and its "
+            "members need not be adjacent ranks: `dist.get_rank(group)` is the rank inside the "
+            "group (0 or 1), `dist.get_global_rank(group, r)` turns a group rank into the global "
+            "rank that `P2POp` expects. Both ranks run the same code, so post the send and the "
+            "receive together (`dist.batch_isend_irecv`) rather than a blocking send first. "
+            "The check runs on 2 ranks and on 4 (two cfgp pairs, as neighbours and strided by cp)."
+        ),
+        hint="the peer's global rank is dist.get_global_rank(group, 1 - dist.get_rank(group)); post the "
+             "isend and the irecv together with dist.batch_isend_irecv and wait on every request",
+        cases=_exchange_cases,
+        world_sizes=(2, 4),
+        points=3,
+        minutes=20,
+        normalize=_as_received,
+        bugs=[
+            ("returns its own prediction (no swap)", keeps_own_prediction,
+             "world 2, rank 0, case 0, received prediction"),
+            ("peer = adjacent global rank (rank ^ 1), not the group's other member", neighbour_as_peer,
+             "world 4, rank 0, case 1, received prediction"),
+        ],
+    ),
+    Exercise(
+        name="cfg_combine",
+        lab=LAB,
+        target="paralab.cfgp.cfg_combine",
+        prompt=(
+            "Classifier-free guidance: from the conditional and unconditional predictions and the "
+            "guidance scale `w`, return `uncond + w·(cond − uncond)`. `w = 1` gives the conditional "
+            "prediction, `w = 0` the unconditional one, `w > 1` pushes past the prompt. The check "
+            "allows rounding-level differences (1e-12), so `(1 − w)·uncond + w·cond` passes; the lab "
+            "explains why both cfgp ranks must still call the very same expression."
+        ),
+        hint="it is linear in w: w = 0 must give uncond_pred, w = 1 cond_pred",
+        cases=_combine_cases,
+        world_sizes=(0,),
+        points=1,
+        minutes=5,
+        atol=1e-12,
+        rtol=1e-12,
+        normalize=_as_guided,
+        bugs=[
+            ("wrong sign: u - w (c - u)", wrong_sign, "case 0, guided velocity"),
+            ("w applied to uncond: w u + (c - u)", scale_on_uncond, "case 0, guided velocity"),
+            ("cond and uncond swapped", branches_swapped, "case 0, guided velocity"),
+        ],
+    ),
+    Exercise(
+        name="initial_latent",
+        lab=LAB,
+        target="paralab.cfgp.initial_latent",
+        prompt=(
+            "The initial noise must be the same on both ranks of a cfgp pair. Write the `broadcast` "
+            "path: without cfgp (`pd` None or `pd.cfgp_enabled` false) draw the noise here with "
+            "`draw_noise(shape, seed)` and return this rank's cp shard (`shard_latent`). With cfgp, "
+            "only cfgp rank 0 draws (and shards, made contiguous); cfgp rank 1 allocates an empty "
+            "float64 buffer of the shard's shape, `(B, S / cp_size, C)`; then `broadcast_noise` over "
+            "`pd.cfgp_mesh.get_group()` fills it. The check runs on 2 ranks and on 4 (cfgp alone and "
+            "cfgp x cp)."
+        ),
+        hint="only cfgp rank 0 draws; the other rank needs a float64 buffer of the shard's shape "
+             "for broadcast_noise to fill",
+        cases=_noise_cases,
+        world_sizes=(2, 4),
+        points=2,
+        minutes=15,
+        normalize=_as_latent,
+        bugs=[("each rank draws its own noise (seed + rank)", noise_per_rank_seed,
+               "world 2, rank 1, case 0, latent")],
+    ),
+]
