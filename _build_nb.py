@@ -178,7 +178,7 @@ def exercise_notebook(lab: str, filename: str, solved: bool = False) -> nbformat
             code = stub_out(code, exercise.name, exercise.hint)
         cells += [
             nbformat.v4.new_markdown_cell(
-                f"## Exercise {number}: `{name}` ({exercise.points} points, about {exercise.minutes} min)\n\n"
+                f"## Exercise {number}: `{name}` ({exercise.points} point{'s' if exercise.points != 1 else ''}, about {exercise.minutes} min)\n\n"
                 f"{exercise.prompt}"),
             nbformat.v4.new_code_cell(code),
             nbformat.v4.new_code_cell(f'check("{exercise.name}", {name})'),
