@@ -1,0 +1,257 @@
+"""Lab 01's experiments: the single-process reference, per-rank training jobs, and the formulas.
+
+One launch runs several `Job`s in a row on the same ranks (each builds its own
+meshes), because a launch costs far more than a few tiny training steps.
+Every job trains the same float64 `MLPStack` for `STEPS` optimizer steps on
+its rank's slice of one global batch and returns what the notebook checks:
+the parameters this rank holds, the ledger records, and the memory it held.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from paralab.fsdp import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard, padded_size
+from paralab.ledger import Ledger
+from paralab.models import MLPStack, make_mlp_stack, regression_data
+from paralab.parallel_dims import ParallelDims, fsdp_mesh
+
+GLOBAL_BATCH = 16
+STEPS = 3
+LR = {"sgd": 0.1, "adam": 0.05}
+ITEMSIZE = 8  # float64
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run on every rank of a launch.
+
+    engine: "hand" (our ZeRO-3 / HSDP / ZeRO-2-like), "ddp" (all-reduce of
+    gradients) or "fsdp2" (torch's `fully_shard`). mesh (fsdp2 only):
+    "fsdp_mesh" or "dp_mesh", the 2-D (dp_replicate, dp_shard) mesh of the trap.
+    """
+
+    engine: str
+    dp_replicate: int = 1
+    optimizer: str = "adam"
+    reshard_after_forward: bool = True
+    mesh: str = "fsdp_mesh"
+
+    def label(self, world: int) -> str:
+        shard = world // self.dp_replicate
+        if self.engine == "ddp":
+            return f"DDP n={world}"
+        if self.engine == "fsdp2":
+            layout = f"HSDP {self.dp_replicate}x{shard}" if self.dp_replicate > 1 else f"n={world}"
+            trap = f" on (1,{world}) dp_mesh" if self.mesh == "dp_mesh" else ""
+            return f"FSDP2 {layout}{trap} {self.optimizer}"
+        if self.dp_replicate > 1:
+            return f"HSDP {self.dp_replicate}x{shard} {self.optimizer}"
+        kind = "ZeRO-3" if self.reshard_after_forward else "ZeRO-2-like"
+        return f"{kind} n={world} {self.optimizer}"
+
+
+def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (out - target).pow(2).mean()
+
+
+def local_batch(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's contiguous slice of the global batch (equal slices, so mean of means = global mean)."""
+    x, y = regression_data(GLOBAL_BATCH)
+    size = GLOBAL_BATCH // world
+    return x[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
+
+
+def train_reference(optimizer: str = "adam", steps: int = STEPS) -> MLPStack:
+    """One process, the whole global batch, torch.optim (single-tensor path)."""
+    model = make_mlp_stack()
+    x, y = regression_data(GLOBAL_BATCH)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    for _ in range(steps):
+        mse(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+# ---------------------------------------------------------------- per-rank jobs
+def _train(forward, optimizer, x, y, steps: int, after_backward=None) -> Ledger:
+    with Ledger() as led:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            with led.phase("forward"):
+                loss = mse(forward(x), y)
+            with led.phase("backward"):
+                loss.backward()
+                if after_backward is not None:
+                    after_backward()
+            with led.phase("optimizer"):
+                optimizer.step()
+    return led
+
+
+def _groups(pd: ParallelDims) -> tuple:
+    shard = pd.dp_shard_mesh.get_group() if pd.dp_shard_mesh is not None else None
+    replicate = pd.dp_replicate_mesh.get_group() if pd.dp_replicate_mesh is not None else None
+    return shard, replicate
+
+
+def run_hand(job: Job, pd: ParallelDims, steps: int) -> dict:
+    shard_group, replicate_group = _groups(pd)
+    engine = HandFSDP.wrap(make_mlp_stack().units(), shard_group, replicate_group, job.reshard_after_forward)
+    opt = ShardOptimizer(engine.shards(), job.optimizer, lr=LR[job.optimizer])
+    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+    led = _train(engine, opt, x, y, steps)
+    memory = {
+        "params": sum(s.nbytes for s in engine.shards()),
+        "grads": sum(s.grad.nbytes for s in engine.shards()),
+        "optimizer": opt.state_bytes(),
+        "gathered peak": engine.peak_gathered_bytes,
+    }
+    return {"params": [s.detach().clone() for s in engine.shards()], "records": led.records, "memory": memory}
+
+
+def run_ddp(job: Job, pd: ParallelDims, steps: int) -> dict:
+    model = make_mlp_stack()
+    opt = ShardOptimizer(list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
+    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+
+    led = _train(model, opt, x, y, steps, after_backward=lambda: all_reduce_gradients(model.units(), dist.group.WORLD))
+    memory = {
+        "params": sum(p.nbytes for p in model.parameters()),
+        "grads": sum(p.grad.nbytes for p in model.parameters()),
+        "optimizer": opt.state_bytes(),
+        "gathered peak": 0,
+    }
+    return {"params": {k: p.detach().clone() for k, p in model.named_parameters()},
+            "records": led.records, "memory": memory}
+
+
+def run_fsdp2(job: Job, pd: ParallelDims, steps: int) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)
+    model = make_mlp_stack()
+    for unit in model.units():
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if job.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+    led = _train(model, opt, x, y, steps)
+    params = {k: p.to_local().detach().clone() for k, p in model.named_parameters()}
+    return {"params": params, "records": led.records}
+
+
+RUNNERS = {"hand": run_hand, "ddp": run_ddp, "fsdp2": run_fsdp2}
+
+
+def run_jobs(jobs: list[Job], steps: int = STEPS) -> list[dict]:
+    """Run on every rank of a launch: each job on fresh meshes, results in job order."""
+    world = dist.get_world_size()
+    results = []
+    for job in jobs:
+        pd = ParallelDims(world, dp_shard=world // job.dp_replicate, dp_replicate=job.dp_replicate)
+        pd.build_meshes("cpu")
+        result = RUNNERS[job.engine](job, pd, steps)
+        result.update(label=job.label(world), job=job, world=world)
+        results.append(result)
+    return results
+
+
+# ---------------------------------------------------------------- what each rank should hold
+def expected_params(reference: MLPStack, job: Job, world: int, rank: int):
+    """The slice of the reference model that `rank` must hold after `job`."""
+    shard_size = world // job.dp_replicate
+    if job.engine == "ddp":
+        return {k: p.detach() for k, p in reference.named_parameters()}
+    if job.engine == "fsdp2":
+        return {k: dim0_chunk(p.detach(), shard_size, rank % shard_size) for k, p in reference.named_parameters()}
+    return [flat_shard(u, shard_size, rank % shard_size) for u in reference.units()]
+
+
+def dim0_chunk(t: torch.Tensor, n: int, index: int) -> torch.Tensor:
+    """FSDP2's per-parameter shard: `torch.chunk` along dim 0, empty for ranks past the last chunk."""
+    chunks = torch.chunk(t, n, dim=0)
+    return chunks[index] if index < len(chunks) else t.new_empty((0, *t.shape[1:]))
+
+
+# ---------------------------------------------------------------- formulas
+def unit_numels(model: MLPStack | None = None) -> list[int]:
+    model = model or make_mlp_stack()
+    return [sum(p.numel() for p in u.parameters()) for u in model.units()]
+
+
+def traffic_formula(engine: str, numels: list[int], world: int, dp_replicate: int = 1,
+                    reshard_after_forward: bool = True) -> dict[str, int]:
+    """Bytes one rank sends per step, by collective, in the ledger's ring model.
+
+    s = shard-group size, r = replicas, P = a unit's size padded to s, S = P*8 bytes:
+    all-gather (s-1)/s S per gather (2 per unit for ZeRO-3, 1 for ZeRO-2-like),
+    reduce-scatter (s-1)/s S, replica all-reduce 2(r-1)/r S/s; DDP 2(n-1)/n Psi*8.
+    """
+    if engine == "ddp":
+        return {"all_reduce": sum(2 * (world - 1) * ITEMSIZE * p // world for p in numels)}
+    s, r = world // dp_replicate, dp_replicate
+    padded = [padded_size(p, s) * ITEMSIZE for p in numels]
+    gathers = 2 if reshard_after_forward else 1
+    out = {
+        "all_gather_into_tensor": sum(gathers * (s - 1) * b // s for b in padded),
+        "reduce_scatter_tensor": sum((s - 1) * b // s for b in padded),
+    }
+    if r > 1:
+        out["all_reduce"] = sum(2 * (r - 1) * (b // s) // r for b in padded)
+    return out
+
+
+def memory_formula(engine: str, numels: list[int], world: int, optimizer: str, dp_replicate: int = 1,
+                   reshard_after_forward: bool = True) -> dict[str, int]:
+    """Bytes one rank holds (float64: 8 per parameter, gradient and moment; Adam keeps 2 moments)."""
+    moments = 1 if optimizer == "sgd" else 2
+    if engine == "ddp":
+        psi = sum(numels) * ITEMSIZE
+        return {"params": psi, "grads": psi, "optimizer": moments * psi, "gathered peak": 0}
+    s = world // dp_replicate
+    padded = [padded_size(p, s) * ITEMSIZE for p in numels]
+    shard = sum(padded) // s
+    peak = max(padded) if reshard_after_forward else sum(padded)
+    return {"params": shard, "grads": shard, "optimizer": moments * shard, "gathered peak": peak}
+
+
+def per_step_sent(records: list, steps: int = STEPS) -> dict[str, int]:
+    """Ledger bytes sent per step by op (every step makes the same calls)."""
+    out: dict[str, int] = {}
+    for r in records:
+        out[r.op] = out.get(r.op, 0) + r.bytes_sent
+    return {op: b // steps for op, b in sorted(out.items())}
+
+
+def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: str = "adam",
+                                 steps: int = STEPS) -> MLPStack:
+    """One process, but the gradient is combined like the ranks do: each rank's local-batch
+    gradient, averaged inside each shard group, then across replicas (sums left to right)."""
+    model = make_mlp_stack()
+    shard = world // dp_replicate
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    for _ in range(steps):
+        per_rank = []
+        for rank in range(world):
+            model.zero_grad()
+            mse(model(local_batch(rank, world)[0]), local_batch(rank, world)[1]).backward()
+            per_rank.append([p.grad.clone() for p in model.parameters()])
+        groups = [per_rank[g * shard:(g + 1) * shard] for g in range(dp_replicate)]
+        group_means = [[sum(gs[1:], gs[0]) / shard for gs in zip(*grp)] for grp in groups]
+        for p, gs in zip(model.parameters(), zip(*group_means)):
+            p.grad = sum(gs[1:], gs[0]) / dp_replicate
+        opt.step()
+    return model
