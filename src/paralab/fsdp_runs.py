@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from paralab.check import Verdict, compare
 from paralab.fsdp import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard, padded_size
 from paralab.ledger import Ledger
 from paralab.models import MLPStack, make_mlp_stack, regression_data
@@ -39,6 +40,14 @@ class Job:
     reshard_after_forward: bool = True
     mesh: str = "fsdp_mesh"
 
+    @property
+    def strategy(self) -> str:
+        if self.engine != "hand":
+            return {"ddp": "DDP", "fsdp2": "FSDP2"}[self.engine]
+        if self.dp_replicate > 1:
+            return "HSDP"
+        return "ZeRO-3" if self.reshard_after_forward else "ZeRO-2-like"
+
     def label(self, world: int) -> str:
         shard = world // self.dp_replicate
         if self.engine == "ddp":
@@ -49,8 +58,7 @@ class Job:
             return f"FSDP2 {layout}{trap} {self.optimizer}"
         if self.dp_replicate > 1:
             return f"HSDP {self.dp_replicate}x{shard} {self.optimizer}"
-        kind = "ZeRO-3" if self.reshard_after_forward else "ZeRO-2-like"
-        return f"{kind} n={world} {self.optimizer}"
+        return f"{self.strategy} n={world} {self.optimizer}"
 
 
 def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -101,10 +109,10 @@ def _groups(pd: ParallelDims) -> tuple:
     return shard, replicate
 
 
-def run_hand(job: Job, pd: ParallelDims, steps: int) -> dict:
+def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     shard_group, replicate_group = _groups(pd)
-    engine = HandFSDP.wrap(make_mlp_stack().units(), shard_group, replicate_group, job.reshard_after_forward)
-    opt = ShardOptimizer(engine.shards(), job.optimizer, lr=LR[job.optimizer])
+    engine = impl["HandFSDP"].wrap(make_mlp_stack().units(), shard_group, replicate_group, job.reshard_after_forward)
+    opt = impl["ShardOptimizer"](engine.shards(), job.optimizer, lr=LR[job.optimizer])
     x, y = local_batch(dist.get_rank(), dist.get_world_size())
     led = _train(engine, opt, x, y, steps)
     memory = {
@@ -116,12 +124,12 @@ def run_hand(job: Job, pd: ParallelDims, steps: int) -> dict:
     return {"params": [s.detach().clone() for s in engine.shards()], "records": led.records, "memory": memory}
 
 
-def run_ddp(job: Job, pd: ParallelDims, steps: int) -> dict:
+def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     model = make_mlp_stack()
-    opt = ShardOptimizer(list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
+    opt = impl["ShardOptimizer"](list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
     x, y = local_batch(dist.get_rank(), dist.get_world_size())
-
-    led = _train(model, opt, x, y, steps, after_backward=lambda: all_reduce_gradients(model.units(), dist.group.WORLD))
+    reduce = impl["all_reduce_gradients"]
+    led = _train(model, opt, x, y, steps, after_backward=lambda: reduce(model.units(), dist.group.WORLD))
     memory = {
         "params": sum(p.nbytes for p in model.parameters()),
         "grads": sum(p.grad.nbytes for p in model.parameters()),
@@ -132,7 +140,7 @@ def run_ddp(job: Job, pd: ParallelDims, steps: int) -> dict:
             "records": led.records, "memory": memory}
 
 
-def run_fsdp2(job: Job, pd: ParallelDims, steps: int) -> dict:
+def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)
@@ -153,14 +161,20 @@ def run_fsdp2(job: Job, pd: ParallelDims, steps: int) -> dict:
 RUNNERS = {"hand": run_hand, "ddp": run_ddp, "fsdp2": run_fsdp2}
 
 
-def run_jobs(jobs: list[Job], steps: int = STEPS) -> list[dict]:
-    """Run on every rank of a launch: each job on fresh meshes, results in job order."""
+def run_jobs(jobs: list[Job], steps: int = STEPS, **impl) -> list[dict]:
+    """Run on every rank of a launch: each job on fresh meshes, results in job order.
+
+    `impl` may replace HandFSDP, ShardOptimizer or all_reduce_gradients (a
+    notebook passes the versions its cells define, so an edited cell takes effect).
+    """
+    impl = {"HandFSDP": HandFSDP, "ShardOptimizer": ShardOptimizer,
+            "all_reduce_gradients": all_reduce_gradients, **impl}
     world = dist.get_world_size()
     results = []
     for job in jobs:
         pd = ParallelDims(world, dp_shard=world // job.dp_replicate, dp_replicate=job.dp_replicate)
         pd.build_meshes("cpu")
-        result = RUNNERS[job.engine](job, pd, steps)
+        result = RUNNERS[job.engine](job, pd, steps, impl)
         result.update(label=job.label(world), job=job, world=world)
         results.append(result)
     return results
@@ -255,3 +269,30 @@ def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: s
             p.grad = sum(gs[1:], gs[0]) / dp_replicate
         opt.step()
     return model
+
+
+# ---------------------------------------------------------------- checks the notebook prints
+def check_params(per_rank: list[dict], reference: MLPStack, atol: float = 0.0) -> list[Verdict]:
+    """Every tensor every rank holds after one job, element by element against `reference`."""
+    job, world = per_rank[0]["job"], per_rank[0]["world"]
+    expected = [expected_params(reference, job, world, r) for r in range(world)]
+    return compare([r["params"] for r in per_rank], expected, atol=atol, name=per_rank[0]["label"])
+
+
+def fold(verdicts: list[Verdict], label: str) -> Verdict:
+    """One table row for many verdicts (e.g. all ranks of a job): passes only if all pass."""
+    failed = [v for v in verdicts if not v.passed]
+    first = failed[0] if failed else verdicts[0]
+    return Verdict(
+        path=label, passed=not failed, exact=all(v.exact for v in verdicts),
+        shape=(len(verdicts),), dtype=verdicts[0].dtype, numel=sum(v.numel for v in verdicts),
+        n_diff=sum(v.n_diff for v in verdicts), max_abs=max(v.max_abs for v in verdicts),
+        first_index=first.first_index, expected_value=first.expected_value,
+        actual_value=first.actual_value, problem=first.problem if failed else None,
+    )
+
+
+def check_counts(label: str, measured: list[list[int]], formula: list[int]) -> Verdict:
+    """Integers measured on every rank (rows) against the formula's (one row): one verdict."""
+    expected = torch.tensor([formula] * len(measured))
+    return compare(torch.tensor(measured), expected, name=label)[0]
