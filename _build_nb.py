@@ -85,8 +85,12 @@ def _import_lines(module: types.ModuleType, names: list[str]) -> list[str]:
     return lines
 
 
-def show_cell(spec: str) -> str:
-    """The code cell that replaces a `# show:` marker."""
+def show_cell(spec: str, shown: set[str] | None = None) -> str:
+    """The code cell that replaces a `# show:` marker.
+
+    `shown` holds the names earlier show cells of the notebook define: they are
+    not imported again, so an edited earlier cell stays in effect on Run All.
+    """
     objects = [_resolve(d) for d in spec.replace(",", " ").split()]
     modules = {m.__name__: m for m, _, _ in objects}
     if len(modules) != 1:
@@ -96,19 +100,22 @@ def show_cell(spec: str) -> str:
     code = "\n\n\n".join(bodies)
     rel = Path(inspect.getsourcefile(module)).resolve().relative_to(ROOT)
     header = [f"# From {rel.as_posix()}: the code the package and its tests run. Edit and re-run to experiment."]
-    header += _import_lines(module, _free_names(code))
+    header += _import_lines(module, [n for n in _free_names(code) if n not in (shown or set())])
+    if shown is not None:
+        shown.update(attr for _, attr, _ in objects)
     return "\n".join(header) + "\n\n\n" + code
 
 
 def build(source: Path) -> nbformat.NotebookNode:
     nb = jupytext.read(source, fmt="py:percent")
+    shown: set[str] = set()
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         match = SHOW_MARKER.match(first)
         if match:
-            cell.source = show_cell(match.group(1))
+            cell.source = show_cell(match.group(1), shown)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata.pop("jupytext", None)
     return nb
