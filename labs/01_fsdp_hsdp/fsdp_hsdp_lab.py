@@ -251,6 +251,17 @@ print(verdict_table(rows, "FSDP2 calls per step on every rank vs formula (2 gath
 # each collective must equal the formula of the introduction (computed with each
 # unit's padded size, since padding travels too). Ψ = 252 parameters = 2016 bytes.
 
+# %% [markdown]
+# First the ledger itself for HSDP 2×4, all 3 steps, by phase, collective and group
+# size (ranks 0–3 shown; 4–7 are the same): the gathers and the reduce-scatter stay
+# inside the shard group of 4, only the gradient shard's all-reduce (group of 2) crosses
+# to the other replica, and it carries a quarter of the model.
+
+# %%
+from paralab.ledger import format_table
+
+print(format_table([r["records"] for r in RESULTS["HSDP 2x4 adam"][:4]], by=("phase", "op", "group_size")))
+
 # %%
 rows, TRAFFIC = [], {}
 for label, res in RESULTS.items():
@@ -321,7 +332,7 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 # %% [markdown]
 # ## Closing note
 #
-# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 20 s.
+# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25 s.
 # Bytes per rank per step (all equal to the formula): ZeRO-3 3024 / 4680 / 5712 B at
 # 2 / 4 / 8 ranks, DDP 2016 / 3024 / 3528 B, ZeRO-2-like 2016 / 3120 / 3808 B, HSDP 2×2
 # 4032 B (1008 of them across replicas), HSDP 2×4 5200 B (520 across replicas).
@@ -332,7 +343,9 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 # ## What to try
 #
 # 1. In section 2 drop the `.div_(n)` of `reduce_scatter_grads` (sum instead of mean)
-#    and re-run from section 5. Which rows fail, and why do DDP rows still pass?
+#    and re-run from section 2. Which rows fail? Why is the error about 1e-6 for Adam
+#    but of order 1 for SGD (hint: what does Adam divide the gradient by)? Why do the
+#    DDP and FSDP2 rows still pass?
 # 2. Which ranks hold identical bytes after HSDP 2×4? Check
 #    `torch.equal(RESULTS["HSDP 2x4 adam"][1]["params"][0], RESULTS["HSDP 2x4 adam"][5]["params"][0])`.
 #    Why does an HSDP checkpoint need only `dp_shard` distinct shard files, each read by
