@@ -62,7 +62,7 @@ def test_optimizer_steps_equal_torch_optim_bitwise(kind):
         if kind == "sgd":
             sgd_momentum_step(p_ours, grad, state, 0.1, 0.9)
         else:
-            adam_step(p_ours, grad, state, 0.05, (0.9, 0.999), 0.0 + 1e-8)
+            adam_step(p_ours, grad, state, 0.05, (0.9, 0.999), 1e-8)
     assert_match(p_ours, p_ref.detach())
 
 

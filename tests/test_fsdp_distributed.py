@@ -7,9 +7,10 @@ import cloudpickle
 import pytest
 
 from paralab.fsdp_runs import (
-    STEPS, Job, check_params, memory_formula, per_step_sent, run_jobs, traffic_formula, train_reference,
-    train_reference_rank_by_rank, unit_numels,
+    STEPS, Job, check_params, memory_formula, per_step_sent, reference_first_gradient, reference_first_loss,
+    run_jobs, traffic_formula, train_reference, train_reference_rank_by_rank, unit_numels,
 )
+from paralab.check import compare
 from paralab.launch import run
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the broken workers below travel by value
@@ -44,6 +45,14 @@ def test_every_rank_matches_the_global_batch_reference_within_1e12(world4, world
     for label, res in {**world4, **world2_and_8}.items():
         verdicts = check_params(res, REFERENCE[res[0]["job"].optimizer], atol=1e-12)
         assert all_pass(verdicts), (label, [v.describe() for v in verdicts if not v.passed])
+
+
+def test_first_step_loss_is_bitwise_and_gradient_within_1e12(world4, world2_and_8):
+    gradient = reference_first_gradient()
+    for label, res in {**world4, **world2_and_8}.items():
+        world = res[0]["world"]
+        assert all_pass(compare([r["loss"] for r in res], [reference_first_loss(r, world) for r in range(world)])), label
+        assert all_pass(check_params(res, gradient, atol=1e-12, key="grads")), label
 
 
 @pytest.mark.parametrize("label", ["ZeRO-3 n=2 adam", "DDP n=2", "FSDP2 n=2 adam", "HSDP 2x2 adam", "FSDP2 HSDP 2x2 adam"])
@@ -113,3 +122,4 @@ def test_broken_algorithms_fail_the_check(breakage, label, world4):
     broken = [r[0] for r in run(_broken_run, 4, [job], breakage, timeout=60)]
     verdicts = check_params(broken, REFERENCE[job.optimizer], atol=1e-12)
     assert not all_pass(verdicts)
+    assert not all_pass(check_params(broken, reference_first_gradient(), atol=1e-12, key="grads"))

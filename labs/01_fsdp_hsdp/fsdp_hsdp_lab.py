@@ -46,8 +46,8 @@ from paralab.launch import run
 from paralab.models import make_mlp_stack
 from paralab import fsdp_runs
 from paralab.fsdp_runs import (
-    Job, STEPS, check_counts, check_params, fold, memory_formula, per_step_sent,
-    traffic_formula, train_reference, train_reference_rank_by_rank, unit_numels,
+    Job, STEPS, check_counts, check_params, fold, memory_formula, per_step_sent, reference_first_gradient,
+    reference_first_loss, traffic_formula, train_reference, train_reference_rank_by_rank, unit_numels,
 )
 from paralab.viz import plot_memory, plot_shard_layout, plot_traffic
 
@@ -149,11 +149,32 @@ print(len(RESULTS), "jobs:", ", ".join(RESULTS))
 # %% [markdown]
 # ## 6. Exactness against one process on the whole global batch
 #
-# The reference is one process training the same model with `torch.optim` on all 16
-# rows. Every tensor every rank holds (a flat shard per unit for our engine, the local
-# part of each parameter for FSDP2, full parameters for DDP) is compared element by
-# element with the matching slice of the reference, after 3 steps. One row per job;
-# the shape column counts the tensors folded into the row (ranks × units).
+# **First step, forward and backward.** Each rank's loss on its own 16/n rows must
+# equal, bit for bit, the loss one process computes with the initial weights on the
+# same rows: the gathered parameters are exact copies (an all-gather moves numbers, it
+# adds nothing) and the operations are the same. The gradient each rank holds after
+# the first backward (its shard of the mean gradient for FSDP, the local part for
+# FSDP2, the full gradient for DDP) must equal the matching slice of the global-batch
+# gradient — within 1e-12, see below. One row per job; the shape column counts the
+# tensors folded into the row (ranks × units or parameters).
+
+# %%
+GRAD_REFERENCE = reference_first_gradient()
+loss_rows, grad_rows = [], []
+for label, res in RESULTS.items():
+    world = res[0]["world"]
+    losses = [r["loss"] for r in res]
+    loss_rows.append(fold(compare(losses, [reference_first_loss(r, world) for r in range(world)]), label))
+    grad_rows.append(fold(check_params(res, GRAD_REFERENCE, atol=1e-12, key="grads"), label))
+print(verdict_table(loss_rows, "first-step loss of every rank vs one process on the same rows (exact)"))
+print()
+print(verdict_table(grad_rows, "first-step gradient every rank holds vs the global-batch gradient (atol 1e-12)"))
+
+# %% [markdown]
+# **After 3 optimizer steps.** The reference is one process training the same model
+# with `torch.optim` on all 16 rows. Every tensor every rank holds (a flat shard per unit
+# for our engine, the local part of each parameter for FSDP2, full parameters for DDP)
+# is compared element by element with the matching slice of the reference.
 #
 # These agree **within 1e-12, not bitwise**: the reference sums the 16 per-row
 # gradient contributions in one matrix product, the ranks sum their own rows and then

@@ -21,7 +21,7 @@ that same storage (FSDP2 does the same with `untyped_storage().resize_`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -134,7 +134,11 @@ def all_reduce_replicas(shard_grad: torch.Tensor, group: dist.ProcessGroup | Non
 
 # ---------------------------------------------------------------- forward and backward of a unit
 class ShardedUnitFunction(torch.autograd.Function):
-    """y = unit(x) with the unit's parameters gathered only while they are needed."""
+    """y = unit(x) with the unit's parameters gathered only while they are needed.
+
+    `shard` is an input only so that autograd hands the gradient returned for it
+    (the reduced gradient shard) to `shard.grad`; the numbers come from the gather.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, unit: FlatUnit, engine: "HandFSDP") -> torch.Tensor:
@@ -174,7 +178,7 @@ class HandFSDP:
     shard_group: dist.ProcessGroup | None
     replicate_group: dist.ProcessGroup | None = None
     reshard_after_forward: bool = True
-    peak_gathered_bytes: int = field(default=0)
+    peak_gathered_bytes: int = 0
 
     @classmethod
     def wrap(

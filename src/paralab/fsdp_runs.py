@@ -72,14 +72,37 @@ def local_batch(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
 
 
+def torch_optimizer(params, kind: str) -> torch.optim.Optimizer:
+    """The references' and FSDP2's optimizer: torch.optim's single-tensor code path."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=LR["sgd"], momentum=0.9, foreach=False)
+    return torch.optim.Adam(params, lr=LR["adam"], foreach=False)
+
+
+def reference_first_gradient() -> MLPStack:
+    """The global-batch gradient at the initial weights, stored as the values of a
+    model-shaped container, so that `expected_params` slices it like parameters."""
+    model = make_mlp_stack()
+    x, y = regression_data(GLOBAL_BATCH)
+    mse(model(x), y).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.grad)
+    return model
+
+
+def reference_first_loss(rank: int, world: int) -> torch.Tensor:
+    """Rank `rank`'s loss at the initial weights on its own slice (same shapes as on the rank)."""
+    x, y = local_batch(rank, world)
+    with torch.no_grad():
+        return mse(make_mlp_stack()(x), y)
+
+
 def train_reference(optimizer: str = "adam", steps: int = STEPS) -> MLPStack:
     """One process, the whole global batch, torch.optim (single-tensor path)."""
     model = make_mlp_stack()
     x, y = regression_data(GLOBAL_BATCH)
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    opt = torch_optimizer(model.parameters(), optimizer)
     for _ in range(steps):
         mse(model(x), y).backward()
         opt.step()
@@ -88,9 +111,11 @@ def train_reference(optimizer: str = "adam", steps: int = STEPS) -> MLPStack:
 
 
 # ---------------------------------------------------------------- per-rank jobs
-def _train(forward, optimizer, x, y, steps: int, after_backward=None) -> Ledger:
+def _train(forward, optimizer, x, y, steps: int, grads, after_backward=None) -> dict:
+    """`steps` optimizer steps under a ledger; keeps the first step's loss and gradients (`grads()`)."""
+    out = {}
     with Ledger() as led:
-        for _ in range(steps):
+        for step in range(steps):
             optimizer.zero_grad()
             with led.phase("forward"):
                 loss = mse(forward(x), y)
@@ -98,9 +123,12 @@ def _train(forward, optimizer, x, y, steps: int, after_backward=None) -> Ledger:
                 loss.backward()
                 if after_backward is not None:
                     after_backward()
+            if step == 0:
+                out.update(loss=loss.detach().clone(), grads=grads())
             with led.phase("optimizer"):
                 optimizer.step()
-    return led
+    out["records"] = led.records
+    return out
 
 
 def _groups(pd: ParallelDims) -> tuple:
@@ -114,14 +142,14 @@ def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     engine = impl["HandFSDP"].wrap(make_mlp_stack().units(), shard_group, replicate_group, job.reshard_after_forward)
     opt = impl["ShardOptimizer"](engine.shards(), job.optimizer, lr=LR[job.optimizer])
     x, y = local_batch(dist.get_rank(), dist.get_world_size())
-    led = _train(engine, opt, x, y, steps)
+    out = _train(engine, opt, x, y, steps, grads=lambda: [s.grad.clone() for s in engine.shards()])
     memory = {
         "params": sum(s.nbytes for s in engine.shards()),
         "grads": sum(s.grad.nbytes for s in engine.shards()),
         "optimizer": opt.state_bytes(),
         "gathered peak": engine.peak_gathered_bytes,
     }
-    return {"params": [s.detach().clone() for s in engine.shards()], "records": led.records, "memory": memory}
+    return {**out, "params": [s.detach().clone() for s in engine.shards()], "memory": memory}
 
 
 def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
@@ -129,15 +157,15 @@ def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     opt = impl["ShardOptimizer"](list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
     x, y = local_batch(dist.get_rank(), dist.get_world_size())
     reduce = impl["all_reduce_gradients"]
-    led = _train(model, opt, x, y, steps, after_backward=lambda: reduce(model.units(), dist.group.WORLD))
+    out = _train(model, opt, x, y, steps, grads=lambda: {k: p.grad.clone() for k, p in model.named_parameters()},
+                 after_backward=lambda: reduce(model.units(), dist.group.WORLD))
     memory = {
         "params": sum(p.nbytes for p in model.parameters()),
         "grads": sum(p.grad.nbytes for p in model.parameters()),
         "optimizer": opt.state_bytes(),
         "gathered peak": 0,
     }
-    return {"params": {k: p.detach().clone() for k, p in model.named_parameters()},
-            "records": led.records, "memory": memory}
+    return {**out, "params": {k: p.detach().clone() for k, p in model.named_parameters()}, "memory": memory}
 
 
 def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
@@ -148,14 +176,11 @@ def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     for unit in model.units():
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if job.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    opt = torch_optimizer(model.parameters(), job.optimizer)
     x, y = local_batch(dist.get_rank(), dist.get_world_size())
-    led = _train(model, opt, x, y, steps)
-    params = {k: p.to_local().detach().clone() for k, p in model.named_parameters()}
-    return {"params": params, "records": led.records}
+    out = _train(model, opt, x, y, steps,
+                 grads=lambda: {k: p.grad.to_local().clone() for k, p in model.named_parameters()})
+    return {**out, "params": {k: p.to_local().detach().clone() for k, p in model.named_parameters()}}
 
 
 RUNNERS = {"hand": run_hand, "ddp": run_ddp, "fsdp2": run_fsdp2}
@@ -253,10 +278,7 @@ def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: s
     gradient, averaged inside each shard group, then across replicas (sums left to right)."""
     model = make_mlp_stack()
     shard = world // dp_replicate
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=LR["sgd"], momentum=0.9, foreach=False)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=LR["adam"], foreach=False)
+    opt = torch_optimizer(model.parameters(), optimizer)
     for _ in range(steps):
         per_rank = []
         for rank in range(world):
@@ -272,11 +294,12 @@ def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: s
 
 
 # ---------------------------------------------------------------- checks the notebook prints
-def check_params(per_rank: list[dict], reference: MLPStack, atol: float = 0.0) -> list[Verdict]:
-    """Every tensor every rank holds after one job, element by element against `reference`."""
+def check_params(per_rank: list[dict], reference: MLPStack, atol: float = 0.0, key: str = "params") -> list[Verdict]:
+    """Every tensor every rank holds after one job (`key`: "params", or "grads" of the
+    first step against `reference_first_gradient()`), element by element."""
     job, world = per_rank[0]["job"], per_rank[0]["world"]
     expected = [expected_params(reference, job, world, r) for r in range(world)]
-    return compare([r["params"] for r in per_rank], expected, atol=atol, name=per_rank[0]["label"])
+    return compare([r[key] for r in per_rank], expected, atol=atol, name=per_rank[0]["label"])
 
 
 def fold(verdicts: list[Verdict], label: str) -> Verdict:
