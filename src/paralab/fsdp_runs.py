@@ -57,7 +57,8 @@ class Job:
             trap = f" on (1,{world}) dp_mesh" if self.mesh == "dp_mesh" else ""
             return f"FSDP2 {layout}{trap} {self.optimizer}"
         if self.dp_replicate > 1:
-            return f"HSDP {self.dp_replicate}x{shard} {self.optimizer}"
+            keep = "" if self.reshard_after_forward else " ZeRO-2-like"
+            return f"HSDP {self.dp_replicate}x{shard}{keep} {self.optimizer}"
         return f"{self.strategy} n={world} {self.optimizer}"
 
 
