@@ -157,3 +157,21 @@ def test_fold_and_count_checks_can_fail():
     assert not row.passed and row.n_diff == 1 and row.max_abs == 0.5
     assert check_counts("x", [[1, 2], [1, 2]], [1, 2]).passed
     assert not check_counts("x", [[1, 2], [1, 3]], [1, 2]).passed
+
+
+def test_lab01_plots_build():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab.viz import plot_memory, plot_shard_layout, plot_traffic
+
+    numels = unit_numels()
+    figs = [
+        plot_shard_layout(numels, 8, 2),
+        plot_traffic({"ZeRO-3": {2: (3024, 3024), 4: (4680, 4680)}, "DDP": {2: (2016, 2016)}}),
+        plot_memory({"ZeRO-3 n=8": memory_formula("hand", numels, 8, "adam")}, {"ZeRO-3 n=8": 1792}),
+    ]
+    assert all(len(f.axes) == 1 for f in figs)
+    for f in figs:
+        plt.close(f)

@@ -244,7 +244,30 @@ print(verdict_table(rows, "vs the rank-by-rank reference: exact for 2-rank group
 # `dp_replicate == 1` to `fully_shard` puts a pure-FSDP run on the HSDP path: one
 # extra all-reduce **over a one-rank group** per FSDP unit per step. The gradients stay
 # right (an all-reduce over one rank changes nothing), so only latency shows it; the
-# ledger sees it.
+# ledger sees it. The FSDP2 job (`fsdp_runs.run_fsdp2`) wraps each unit, then the root:
+#
+# ```python
+# mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)   # the trap vs the fix
+# for unit in model.units():
+#     fully_shard(unit, mesh=mesh)
+# fully_shard(model, mesh=mesh)
+# ```
+#
+# The two meshes on 4 ranks with `dp_replicate == 1`:
+
+# %%
+def mesh_shapes():
+    import torch.distributed as dist
+
+    pd = ParallelDims(dist.get_world_size(), dp_replicate=1)
+    pd.build_meshes("cpu")
+    return {"pd.dp_mesh": (pd.dp_mesh.ndim, tuple(pd.dp_mesh.shape), pd.dp_mesh.mesh_dim_names),
+            "fsdp_mesh(pd)": (fsdp_mesh(pd).ndim, tuple(fsdp_mesh(pd).shape), fsdp_mesh(pd).mesh_dim_names)}
+
+
+for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
+    print(f"{name:<14} ndim {ndim}  shape {shape}  dims {names}")
+
 
 # %%
 def calls_per_step(records, op, group_size=None):
