@@ -6,9 +6,10 @@ import sys
 import cloudpickle
 import pytest
 
+from paralab.fsdp_costs import memory_formula, per_step_sent, traffic_formula
 from paralab.fsdp_runs import (
-    STEPS, Job, check_params, memory_formula, per_step_sent, reference_first_gradient, reference_first_loss,
-    run_jobs, traffic_formula, train_reference, train_reference_rank_by_rank, unit_numels,
+    STEPS, Job, check_params, reference_first_gradient, reference_first_loss, run_jobs, train_reference,
+    train_reference_rank_by_rank, unit_numels,
 )
 from paralab.check import compare
 from paralab.launch import run
@@ -69,7 +70,7 @@ def test_bytes_per_step_equal_the_formula_on_every_rank(world4, world2_and_8):
             continue
         formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
         for rank, r in enumerate(res):
-            assert per_step_sent(r["records"]) == dict(sorted(formula.items())), (label, rank)
+            assert per_step_sent(r["records"], STEPS) == dict(sorted(formula.items())), (label, rank)
 
 
 def test_memory_per_rank_equals_the_formula(world4, world2_and_8):
@@ -94,7 +95,7 @@ def test_two_d_mesh_trap_adds_one_single_rank_all_reduce_per_unit_per_step(world
 
 def test_a_wrong_traffic_formula_is_caught(world4):
     wrong = traffic_formula("hand", NUMELS, 4, reshard_after_forward=False)  # ZeRO-2's formula for a ZeRO-3 run
-    assert per_step_sent(world4["ZeRO-3 n=4 adam"][0]["records"]) != dict(sorted(wrong.items()))
+    assert per_step_sent(world4["ZeRO-3 n=4 adam"][0]["records"], STEPS) != dict(sorted(wrong.items()))
 
 
 # ---------------------------------------------------------------- deliberately broken algorithms

@@ -46,8 +46,8 @@ from paralab.launch import run
 from paralab.models import make_mlp_stack
 from paralab import fsdp_runs
 from paralab.fsdp_runs import (
-    Job, STEPS, check_counts, check_params, fold, memory_formula, per_step_sent, reference_first_gradient,
-    reference_first_loss, traffic_formula, train_reference, train_reference_rank_by_rank, unit_numels,
+    Job, STEPS, check_counts, check_params, fold, reference_first_gradient, reference_first_loss,
+    train_reference, train_reference_rank_by_rank, unit_numels,
 )
 from paralab.viz import plot_memory, plot_shard_layout, plot_traffic
 
@@ -313,6 +313,9 @@ from paralab.ledger import format_table
 print(format_table([r["records"] for r in RESULTS["HSDP 2x4 adam"][:4]], by=("phase", "op", "group_size")))
 
 # %%
+# show: paralab.fsdp_costs.traffic_formula paralab.fsdp_costs.per_step_sent
+
+# %%
 rows, TRAFFIC = [], {}
 for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
@@ -320,7 +323,7 @@ for label, res in RESULTS.items():
         continue
     formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
     ops = sorted(formula)
-    measured = [[per_step_sent(r["records"]).get(op, 0) for op in ops] for r in res]
+    measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in res]
     rows.append(check_counts(f"{label}: {', '.join(ops)}", measured, [formula[op] for op in ops]))
     if job.optimizer == "adam":
         TRAFFIC.setdefault(job.strategy, {})[world] = (sum(measured[0]), sum(formula.values()))
@@ -347,6 +350,9 @@ plt.close(fig)
 # (read from the storages). Formulas: parameters and gradients $8\,\Psi_{pad}/s$,
 # Adam $16\,\Psi_{pad}/s$ (SGD $8\,\Psi_{pad}/s$); gathered peak = the largest
 # unit for ZeRO-3 and HSDP, all units for ZeRO-2-like; DDP holds $8\Psi$, $8\Psi$, $16\Psi$.
+
+# %%
+# show: paralab.fsdp_costs.memory_formula
 
 # %%
 PARTS = ["params", "grads", "optimizer", "gathered peak"]

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.check import Verdict, compare
-from paralab.fsdp import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard, padded_size
+from paralab.fsdp import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard
 from paralab.ledger import Ledger
 from paralab.models import MLPStack, make_mlp_stack, regression_data
 from paralab.parallel_dims import ParallelDims, fsdp_mesh
@@ -22,7 +22,6 @@ from paralab.parallel_dims import ParallelDims, fsdp_mesh
 GLOBAL_BATCH = 16
 STEPS = 3
 LR = {"sgd": 0.1, "adam": 0.05}
-ITEMSIZE = 8  # float64
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,20 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (out - target).pow(2).mean()
 
 
-def local_batch(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(rank: int, world: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's contiguous slice of the global batch (equal slices, so mean of means = global mean)."""
     x, y = regression_data(GLOBAL_BATCH)
     size = GLOBAL_BATCH // world
-    return x[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
+    return x[rank * size:(rank + 1) * size].to(device), y[rank * size:(rank + 1) * size].to(device)
+
+
+def _device() -> str:
+    """Where a rank computes: its GPU under NCCL, else the CPU."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def _my_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return local_batch(dist.get_rank(), dist.get_world_size(), _device())
 
 
 def torch_optimizer(params, kind: str) -> torch.optim.Optimizer:
@@ -111,6 +119,27 @@ def train_reference(optimizer: str = "adam", steps: int = STEPS) -> MLPStack:
     return model
 
 
+def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: str = "adam",
+                                 steps: int = STEPS) -> MLPStack:
+    """One process, but the gradient is combined like the ranks do: each rank's local-batch
+    gradient, averaged inside each shard group, then across replicas (sums left to right)."""
+    model = make_mlp_stack()
+    shard = world // dp_replicate
+    opt = torch_optimizer(model.parameters(), optimizer)
+    for _ in range(steps):
+        per_rank = []
+        for rank in range(world):
+            model.zero_grad()
+            mse(model(local_batch(rank, world)[0]), local_batch(rank, world)[1]).backward()
+            per_rank.append([p.grad.clone() for p in model.parameters()])
+        groups = [per_rank[g * shard:(g + 1) * shard] for g in range(dp_replicate)]
+        group_means = [[sum(gs[1:], gs[0]) / shard for gs in zip(*grp)] for grp in groups]
+        for p, gs in zip(model.parameters(), zip(*group_means)):
+            p.grad = sum(gs[1:], gs[0]) / dp_replicate
+        opt.step()
+    return model
+
+
 # ---------------------------------------------------------------- per-rank jobs
 def _train(forward, optimizer, x, y, steps: int, grads, after_backward=None) -> dict:
     """`steps` optimizer steps under a ledger; keeps the first step's loss and gradients (`grads()`)."""
@@ -140,9 +169,10 @@ def _groups(pd: ParallelDims) -> tuple:
 
 def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     shard_group, replicate_group = _groups(pd)
-    engine = impl["HandFSDP"].wrap(make_mlp_stack().units(), shard_group, replicate_group, job.reshard_after_forward)
+    model = make_mlp_stack().to(_device())
+    engine = impl["HandFSDP"].wrap(model.units(), shard_group, replicate_group, job.reshard_after_forward)
     opt = impl["ShardOptimizer"](engine.shards(), job.optimizer, lr=LR[job.optimizer])
-    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+    x, y = _my_batch()
     out = _train(engine, opt, x, y, steps, grads=lambda: [s.grad.clone() for s in engine.shards()])
     memory = {
         "params": sum(s.nbytes for s in engine.shards()),
@@ -154,9 +184,9 @@ def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
 
 
 def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
-    model = make_mlp_stack()
+    model = make_mlp_stack().to(_device())
     opt = impl["ShardOptimizer"](list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
-    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+    x, y = _my_batch()
     reduce = impl["all_reduce_gradients"]
     out = _train(model, opt, x, y, steps, grads=lambda: {k: p.grad.clone() for k, p in model.named_parameters()},
                  after_backward=lambda: reduce(model.units(), dist.group.WORLD))
@@ -173,12 +203,12 @@ def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)
-    model = make_mlp_stack()
+    model = make_mlp_stack().to(_device())
     for unit in model.units():
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch_optimizer(model.parameters(), job.optimizer)
-    x, y = local_batch(dist.get_rank(), dist.get_world_size())
+    x, y = _my_batch()
     out = _train(model, opt, x, y, steps,
                  grads=lambda: {k: p.grad.to_local().clone() for k, p in model.named_parameters()})
     return {**out, "params": {k: p.to_local().detach().clone() for k, p in model.named_parameters()}}
@@ -199,7 +229,7 @@ def run_jobs(jobs: list[Job], steps: int = STEPS, **impl) -> list[dict]:
     results = []
     for job in jobs:
         pd = ParallelDims(world, dp_shard=world // job.dp_replicate, dp_replicate=job.dp_replicate)
-        pd.build_meshes("cpu")
+        pd.build_meshes(_device().split(":")[0])
         result = RUNNERS[job.engine](job, pd, steps, impl)
         result.update(label=job.label(world), job=job, world=world)
         results.append(result)
@@ -223,75 +253,10 @@ def dim0_chunk(t: torch.Tensor, n: int, index: int) -> torch.Tensor:
     return chunks[index] if index < len(chunks) else t.new_empty((0, *t.shape[1:]))
 
 
-# ---------------------------------------------------------------- formulas
+# ---------------------------------------------------------------- sizes
 def unit_numels(model: MLPStack | None = None) -> list[int]:
     model = model or make_mlp_stack()
     return [sum(p.numel() for p in u.parameters()) for u in model.units()]
-
-
-def traffic_formula(engine: str, numels: list[int], world: int, dp_replicate: int = 1,
-                    reshard_after_forward: bool = True) -> dict[str, int]:
-    """Bytes one rank sends per step, by collective, in the ledger's ring model.
-
-    s = shard-group size, r = replicas, P = a unit's size padded to s, S = P*8 bytes:
-    all-gather (s-1)/s S per gather (2 per unit for ZeRO-3, 1 for ZeRO-2-like),
-    reduce-scatter (s-1)/s S, replica all-reduce 2(r-1)/r S/s; DDP 2(n-1)/n Psi*8.
-    """
-    if engine == "ddp":
-        return {"all_reduce": sum(2 * (world - 1) * ITEMSIZE * p // world for p in numels)}
-    s, r = world // dp_replicate, dp_replicate
-    padded = [padded_size(p, s) * ITEMSIZE for p in numels]
-    gathers = 2 if reshard_after_forward else 1
-    out = {
-        "all_gather_into_tensor": sum(gathers * (s - 1) * b // s for b in padded),
-        "reduce_scatter_tensor": sum((s - 1) * b // s for b in padded),
-    }
-    if r > 1:
-        out["all_reduce"] = sum(2 * (r - 1) * (b // s) // r for b in padded)
-    return out
-
-
-def memory_formula(engine: str, numels: list[int], world: int, optimizer: str, dp_replicate: int = 1,
-                   reshard_after_forward: bool = True) -> dict[str, int]:
-    """Bytes one rank holds (float64: 8 per parameter, gradient and moment; Adam keeps 2 moments)."""
-    moments = 1 if optimizer == "sgd" else 2
-    if engine == "ddp":
-        psi = sum(numels) * ITEMSIZE
-        return {"params": psi, "grads": psi, "optimizer": moments * psi, "gathered peak": 0}
-    s = world // dp_replicate
-    padded = [padded_size(p, s) * ITEMSIZE for p in numels]
-    shard = sum(padded) // s
-    peak = max(padded) if reshard_after_forward else sum(padded)
-    return {"params": shard, "grads": shard, "optimizer": moments * shard, "gathered peak": peak}
-
-
-def per_step_sent(records: list, steps: int = STEPS) -> dict[str, int]:
-    """Ledger bytes sent per step by op (every step makes the same calls)."""
-    out: dict[str, int] = {}
-    for r in records:
-        out[r.op] = out.get(r.op, 0) + r.bytes_sent
-    return {op: b // steps for op, b in sorted(out.items())}
-
-
-def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: str = "adam",
-                                 steps: int = STEPS) -> MLPStack:
-    """One process, but the gradient is combined like the ranks do: each rank's local-batch
-    gradient, averaged inside each shard group, then across replicas (sums left to right)."""
-    model = make_mlp_stack()
-    shard = world // dp_replicate
-    opt = torch_optimizer(model.parameters(), optimizer)
-    for _ in range(steps):
-        per_rank = []
-        for rank in range(world):
-            model.zero_grad()
-            mse(model(local_batch(rank, world)[0]), local_batch(rank, world)[1]).backward()
-            per_rank.append([p.grad.clone() for p in model.parameters()])
-        groups = [per_rank[g * shard:(g + 1) * shard] for g in range(dp_replicate)]
-        group_means = [[sum(gs[1:], gs[0]) / shard for gs in zip(*grp)] for grp in groups]
-        for p, gs in zip(model.parameters(), zip(*group_means)):
-            p.grad = sum(gs[1:], gs[0]) / dp_replicate
-        opt.step()
-    return model
 
 
 # ---------------------------------------------------------------- checks the notebook prints
