@@ -173,3 +173,9 @@ def test_lab01_plots_build():
     assert all(len(f.axes) == 1 for f in figs)
     for f in figs:
         plt.close(f)
+
+
+def test_hsdp_keeping_parameters_has_its_own_label():
+    job = Job("hand", 2, reshard_after_forward=False)
+    assert (job.strategy, job.label(8)) == ("HSDP ZeRO-2-like", "HSDP 2x4 ZeRO-2-like adam")
+    assert (Job("hand", 2).strategy, Job("hand").strategy) == ("HSDP", "ZeRO-3")

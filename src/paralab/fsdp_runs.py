@@ -43,9 +43,10 @@ class Job:
     def strategy(self) -> str:
         if self.engine != "hand":
             return {"ddp": "DDP", "fsdp2": "FSDP2"}[self.engine]
+        keep = "" if self.reshard_after_forward else "ZeRO-2-like"
         if self.dp_replicate > 1:
-            return "HSDP"
-        return "ZeRO-3" if self.reshard_after_forward else "ZeRO-2-like"
+            return f"HSDP {keep}".rstrip()
+        return keep or "ZeRO-3"
 
     def label(self, world: int) -> str:
         shard = world // self.dp_replicate
@@ -56,8 +57,7 @@ class Job:
             trap = f" on (1,{world}) dp_mesh" if self.mesh == "dp_mesh" else ""
             return f"FSDP2 {layout}{trap} {self.optimizer}"
         if self.dp_replicate > 1:
-            keep = "" if self.reshard_after_forward else " ZeRO-2-like"
-            return f"HSDP {self.dp_replicate}x{shard}{keep} {self.optimizer}"
+            return self.strategy.replace("HSDP", f"HSDP {self.dp_replicate}x{shard}") + f" {self.optimizer}"
         return f"{self.strategy} n={world} {self.optimizer}"
 
 
