@@ -1,0 +1,126 @@
+"""Distributed tests for paralab.fsdp on real gloo ranks: exactness, ledger bytes, memory, FSDP2, broken variants."""
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+
+from paralab.fsdp_costs import memory_formula, per_step_sent, traffic_formula
+from paralab.fsdp_runs import (
+    STEPS, Job, check_params, reference_first_gradient, reference_first_loss, run_jobs, train_reference,
+    train_reference_rank_by_rank, unit_numels,
+)
+from paralab.check import compare
+from paralab.launch import run
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the broken workers below travel by value
+
+NUMELS = unit_numels()
+REFERENCE = {opt: train_reference(opt) for opt in ("adam", "sgd")}
+
+
+def by_label(per_rank: list[list[dict]]) -> dict[str, list[dict]]:
+    return {per_rank[0][j]["label"]: [r[j] for r in per_rank] for j in range(len(per_rank[0]))}
+
+
+@pytest.fixture(scope="module")
+def world4():
+    jobs = [Job("hand"), Job("hand", optimizer="sgd"), Job("hand", 2), Job("hand", reshard_after_forward=False),
+            Job("ddp"), Job("fsdp2"), Job("fsdp2", 2), Job("fsdp2", mesh="dp_mesh")]
+    return by_label(run(run_jobs, 4, jobs, timeout=120))
+
+
+@pytest.fixture(scope="module")
+def world2_and_8():
+    two = by_label(run(run_jobs, 2, [Job("hand"), Job("ddp"), Job("fsdp2")], timeout=120))
+    eight = by_label(run(run_jobs, 8, [Job("hand"), Job("hand", 2), Job("hand", 2, optimizer="sgd")], timeout=120))
+    return {**two, **eight}
+
+
+def all_pass(verdicts) -> bool:
+    return all(v.passed for v in verdicts)
+
+
+def test_every_rank_matches_the_global_batch_reference_within_1e12(world4, world2_and_8):
+    for label, res in {**world4, **world2_and_8}.items():
+        verdicts = check_params(res, REFERENCE[res[0]["job"].optimizer], atol=1e-12)
+        assert all_pass(verdicts), (label, [v.describe() for v in verdicts if not v.passed])
+
+
+def test_first_step_loss_is_bitwise_and_gradient_within_1e12(world4, world2_and_8):
+    gradient = reference_first_gradient()
+    for label, res in {**world4, **world2_and_8}.items():
+        world = res[0]["world"]
+        assert all_pass(compare([r["loss"] for r in res], [reference_first_loss(r, world) for r in range(world)])), label
+        assert all_pass(check_params(res, gradient, atol=1e-12, key="grads")), label
+
+
+@pytest.mark.parametrize("label", ["ZeRO-3 n=2 adam", "DDP n=2", "FSDP2 n=2 adam", "HSDP 2x2 adam", "FSDP2 HSDP 2x2 adam"])
+def test_two_rank_groups_are_bitwise_equal_to_the_rank_by_rank_reference(label, world4, world2_and_8):
+    res = {**world4, **world2_and_8}[label]
+    job, world = res[0]["job"], res[0]["world"]
+    assert all_pass(check_params(res, train_reference_rank_by_rank(world, job.dp_replicate, job.optimizer)))
+
+
+def test_bytes_per_step_equal_the_formula_on_every_rank(world4, world2_and_8):
+    for label, res in {**world4, **world2_and_8}.items():
+        job, world = res[0]["job"], res[0]["world"]
+        if job.engine == "fsdp2":
+            continue
+        formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
+        for rank, r in enumerate(res):
+            assert per_step_sent(r["records"], STEPS) == dict(sorted(formula.items())), (label, rank)
+
+
+def test_memory_per_rank_equals_the_formula(world4, world2_and_8):
+    for label, res in {**world4, **world2_and_8}.items():
+        job, world = res[0]["job"], res[0]["world"]
+        if job.engine == "fsdp2":
+            continue
+        formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
+        assert all(r["memory"] == formula for r in res), label
+
+
+def test_two_d_mesh_trap_adds_one_single_rank_all_reduce_per_unit_per_step(world4):
+    def one_rank_all_reduces(records):
+        return sum(1 for r in records if r.op == "all_reduce" and r.group_size == 1)
+
+    for r in world4["FSDP2 n=4 on (1,4) dp_mesh adam"]:
+        assert one_rank_all_reduces(r["records"]) == len(NUMELS) * STEPS
+    for r in world4["FSDP2 n=4 adam"]:
+        assert one_rank_all_reduces(r["records"]) == 0
+        assert sum(1 for rec in r["records"] if rec.op == "all_gather_single") == 2 * len(NUMELS) * STEPS
+
+
+def test_a_wrong_traffic_formula_is_caught(world4):
+    wrong = traffic_formula("hand", NUMELS, 4, reshard_after_forward=False)  # ZeRO-2's formula for a ZeRO-3 run
+    assert per_step_sent(world4["ZeRO-3 n=4 adam"][0]["records"], STEPS) != dict(sorted(wrong.items()))
+
+
+# ---------------------------------------------------------------- deliberately broken algorithms
+def _broken_run(jobs: list[Job], breakage: str) -> list[dict]:
+    import torch.distributed as dist
+
+    import paralab.fsdp as fsdp
+
+    if breakage == "sum instead of mean":
+        def reduce_scatter_sum(full_grad, group):
+            out = full_grad.new_empty(full_grad.numel() // dist.get_world_size(group))
+            dist.reduce_scatter_tensor(out, full_grad, group=group)
+            return out
+        fsdp.reduce_scatter_grads = reduce_scatter_sum
+    elif breakage == "no replica all-reduce":
+        fsdp.all_reduce_replicas = lambda shard_grad, group: shard_grad
+    return run_jobs(jobs)
+
+
+@pytest.mark.parametrize("breakage, label", [("sum instead of mean", "ZeRO-3 n=4 sgd"),
+                                             ("no replica all-reduce", "HSDP 2x2 adam")])
+def test_broken_algorithms_fail_the_check(breakage, label, world4):
+    job = world4[label][0]["job"]
+    assert all_pass(check_params(world4[label], REFERENCE[job.optimizer], atol=1e-12))  # the intact run passes
+    broken = [r[0] for r in run(_broken_run, 4, [job], breakage, timeout=60)]
+    verdicts = check_params(broken, REFERENCE[job.optimizer], atol=1e-12)
+    assert not all_pass(verdicts)
+    assert not all_pass(check_params(broken, reference_first_gradient(), atol=1e-12, key="grads"))
