@@ -522,7 +522,7 @@ print(verdict_table(compare(torch.tensor(caught), torch.tensor(True), name="clin
 #
 # Every output and gradient matched SDPA within `1e-15` relative (the bound checked is
 # `1e-12`); Ulysses matched the one-process `attention_block` bitwise. The whole lab ran
-# in about 6 s of cell time on 2 shared CPU cores (this run's time below):
+# in about 8 s of cell time on 2 shared CPU cores (this run's time below):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
