@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import paralab.cp as cp
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
+from paralab.exercises.lab02 import break_replicated_backward, break_ring_backward, break_ring_merge
 from paralab.launch import LaunchError, run
 from paralab.ledger import Ledger
 
@@ -114,20 +115,7 @@ def test_bytes_per_rank_equal_formula(launched, index):
     assert [r[index]["sent"] for r in per_rank] == [want] * world
 
 
-def _unscaled_merge(out, lse, block_out, block_lse):
-    return out + block_out, torch.maximum(lse, block_lse)
-
-
-def _merge_without_rescaling():
-    cp.ring.merge_partials = _unscaled_merge
-
-
-def _kv_never_moves():
-    """Backward attends to its own (step-0) K/V at every step: the ring pass moves nothing."""
-    cp.ring.ring_pass = lambda t, group, tag: (t.clone(), [])
-
-
-@pytest.mark.parametrize("when, broken", [("forward", _merge_without_rescaling), ("backward", _kv_never_moves)])
+@pytest.mark.parametrize("when, broken", [("forward", break_ring_merge), ("backward", break_ring_backward)])
 def test_broken_variants_are_caught(when, broken):
     world = 2
     full = _tensors(world, seed=1)
@@ -142,6 +130,25 @@ def test_broken_variants_are_caught(when, broken):
     results = [r[0] for r in run(worker, world, full)]
     with pytest.raises(CheckFailed):
         _check(results, full, config, world)
+
+
+def _replicated_grads(full, broken):
+    q, k, v = (t.clone().requires_grad_() for t in full[:3])
+    out = cp.ulysses_attention(q, k, v, layout="replicated")
+    if broken:
+        broken()
+    out.backward(full[3])
+    return torch.stack([q.grad, k.grad, v.grad])
+
+
+def test_replicated_backward_by_reduce_scatter_gives_cp_times_the_gradient():
+    """The bug clinic's second case: the backward of the output all-gather must slice dout, not sum it."""
+    world = 2
+    full = _tensors(world, seed=2)
+    good = run(_replicated_grads, world, full, None)
+    bad = run(_replicated_grads, world, full, break_replicated_backward)
+    for rank in range(world):
+        assert torch.equal(bad[rank], world * good[rank])
 
 
 def _heads_error(world):

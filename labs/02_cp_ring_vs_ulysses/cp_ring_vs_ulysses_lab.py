@@ -43,6 +43,7 @@ from IPython.display import display
 from paralab import ParallelDims, viz
 from paralab.check import CheckFailed, assert_match, compare, verdict_table
 from paralab.cp import shard_bytes, ring_bytes, ulysses_bytes
+from paralab.exercises.lab02 import break_replicated_backward, break_ring_backward, merge_without_rescaling
 from paralab.launch import run
 from paralab.ledger import Ledger, format_table
 
@@ -100,7 +101,9 @@ for block in partials[1:]:
     out, lse = merge_partials(out, lse, *block)
 merge_verdicts = compare(out, reference, atol=1e-12 * reference.abs().max().item(), name="3 key blocks merged vs SDPA")
 
-unscaled = sum(o for o, _ in partials)  # the classic bug: add partial outputs without rescaling
+unscaled, unscaled_lse = partials[0]  # the classic bug: add partial outputs without rescaling
+for block in partials[1:]:
+    unscaled, unscaled_lse = merge_without_rescaling(unscaled, unscaled_lse, *block)
 try:
     assert_match(unscaled, reference, atol=1e-12 * reference.abs().max().item(), name="merged WITHOUT rescaling")
     print("broken merge NOT caught")
@@ -358,31 +361,134 @@ plt.close(fig)
 # traffic: no input all-to-all, only `(cp-1)·S` out, but every rank holds the full sequence.
 
 # %% [markdown]
-# ## 7. A broken ring backward is caught
+# ## 7. Bug clinic: a ring backward that is only half right
 #
-# The checks must be able to fail. Here the ring backward forgets to rotate: every
-# `ring_pass` returns the block it was given, so each rank attends its queries to its own
-# (step-0) K/V at every step, and dK/dV never travel home. The forward is untouched. This
-# cell patches the *package* module (`paralab.cp.ring`) inside each rank, after the
-# forward, and runs `paralab.cp.ring.ring_attention`.
+# A bug seen in real ring-attention code: the forward is right, so the loss matches a
+# single-device run to the last digit, training runs, and only the gradients are wrong.
+# Below, the same zigzag causal ring runs twice on 4 real ranks, once as in the package and
+# once with a seeded bug installed between the forward and the backward
+# (`paralab.exercises.lab02.break_ring_backward`; do not read it yet). The picture is
+# `|buggy dK - correct dK|` for batch 0, every head (rows: head × head_dim) and every
+# token (columns, in sequence order).
 
 # %%
-def broken_backward_worker(full, config):
-    import paralab.cp.ring as ring_module
+def clinic_worker(full, config, break_backward):
+    """The ring twice on the same inputs: correct, then with `break_backward()` installed after the forward."""
+    from paralab.cp.ring import ring_attention  # the package's ring: the bug patches the package module
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(rank_inputs(full, config, rank, world)))
-    out = ring_module.ring_attention(q, k, v, causal=config[1], zigzag=config[2])
-    ring_module.ring_pass = lambda t, group, tag: (t.clone(), [])  # K/V (and dK/dV) never move
-    out.backward(dout)
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    results = []
+    for broken in (False, True):
+        q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(rank_inputs(full, config, rank, world)))
+        out = ring_attention(q, k, v, causal=config[1], zigzag=config[2])
+        if broken:
+            break_backward()
+        out.backward(dout)
+        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad})
+    return results
 
 
-broken = run(broken_backward_worker, 4, FULL, CONFIGS[2])
-got = assembled(broken, CONFIGS[2])
+clinic = run(clinic_worker, 4, FULL, CONFIGS[2], break_ring_backward)
+correct, buggy = (assembled([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
+fig = viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
+                            buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
+                            "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
+                            row_label="head × head_dim", col_label="token")
+display(fig)
+plt.close(fig)
+exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
+print("tokens whose dK is still bitwise right:", exact_tokens)
+clinic_verdicts = []
 for name in ("out", "dq", "dk", "dv"):
-    verdict = compare(got[name], REFERENCE[True][name], atol=1e-12 * REFERENCE[True][name].abs().max().item())[0]
-    print(f"ring backward reusing step-0 K/V, {name}: {'pass' if verdict.passed else 'FAIL: caught'}")
+    ref = REFERENCE[True][name]
+    verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item(), name=name)[0]
+    print(f"buggy ring vs SDPA, {name}: {'matches' if verdict.passed else verdict.describe()}")
+    caught = not verdict.passed if name != "out" else verdict.passed  # out must still match, gradients must not
+    clinic_verdicts += compare(torch.tensor(caught), torch.tensor(True),
+                               name=f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}")
+print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
+
+# %% [markdown]
+# **What is wrong?** Look at which tokens' dK are still right, and at how much is wrong in
+# each chunk of 6 tokens (zigzag gives rank `r` chunks `r` and `7-r`). Then open the answer.
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The backward's ring does not rotate K/V: `ring_pass` returns the rank's own block for the
+# K/V tag (`ring_pass_kv_stays` in `src/paralab/exercises/lab02.py`), so at every step each
+# rank attends its queries to **its own step-0 K/V** again, while the dK/dV accumulators
+# still travel home correctly. Step 0 (a rank's own block) is the only correct step. So
+#
+# - the forward, which used its own correct ring, is untouched: `out` matches;
+# - dQ is wrong: it sums contributions of the same own block, with the masks meant for
+#   other blocks, instead of one per block (except tokens 0-5, whose queries see only their
+#   own chunk);
+# - dK/dV are wrong except on the last chunk (tokens 42-47, rank 0's second chunk): a
+#   block's gradient sums the contributions of every query that sees its keys, and every
+#   rank but the owner computed its part against the wrong keys. Under the causal mask an
+#   early key is seen by many queries, so it collects the most wrong terms (the red fades
+#   from left to right); the last chunk's keys are seen only by their own queries, on their
+#   owner's step 0, the one correct step, so they come out bitwise right.
+#
+# The fix is one line in a real implementation: after the hop, use the received block
+# (`kv = next_kv` in `ring_backward`). A test that compares only the loss (or only the
+# forward) cannot see this bug; comparing every gradient element by element does.
+# </details>
+
+# %% [markdown]
+# ### Second case: the backward of an all-gather, slice or reduce-scatter?
+#
+# In the replicated Ulysses layout (section 4) the output's heads are all-gathered, and the
+# backward of that all-gather is a *slice* of `dout`. Textbooks say "the backward of an
+# all-gather is a reduce-scatter", and a reduce-scatter is what the seeded bug below uses
+# (`break_replicated_backward`). Which of the two is right here, and by how much is the
+# other off?
+
+# %%
+def replicated_clinic_worker(full, break_backward):
+    """Replicated Ulysses twice on the same full inputs: correct, then with `break_backward()` after the forward."""
+    from paralab.cp.ulysses import ulysses_attention  # the package's, which the bug patches
+
+    results = []
+    for broken in (False, True):
+        q, k, v = (t.clone().requires_grad_() for t in full[:3])
+        out = ulysses_attention(q, k, v, layout="replicated")
+        if broken:
+            break_backward()
+        out.backward(full[3])
+        results.append({"dq": q.grad, "dk": k.grad, "dv": v.grad})
+    return results
+
+
+cp = 4
+replicated = run(replicated_clinic_worker, cp, FULL, break_replicated_backward)
+fig = viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                            replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                            "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
+                            row_label="head × head_dim", col_label="token")
+display(fig)
+plt.close(fig)
+ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
+print("buggy dQ / correct dQ on every rank and element: min", ratio.min().item(), "max", ratio.max().item())
+ref = REFERENCE[False]["dq"]
+caught = not compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0].passed
+print(verdict_table(compare(torch.tensor(caught), torch.tensor(True), name="clinic: reduce-scatter backward caught"),
+                    "bug clinic, second case"))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The slice is right. Every rank consumed the *same* replicated output in the *same* way,
+# so every rank holds the same `dout`: the gradient of one copy. A reduce-scatter sums `cp`
+# identical copies, so every dQ, dK, dV comes out exactly `cp` = 4 times too large (the
+# ratio above), on every element: the heatmap is uniformly "wrong", with the error
+# proportional to the gradient itself. "The backward of an all-gather is a reduce-scatter"
+# holds when each rank's downstream computation is different (each holds a different loss
+# term, as in FSDP or sequence-sharded code): then the partial gradients differ and must be
+# summed. With replicated downstream code it counts the same gradient `cp` times. A loss
+# scaled by `1/cp` would hide the bug in this test and break it at another cp.
+# </details>
 
 # %% [markdown]
 # ## What to try
@@ -395,8 +501,8 @@ for name in ("out", "dq", "dk", "dv"):
 #    that cell and section 5. Which rows fail, and why does Ulysses still pass?
 # 4. `viz.plot_ring_timeline(8)`: what is the slowest/mean work ratio for contiguous
 #    shards? Check it against `2 - 1/cp`.
-# 5. In `UlyssesAttention.backward`, replace `take_heads(dout, group)` by a reduce-scatter
-#    of `dout`'s heads (sum over ranks). By what factor are the replicated gradients off?
+# 5. In the bug clinic's second case set `cp = 2`, then `cp = 8`. Does the factor follow cp?
+#    Why can the sequence-sharded layout not have this bug?
 # 6. The ring backward sends K/V again (`4(cp-1)S` instead of `2(cp-1)S`). What would it
 #    cost in memory to keep every visiting K/V block from the forward instead?
 # 7. At which cp would the ring's forward traffic equal Ulysses' backward + forward? Read
@@ -416,7 +522,7 @@ for name in ("out", "dq", "dk", "dv"):
 #
 # Every output and gradient matched SDPA within `1e-15` relative (the bound checked is
 # `1e-12`); Ulysses matched the one-process `attention_block` bitwise. The whole lab ran
-# in about 6 s of cell time on 2 shared CPU cores (this run's time below):
+# in about 8 s of cell time on 2 shared CPU cores (this run's time below):
 
 # %%
 # NBVAL_IGNORE_OUTPUT

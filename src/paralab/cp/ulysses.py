@@ -36,22 +36,26 @@ def check_heads_divisible(heads: int, world: int) -> None:
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-to-all (b, h, n/cp, d) sequence shard -> (b, h/cp, n, d) head shard."""
+    ### BEGIN SOLUTION
     world = dist.get_world_size(group)
     b, h, s, d = x.shape
     send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()  # [head group j] -> rank j
     received = torch.empty_like(send)  # [i] = sequence shard i of my heads
     dist.all_to_all_single(received, send, group=group)
     return received.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+    ### END SOLUTION
 
 
 def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-to-all (b, h/cp, n, d) head shard -> (b, h, n/cp, d) sequence shard: the inverse of `seq_to_heads`."""
+    ### BEGIN SOLUTION
     world = dist.get_world_size(group)
     b, hl, n, d = x.shape
     send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()  # [seq shard j] -> rank j
     received = torch.empty_like(send)  # [i] = head group i of my sequence shard
     dist.all_to_all_single(received, send, group=group)
     return received.transpose(0, 1).reshape(b, world * hl, n // world, d)
+    ### END SOLUTION
 
 
 def take_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

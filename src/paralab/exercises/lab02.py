@@ -1,0 +1,291 @@
+"""Lab 02 exercises: the log-sum-exp merge, the Ulysses all-to-alls, the ring hop; and the bugs they must catch.
+
+The bug variants are real-world failures of context parallelism. The lab's bug
+clinic and tests/test_cp_dist.py import them from here, so each bug is written once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import paralab.cp.ring as ring_module
+import paralab.cp.ulysses as ulysses_module
+from paralab.cp.blocks import attention_block
+from paralab.cp.ring import KV_TAG, ring_pass
+from paralab.cp.ulysses import take_heads
+from paralab.grade import Exercise
+from paralab.parallel_dims import ParallelDims
+
+LAB = "02_cp_ring_vs_ulysses"
+
+
+# --------------------------------------------------------------------------- merge_partials
+def _partials(seed: int, q_scale: float, k2_scale: float = 1.0) -> tuple:
+    """(out, lse) of two key blocks (4 and 7 keys) for the same queries; scales make the scores large."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, 6, 5, dtype=torch.float64, generator=g) for _ in range(3))
+    q = q * q_scale
+    k2 = k[:, :, 4:] * k2_scale
+    return (*attention_block(q, k[:, :, :4], v[:, :, :4]), *attention_block(q, k2, v[:, :, 4:]))
+
+
+def _merge_cases(rank: int, world: int) -> list[tuple]:
+    """Ordinary scores, scores near 1e3 (exp overflows float64), and blocks whose lse differ by ~700."""
+    return [_partials(0, 1.0), _partials(1, 4.0), _partials(2, 400.0), _partials(3, 300.0, k2_scale=0.001)]
+
+
+def _out_and_lse(result: tuple) -> dict[str, torch.Tensor]:
+    out, lse = result
+    return {"out": out, "lse": lse}
+
+
+def merge_without_rescaling(out, lse, block_out, block_lse):
+    """Bug: adds the partial outputs as if each were normalized over all keys (lse kept as the max)."""
+    return out + block_out, torch.maximum(lse, block_lse)
+
+
+def merge_by_plain_average(out, lse, block_out, block_lse):
+    """Bug: averages the partial outputs, ignoring how much softmax mass each block holds."""
+    return (out + block_out) / 2, torch.logaddexp(lse, block_lse)
+
+
+def merge_lse_by_max(out, lse, block_out, block_lse):
+    """Bug: the merged lse is max(lse, block_lse) (drops the log(1 + exp(-|difference|)) term)."""
+    new_lse = torch.maximum(lse, block_lse)
+    return torch.exp(lse - new_lse).unsqueeze(-1) * out + torch.exp(block_lse - new_lse).unsqueeze(-1) * block_out, new_lse
+
+
+def break_ring_merge() -> None:
+    """Install `merge_without_rescaling` in the ring's forward."""
+    ring_module.merge_partials = merge_without_rescaling
+
+
+def merge_through_exp(out, lse, block_out, block_lse):
+    """Bug: the textbook formula in exp space; exp(lse) overflows to inf once scores pass ~709."""
+    total = torch.exp(lse) + torch.exp(block_lse)
+    merged = (torch.exp(lse).unsqueeze(-1) * out + torch.exp(block_lse).unsqueeze(-1) * block_out) / total.unsqueeze(-1)
+    return merged, torch.log(total)
+
+
+# --------------------------------------------------------------------------- Ulysses all-to-alls
+def _cp_groups(world: int) -> list[tuple[dist.ProcessGroup, int]]:
+    """(group, its size): the whole world as one cp group and, at world 4, two cp groups of 2."""
+    sizes = [world] + ([2] if world == 4 else [])
+    groups = []
+    for cp in sizes:
+        pd = ParallelDims(world, cp=cp)
+        pd.build_meshes("cpu")
+        groups.append((pd.cp_mesh.get_group(), cp))
+    return groups
+
+
+def _seq_shard_cases(rank: int, world: int) -> list[tuple]:
+    """A (b, h, n/cp, d) sequence shard per rank: 3 heads per rank, 5 tokens per rank, head_dim 3."""
+    cases = []
+    for i, (group, cp) in enumerate(_cp_groups(world)):
+        g = torch.Generator().manual_seed(100 * i + rank)
+        cases.append((torch.randn(2, 3 * cp, 5, 3, dtype=torch.float64, generator=g), group))
+    return cases
+
+
+def _head_shard_cases(rank: int, world: int) -> list[tuple]:
+    """A (b, h/cp, n, d) head shard per rank: 3 heads, 5 tokens per rank of the full sequence, head_dim 3."""
+    cases = []
+    for i, (group, cp) in enumerate(_cp_groups(world)):
+        g = torch.Generator().manual_seed(100 * i + rank)
+        cases.append((torch.randn(2, 3, 5 * cp, 3, dtype=torch.float64, generator=g), group))
+    return cases
+
+
+def seq_to_heads_without_transpose(x, group):
+    """Bug: cuts dim 0 (the batch) for the all-to-all instead of the head groups: the transpose is missing."""
+    world = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, world, h // world, s, d).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+
+
+def seq_to_heads_interleaved(x, group):
+    """Bug: puts the source rank after the token index, so the sequence comes out interleaved, not in rank order."""
+    world = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received.permute(1, 2, 3, 0, 4).reshape(b, h // world, world * s, d)
+
+
+def heads_to_seq_heads_mixed(x, group):
+    """Bug: reassembles the heads as (my head, source rank) instead of (source rank, my head)."""
+    world = dist.get_world_size(group)
+    b, hl, n, d = x.shape
+    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received.permute(1, 2, 0, 3, 4).reshape(b, world * hl, n // world, d)
+
+
+def heads_to_seq_without_transpose(x, group):
+    """Bug: the received dim (source rank) is reshaped straight into the batch dim: the final transpose is missing."""
+    world = dist.get_world_size(group)
+    b, hl, n, d = x.shape
+    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received.reshape(b, world * hl, n // world, d)
+
+
+# --------------------------------------------------------------------------- ring_pass
+def _ring_cases(rank: int, world: int) -> list[tuple]:
+    """A stacked K/V block (2, b, h, s, d) per rank, passed on WORLD (None) and on every cp group."""
+    cases = []
+    for i, group in enumerate([None] + [group for group, _ in _cp_groups(world)]):
+        g = torch.Generator().manual_seed(100 * i + rank)
+        cases.append((torch.randn(2, 1, 3, 4, 5, dtype=torch.float64, generator=g), group, KV_TAG + i % 2))
+    return cases
+
+
+def _received(result: tuple) -> torch.Tensor:
+    """Wait for the hop to finish and keep the received block."""
+    received, works = result
+    for work in works:
+        work.wait()
+    return received
+
+
+def ring_pass_backwards(t, group, tag):
+    """Bug: sends to the previous rank and receives from the next: the ring turns the wrong way."""
+    group = group or dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    received = torch.empty_like(t)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, t, dist.get_global_rank(group, (rank - 1) % world), group, tag),
+        dist.P2POp(dist.irecv, received, dist.get_global_rank(group, (rank + 1) % world), group, tag),
+    ])
+    return received, works
+
+
+def ring_pass_kv_stays(t, group, tag):
+    """Bug: the K/V hop moves nothing, every rank keeps its own block (other tags still travel)."""
+    if tag == KV_TAG:
+        return t.clone(), []
+    return ring_pass(t, group, tag)
+
+
+def break_ring_backward() -> None:
+    """Install `ring_pass_kv_stays` in the ring (call it between the forward and the backward)."""
+    ring_module.ring_pass = ring_pass_kv_stays
+
+
+# --------------------------------------------------------------------------- replicated Ulysses, all-gather backward
+def reduce_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Bug when used as the backward of the output all-gather: sums cp identical copies of dout's heads."""
+    world = dist.get_world_size(group)
+    mine = take_heads(x, group)
+    chunks = [c.contiguous() for c in x.chunk(world, dim=1)]
+    dist.reduce_scatter(mine, chunks, group=group)
+    return mine
+
+
+def break_replicated_backward() -> None:
+    """Make the replicated Ulysses backward reduce-scatter dout (call it between the forward and the backward)."""
+    ulysses_module.take_heads = reduce_scatter_heads
+
+
+EXERCISES = [
+    Exercise(
+        name="merge_partials",
+        lab=LAB,
+        target="paralab.cp.blocks.merge_partials",
+        prompt=(
+            "Two partial attention results over disjoint key blocks arrive as `(out, lse)` and "
+            "`(block_out, block_lse)`: each `out` is softmax-normalized over its own keys only, each `lse` "
+            "is the log-sum-exp of its own scores, shape `(b, h, queries)`. Compute `new_lse`, the "
+            "log-sum-exp over both blocks, and `out`, attention over both blocks. It must stay finite for "
+            "scores in the thousands (the check uses some), so never form `exp(lse)` itself."
+        ),
+        hint="new_lse = logaddexp(lse, block_lse); each output is weighted by exp(its lse - new_lse)",
+        cases=_merge_cases,
+        world_sizes=(0,),
+        points=2,
+        minutes=15,
+        atol=1e-12,
+        rtol=1e-12,
+        normalize=_out_and_lse,
+        bugs=[
+            ("outputs added without rescaling", merge_without_rescaling, "case 0, out:"),
+            ("outputs averaged, not weighted by their softmax mass", merge_by_plain_average, "case 0, out:"),
+            ("lse merged with max instead of logaddexp", merge_lse_by_max, "case 0, lse:"),
+            ("merge in exp space (overflows on large scores)", merge_through_exp, "case 2, out: 45 NaN values"),
+        ],
+    ),
+    Exercise(
+        name="seq_to_heads",
+        lab=LAB,
+        target="paralab.cp.ulysses.seq_to_heads",
+        prompt=(
+            "Ulysses' first all-to-all. Each rank of the cp `group` holds a contiguous sequence shard "
+            "`x` of shape `(b, h, n/cp, d)`; return its head shard `(b, h/cp, n, d)`: heads "
+            "`[r·h/cp, (r+1)·h/cp)` of the whole sequence, tokens in rank order. Use one "
+            "`dist.all_to_all_single(output, input, group=group)` (it sends slice `j` of dim 0 to rank `j` "
+            "of the group). The check runs on 2 and 4 ranks, and on two cp groups of 2 inside 4 ranks."
+        ),
+        hint="reshape the heads into (cp, h/cp), move that cp dim first, all-to-all, then put the "
+             "received dim (the source rank = sequence shard) just before the tokens",
+        cases=_seq_shard_cases,
+        world_sizes=(2, 4),
+        points=3,
+        minutes=20,
+        bugs=[
+            ("transpose missing: the batch is cut instead of the heads", seq_to_heads_without_transpose,
+             "world 2, rank 0, case 0:"),
+            ("received shards interleaved instead of in rank order", seq_to_heads_interleaved,
+             "world 2, rank 0, case 0:"),
+        ],
+    ),
+    Exercise(
+        name="heads_to_seq",
+        lab=LAB,
+        target="paralab.cp.ulysses.heads_to_seq",
+        prompt=(
+            "The inverse all-to-all. Each rank holds `h/cp` heads of the whole sequence, `(b, h/cp, n, d)`; "
+            "return its contiguous sequence shard of all heads, `(b, h, n/cp, d)`, heads in rank order. "
+            "Ulysses uses it for the output in the forward and for dq, dk, dv in the backward."
+        ),
+        hint="cut the tokens into (cp, n/cp), move that cp dim first, all-to-all, then put the "
+             "received dim (the source rank = head group) just before the heads it sent",
+        cases=_head_shard_cases,
+        world_sizes=(2, 4),
+        points=2,
+        minutes=15,
+        bugs=[
+            ("received head groups placed after this rank's heads", heads_to_seq_heads_mixed,
+             "world 2, rank 0, case 0:"),
+            ("final transpose missing: source rank mixed into the batch", heads_to_seq_without_transpose, "world 2, rank 0, case 0:"),
+        ],
+    ),
+    Exercise(
+        name="ring_pass",
+        lab=LAB,
+        target="paralab.cp.ring.ring_pass",
+        prompt=(
+            "One hop of the ring: start sending `t` to the next rank of `group` (`None` means the whole "
+            "world) and receiving the previous rank's block into a new buffer, without waiting: return "
+            "`(received, works)`, the works of `dist.batch_isend_irecv`. Peers of a P2P op are *global* "
+            "ranks. The check waits on your works, on 2 and 4 ranks and on cp groups of 2 inside 4 ranks."
+        ),
+        hint="next = (my group rank + 1) % world, previous = (my group rank - 1) % world, each turned into a "
+             "global rank with dist.get_global_rank(group, ...); one isend and one irecv P2POp",
+        cases=_ring_cases,
+        world_sizes=(2, 4),
+        points=2,
+        minutes=15,
+        normalize=_received,
+        bugs=[
+            ("the ring turns the wrong way (invisible on 2 ranks)", ring_pass_backwards, "world 4, rank 0, case 0:"),
+            ("the K/V block never moves (the bug clinic's)", ring_pass_kv_stays, "world 2, rank 0, case 0:"),
+        ],
+    ),
+]
