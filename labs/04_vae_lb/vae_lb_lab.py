@@ -53,6 +53,9 @@ from IPython.display import display
 
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match, compare, verdict_table
+from paralab.exercises import EXERCISES
+from paralab.exercises.lab04 import raw_pixels_as_float
+from paralab.grade import grade
 from paralab.launch import LaunchError, run
 from paralab.ledger import Ledger, format_table
 from paralab.models import TinyVideoEncoder, normalize_pixels, random_raw_videos, random_video_shapes
@@ -60,7 +63,7 @@ from paralab.vae_lb import (
     META_BYTES, assign_lpt, assign_round_robin_by_size, assignment_from_moves, encode_cost, loads_of,
     offload_encode, plan_rebalance, share_costs,
 )
-from paralab.viz import plot_cost_fit, plot_lb_loads
+from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads
 
 LAB_START = time.perf_counter()
 torch.set_num_threads(1)  # like every rank: one thread each
@@ -314,8 +317,8 @@ for name, (ratio, moves, count) in sums.items():
 # and recomputes the plan afterwards to show every rank holds the same one.
 # World 2 and 4 use the first 2 and 4 ranks' videos of the batch. One launch
 # per world size runs several lb sizes in a row (world 8: lb 8, one group;
-# lb 4, two groups; lb 2, four groups). `raw_trap=True` is the mistake of
-# section 8.
+# lb 4, two groups; lb 2, four groups). `seeded_bug=True` is the run of the
+# bug clinic (section 9): one changed line in the encode path.
 
 # %%
 def fingerprint(video):
@@ -323,10 +326,10 @@ def fingerprint(video):
 
 
 def lb_worker(batch, jobs):
-    """On every rank: for each (lb, raw_trap) job, offload_encode this rank's videos and report."""
+    """On every rank: for each (lb, seeded_bug) job, offload_encode this rank's videos and report."""
     world, rank = dist.get_world_size(), dist.get_rank()
     encoder, reports = TinyVideoEncoder(), []
-    for lb, raw_trap in jobs:
+    for lb, seeded_bug in jobs:
         pd = ParallelDims(world, lb=lb)
         pd.build_meshes("cpu")
         group = pd.lb_mesh.get_group()
@@ -334,8 +337,8 @@ def lb_worker(batch, jobs):
 
         def encode_fn(video):
             encoded.append(fingerprint(video))
-            if raw_trap:  # the bug: raw pixels cast to float, never normalized
-                return encoder.encode_normalized(video.to(torch.float64))
+            if seeded_bug:  # the bug clinic's run (section 9)
+                return encoder.encode_normalized(raw_pixels_as_float(video))
             return encoder(video)
 
         videos = batch[rank]
@@ -354,7 +357,7 @@ for world, jobs in JOBS.items():
     reports = run(lb_worker, world, BATCH[:world], jobs, timeout=60)
     for k, job in enumerate(jobs):
         RESULTS[(world, *job)] = [reports[rank][k] for rank in range(world)]
-print("runs:", ", ".join(f"world {w} lb {lb}" + (" (raw-uint8 trap)" if trap else "") for w, lb, trap in RESULTS))
+print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS))
 
 # %% [markdown]
 # ### The checks
@@ -414,9 +417,9 @@ def reference_latents(batch):
     return [[encoder(v) for v in videos] for videos in batch]
 
 
-def run_checks(world, lb, raw_trap=False):
+def run_checks(world, lb, seeded_bug=False):
     """The verdicts of one run, one row per property (latents compared in one flat tensor, owner order)."""
-    reports, batch, tag = RESULTS[(world, lb, raw_trap)], BATCH[:world], f"w{world} lb{lb}"
+    reports, batch, tag = RESULTS[(world, lb, seeded_bug)], BATCH[:world], f"w{world} lb{lb}"
     got = [z for rep in reports for z in rep["latents"]]
     want = [z for zs in reference_latents(batch) for z in zs]
     flat = lambda zs: torch.cat([z.flatten() for z in zs]) if zs else torch.zeros(0, dtype=torch.float64)
@@ -456,8 +459,8 @@ print(verdict_table(per_tensor, "world 4, lb 4: every latent against encoding it
 
 # %%
 ALL_VERDICTS = []
-for world, lb, raw_trap in RESULTS:
-    if not raw_trap:
+for world, lb, seeded_bug in RESULTS:
+    if not seeded_bug:
         ALL_VERDICTS += run_checks(world, lb)
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
 
@@ -482,8 +485,8 @@ for lb in (8, 4):
 
 # %%
 print(f"{'run':<8} {'group':<9} {'moves':>5}  {'max before':>10}  {'max after':>9}  {'spread before':>13}  {'spread after':>12}")
-for world, lb, raw_trap in RESULTS:
-    if raw_trap:
+for world, lb, seeded_bug in RESULTS:
+    if seeded_bug:
         continue
     after = loads_of(COSTS, after_assignment(world, lb))
     plan = global_plan(BATCH, world, lb)
@@ -522,9 +525,7 @@ print(f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P
       f"{[r.op for r in reports[4]['records']]}")
 
 # %% [markdown]
-# ## 8. Two ways to get it wrong
-#
-# ### A data-dependent skip hangs the peers
+# ## 8. A data-dependent skip hangs the peers
 #
 # A tempting shortcut: "this rank has no videos, return at once". The rank
 # returns, but its peers are inside `share_costs`, waiting in an `all_gather`
@@ -562,38 +563,93 @@ except LaunchError as err:
 # shares a count of 0 and may receive guests). The same batch at world 4, lb 2
 # passed above (rows `w4 lb2`); in group [2, 3] the empty rank 2 even encodes
 # one of rank 3's videos.
-#
-# ### The normalization trap
-#
-# The encoder body expects floats in `[-1, 1]` and cannot tell when it is fed
-# raw pixels cast to float. Run through the same protocol (the world-4, lb-4
-# run with `raw_trap=True`), every latent comes back to its owner in order,
-# every video is encoded once — and every latent is wrong. Only the
-# element-by-element check against the reference catches it:
+
 
 # %%
-trapped = RESULTS[(4, 4, True)]
-try:
-    assert_match([rep["latents"] for rep in trapped], reference_latents(BATCH[:4]), name="latents")
-    trap_caught = False
-    print("the trap was not caught?!")
-except CheckFailed as failure:
-    trap_caught = all(not v.passed for v in failure.verdicts)
-    worst = max(v.max_abs for v in failure.verdicts)
-    print(f"CheckFailed: {sum(not v.passed for v in failure.verdicts)} of {len(failure.verdicts)} latents differ; "
-          f"largest |diff| about {worst:.3g}")
-    first = failure.verdicts[0]
-    print(f"e.g. {first.path}: at index {first.first_index} expected {first.expected_value:.3f}, got {first.actual_value:.3f}")
-raw_max = max(float(v.max()) for b in BATCH[:4] for v in b)
-print(f"(raw pixels reach {raw_max:.0f}; normalized ones stay within 1)")
-
-# %%
-closing = compare(torch.tensor([hang_caught, trap_caught]), torch.tensor([True, True]),
-                  name="the skip hangs (LaunchTimeout, rank 3); raw uint8 caught by the latent check")
-print(verdict_table(closing, "the two traps"))
+closing = compare(torch.tensor([hang_caught]), torch.tensor([True]),
+                  name="the skip hangs its peer (LaunchTimeout names rank 3)")
+print(verdict_table(closing, "the data-dependent skip"))
 
 # %% [markdown]
-# ## 9. Closing note
+# ## 9. Bug clinic: everything arrives, in order, and is wrong
+#
+# A real-world failure of video pipelines, seeded in one line of the encode
+# path. It already ran in section 6, in the same launch as the correct code:
+# the world-4, lb-4 job with `seeded_bug=True`, on the same 4 ranks and the
+# same videos. The checks of section 6, applied to that run:
+
+# %%
+CLINIC = RESULTS[(4, 4, True)]
+clinic_rows = run_checks(4, 4, seeded_bug=True)
+for v in clinic_rows:
+    print(f"{v.path:<40}  {'pass' if v.passed else f'FAIL: {v.n_diff} of {v.numel} elements differ'}")
+
+# %% [markdown]
+# Each video was encoded once, on the rank the plan names; every rank holds
+# the same plan; the latents have the right shapes and come back to their
+# owners, in order; every byte matches its formula. Only the latent values
+# differ. Where? Below, |buggy − correct| element by element for rank 0's
+# video 2 (16 frames of 56 × 48: the plan sends it to the empty rank 2, which
+# encodes it and sends its latent home), first latent frame, its 4 latent
+# channels stacked (14 rows each).
+
+# %%
+owner, index = 0, 2
+correct = reference_latents(BATCH[:4])[owner][index]
+buggy = CLINIC[owner]["latents"][index]
+fig = plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
+                        row_label="latent channel x row (14 rows each)", col_label="latent column")
+display(fig)
+plt.close(fig)
+print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}], buggy ones in "
+      f"[{buggy.min():.1f}, {buggy.max():.1f}]")
+
+# %% [markdown]
+# **What is wrong?** Every element differs, by tens to hundreds, in four bands
+# that follow the latent channel; nothing is shifted, swapped or missing.
+# Which line of the encode path does that, and why did no protocol check
+# notice?
+#
+# <details><summary>Answer</summary>
+#
+# The encoder was fed **raw uint8 pixels cast to float**
+# (`raw_pixels_as_float`: `video.to(torch.float64)`) instead of **normalized**
+# ones (`normalize_pixels`: `x / 127.5 − 1`, into `[-1, 1]`). The encoder body
+# cannot tell: any float tensor of the right shape goes through. It is linear
+# (an average pool, then a fixed channel mix `M`), so the buggy latent is
+# exactly `127.5 · (correct + M·1)`: a scale of 127.5 plus a per-channel
+# offset `127.5 · Σ_c M[k, c]`, hence one band per latent channel (checked
+# below). A misrouted or misordered latent would show as whole blocks (one
+# video's latent in another's place), a lost one as a shape or count error; a
+# scale error shows everywhere at once. The protocol moves bytes, not meaning:
+# shapes, counts, placement and bytes are all right, so only the
+# element-by-element comparison with a reference encode catches it. In the
+# exercise notebook, `raw_pixels_as_float` is the first wrong answer the
+# `normalize_pixels` check must reject.
+#
+# </details>
+
+# %%
+try:
+    assert_match([rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4]), name="latents")
+    latent_check_fails = False
+    print("the bug was not caught?!")
+except CheckFailed as failure:
+    latent_check_fails = all(not v.passed for v in failure.verdicts)
+    print(f"CheckFailed: {str(failure).splitlines()[0]}")
+    print(f"  {failure.verdicts[0].describe()}")
+only_latents_fail = [v.passed == (not v.path.endswith("latents, owner order")) for v in clinic_rows]
+exercise = grade(EXERCISES["normalize_pixels"], raw_pixels_as_float)
+print(f"the normalize_pixels check on raw_pixels_as_float: {exercise.verdict}, {exercise.details[0].strip()}")
+verdicts = compare(torch.tensor([latent_check_fails, all(only_latents_fail), exercise.verdict == "FAIL"]),
+                   torch.tensor([True, True, True]),
+                   name="caught by the latent check, by it alone, and by the exercise check")
+verdicts += compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9,
+                    name="the diagnosis: buggy = 127.5 (correct + M 1)")
+print(verdict_table(verdicts, "bug clinic: raw uint8 pixels into the encoder"))
+
+# %% [markdown]
+# ## 10. Closing note
 #
 # On the lab's batch (8 ranks, 21 videos, lb = 8) the greedy closest-fit plan
 # makes 5 moves and brings the spread of predicted load from 119,296 to 8,320
@@ -601,7 +657,8 @@ print(verdict_table(closing, "the two traps"))
 # LPT reaches the same makespan by moving 19 of the 21 videos. Every latent
 # came back to its owner, in order, bit-identical to local encoding, at lb = 2,
 # 4 and 8 and with 2 and 4 groups in one world of 8; the ledger's bytes equal
-# the formulas on every rank. Building and running the notebook takes 10–20 s
+# the formulas on every rank. The bug clinic's raw-uint8 encode passed every
+# protocol check and failed only the latent comparison, in every element. Building and running the notebook takes 10–20 s
 # on a 2-core machine shared with other jobs, about 9 s of it inside the
 # kernel (the cell below prints this run's time).
 
@@ -626,3 +683,8 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 #    table fails first, and what does it say?
 # 6. Replace `encode_cost` by the number of frames only and rerun section 4:
 #    how far is the resulting plan from the bound when measured in `T·H·W`?
+# 7. In the bug clinic, seed the other normalization bug instead: in `lb_worker`
+#    use `pixels_to_unit_interval` (from `paralab.exercises.lab04`: scales to
+#    `[0, 1]`, the image-classifier habit). Do the bands stay? Which relation
+#    replaces `buggy = 127.5 (correct + M 1)`? (Hint: `x / 255 = (n + 1) / 2`
+#    for the normalized `n`.)

@@ -91,6 +91,7 @@ def plan_rebalance(costs: dict[int, list[float]], max_iterations: int | None = N
     if max_iterations is not None and max_iterations < 0:
         raise ValueError(f"lb planner: max_iterations must be >= 0 or None, got {max_iterations}")
     _check_costs(costs)
+    ### BEGIN SOLUTION
     loads = {rank: float(sum(values)) for rank, values in costs.items()}
     movable = {rank: [(float(c), i) for i, c in enumerate(values)] for rank, values in costs.items()}
     limit = sum(len(v) for v in costs.values()) if max_iterations is None else max_iterations
@@ -108,6 +109,7 @@ def plan_rebalance(costs: dict[int, list[float]], max_iterations: int | None = N
         loads[light] += cost
         moves.append(Move(heavy, light, index))
     return moves
+    ### END SOLUTION
 
 
 # ------------------------------------------------------------------ plans as assignments (for comparisons)
@@ -266,5 +268,7 @@ def return_latents(
     guest_latents: list[torch.Tensor], incoming: list[Move], outgoing: list[Move], group: dist.ProcessGroup | None
 ) -> dict[int, torch.Tensor]:
     """The latent return path: helpers send latents to owners; owners file them by local index."""
+    ### BEGIN SOLUTION
     back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in outgoing], group)
     return {m.local_index: z for m, z in zip(outgoing, back)}
+    ### END SOLUTION

@@ -1,0 +1,248 @@
+"""Lab 04 exercises: normalize the pixels, the planner, and the latent return path.
+
+The bug variants are real-world mistakes of VAE load balancing. The first,
+`raw_pixels_as_float`, is also the lab's bug clinic: the lab imports it from
+here, so the bug is written once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paralab.grade import Exercise
+from paralab.parallel_dims import ParallelDims
+from paralab.vae_lb import Move, exchange, most_and_least_loaded, shrinks_gap
+
+
+# ------------------------------------------------------------------ exercise 1: normalize the pixels
+def _pixel_cases(rank: int, world: int) -> list[tuple]:
+    generator = torch.Generator().manual_seed(40)
+    edges = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).reshape(3, 1, 1, 2)
+    return [(edges,), (torch.randint(0, 256, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),)]
+
+
+def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
+    """Bug (the lab's bug clinic): the raw uint8 pixels are only cast, never normalized."""
+    return video.to(torch.float64)
+
+
+def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
+    """Bug: scales to [0, 1] (the image-classifier habit) instead of the VAE's [-1, 1]."""
+    return video.to(torch.float64) / 255.0
+
+
+# ------------------------------------------------------------------ exercise 2: the planner
+PLANNER_CASES = [
+    ({0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}, None),        # case 0: the lab's small example
+    ({3: [5.0, 1.0, 9.0, 2.0], 7: [], 10: [4.0, 4.0]}, None),  # case 1: rank labels 3, 7, 10
+    ({10: [2.0, 4.0], 3: [2.0, 4.0], 7: []}, None),        # case 2: tie 3 vs 10, labels not in sorted order
+    ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, None),  # case 3: ties
+    ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, 2),     # case 4: max_iterations=2
+    ({0: [4.0], 1: []}, None),                              # case 5: the only move leaves the gap as it is
+    ({5: [10.0, 3.0, 3.0], 2: [1.0]}, 0),                   # case 6: max_iterations=0
+    ({0: [], 1: [8.0, 7.0], 2: [6.0], 3: [12.0, 5.0]}, None),  # case 7: rank 0's guest must not move on
+    ({0: [2.0, 2.0], 1: [4.0]}, None),                      # case 8: balanced already
+]
+
+
+def _planner_cases(rank: int, world: int) -> list[tuple]:
+    return [({r: list(c) for r, c in costs.items()}, limit) for costs, limit in PLANNER_CASES]
+
+
+def moves_as_rows(moves: list[Move]) -> torch.Tensor:
+    """A plan as an int64 tensor of (from_rank, to_rank, local_index) rows, so it compares element by element."""
+    return torch.tensor([[m.from_rank, m.to_rank, m.local_index] for m in moves], dtype=torch.int64).reshape(-1, 3)
+
+
+def _greedy(costs: dict[int, list[float]], max_iterations: int | None, pick, accept, guests_move: bool,
+            heavy_and_light=most_and_least_loaded) -> list[Move]:
+    """The planner's loop with its decisions swappable, to build the bug variants below."""
+    loads = {rank: float(sum(values)) for rank, values in costs.items()}
+    movable = {rank: [(float(c), i) for i, c in enumerate(values)] for rank, values in costs.items()}
+    limit = sum(len(v) for v in costs.values()) if max_iterations is None else max_iterations
+    moves: list[Move] = []
+    while len(moves) < limit and len(loads) >= 2:
+        heavy, light = heavy_and_light(loads)
+        gap = loads[heavy] - loads[light]
+        if gap <= 0 or not movable[heavy]:
+            break
+        cost, index = pick(movable[heavy], gap)
+        if not accept(cost, gap):
+            break
+        movable[heavy].remove((cost, index))
+        if guests_move:
+            movable[light].append((cost, index))
+        loads[heavy] -= cost
+        loads[light] += cost
+        moves.append(Move(heavy, light, index))
+    return moves
+
+
+def _closest(candidates, gap):
+    return min(candidates, key=lambda item: (abs(item[0] - gap / 2), item[0], item[1]))
+
+
+def _largest(candidates, gap):
+    return max(candidates, key=lambda item: (item[0], -item[1]))
+
+
+def _in_dict_order(loads):
+    return max(loads, key=loads.get), min(loads, key=loads.get)
+
+
+def plan_ties_in_dict_order(costs, max_iterations=None):
+    """Bug: breaks load ties by the dict's order, not the smallest label (ranks could disagree on the plan)."""
+    return _greedy(costs, max_iterations, _closest, shrinks_gap, guests_move=False, heavy_and_light=_in_dict_order)
+
+
+def plan_largest_first(costs, max_iterations=None):
+    """Bug: moves the heavy rank's largest sample instead of the one closest to half the gap."""
+    return _greedy(costs, max_iterations, _largest, shrinks_gap, guests_move=False)
+
+
+def plan_gap_not_strict(costs, max_iterations=None):
+    """Bug: also takes a move that leaves the gap as large as before (|g - 2c| <= g)."""
+    return _greedy(costs, max_iterations, _closest, lambda c, g: abs(g - 2 * c) <= g, guests_move=False)
+
+
+def plan_guests_move_again(costs, max_iterations=None):
+    """Bug: a received sample joins the helper's movable list, so it can move twice (and its index lies)."""
+    return _greedy(costs, max_iterations, _closest, shrinks_gap, guests_move=True)
+
+
+# ------------------------------------------------------------------ exercise 3: the latent return path
+RETURN_PLANS = {  # group-rank labels, in plan order
+    2: [Move(0, 1, 2), Move(0, 1, 0), Move(1, 0, 1)],
+    4: [Move(0, 2, 3), Move(0, 3, 1), Move(1, 2, 0), Move(0, 2, 0), Move(3, 1, 2)],
+}
+
+
+def latent_of(owner: int, index: int, varied_shapes: bool) -> torch.Tensor:
+    """A stand-in latent whose values name its owner (global rank) and local index: 100*owner + index + k/1000."""
+    shape = (4, 1 + index % 2, 2, 1 + owner % 3) if varied_shapes else (4, 2, 3)
+    count = torch.Size(shape).numel()
+    return (100.0 * owner + index + torch.arange(count, dtype=torch.float64) / 1000).reshape(shape)
+
+
+def _return_case(plan: list[Move], group, varied_shapes: bool) -> tuple:
+    me = dist.get_rank(group)
+    members = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    incoming = [m for m in plan if m.to_rank == me]
+    outgoing = [m for m in plan if m.from_rank == me]
+    guest_latents = [latent_of(members[m.from_rank], m.local_index, varied_shapes) for m in incoming]
+    return guest_latents, incoming, outgoing, group
+
+
+def _return_cases(rank: int, world: int) -> list[tuple]:
+    """Case 0: the whole world as one group. Case 1: lb groups of 2 (group ranks are not global ranks)."""
+    pd = ParallelDims(world, lb=2)
+    pd.build_meshes("cpu")
+    return [_return_case(RETURN_PLANS[world], None, varied_shapes=False),
+            _return_case(RETURN_PLANS[2], pd.lb_mesh.get_group(), varied_shapes=True)]
+
+
+def latents_by_index(latents: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Name each returned latent by the owner's local index, in index order."""
+    return {f"local index {i}": latents[i] for i in sorted(latents)}
+
+
+def return_in_arrival_order(guest_latents, incoming, outgoing, group):
+    """Bug: the owner files the latents in arrival (plan) order under its indices sorted ascending."""
+    back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in outgoing], group)
+    return dict(zip(sorted(m.local_index for m in outgoing), back))
+
+
+def return_grouped_by_helper(guest_latents, incoming, outgoing, group):
+    """Bug: the owner posts its receives helper by helper (sorted by rank), then files them in plan order."""
+    by_helper = sorted(outgoing, key=lambda m: m.to_rank)
+    back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in by_helper], group)
+    return {m.local_index: z for m, z in zip(outgoing, back)}
+
+
+EXERCISES = [
+    Exercise(
+        name="normalize_pixels",
+        lab="04_vae_lb",
+        target="paralab.models.normalize_pixels",
+        prompt=(
+            "Turn raw uint8 pixels in `[0, 255]` into float64 values in `[-1, 1]`, the range the encoder "
+            "body (`TinyVideoEncoder.encode_normalized`) was built for: 0 → −1, 255 → 1, linearly in "
+            "between. The check feeds a video holding 0, 1, 127, 128, 254 and 255 and a random one, "
+            "and accepts differences up to 1e-12 (any exact formula passes)."
+        ),
+        hint="cast to float64 first (uint8 arithmetic wraps around), then x / 127.5 - 1",
+        cases=_pixel_cases,
+        points=1,
+        minutes=5,
+        atol=1e-12,
+        bugs=[
+            ("raw uint8 pixels only cast to float, never normalized", raw_pixels_as_float,
+             "case 0: 6 of 6 elements differ"),
+            ("scaled to [0, 1] instead of [-1, 1]", pixels_to_unit_interval, "expected -1.0, got 0.0"),
+        ],
+    ),
+    Exercise(
+        name="plan_rebalance",
+        lab="04_vae_lb",
+        target="paralab.vae_lb.plan_rebalance",
+        prompt=(
+            "Write the greedy closest-fit planner. Start from each rank's load (the sum of its costs). "
+            "Each round: take the most and the least loaded rank (`most_and_least_loaded`: ties go to "
+            "the smallest label; labels need not be 0..n-1); among the heavy rank's samples that have "
+            "not moved yet, pick the one whose cost is closest to half their gap (`closest_fit`: ties to "
+            "the smaller cost, then the smaller index); take it only if it strictly shrinks the gap "
+            "(`shrinks_gap`), else stop. A sample moves at most once, and a received sample never moves "
+            "on. Stop after `max_iterations` moves (None: no limit beyond the number of samples). Return "
+            "the moves in order. The check compares your plan, as (from, to, index) rows, on 9 cases "
+            "(numbered from 0): the lab's small example; labels 3, 7, 10; a tie between ranks 10 and 3 "
+            "given in that dict order; ties between samples; the same with `max_iterations=2`; a move "
+            "that would leave the gap unchanged; `max_iterations=0`; a guest that must not move on; a "
+            "balanced batch."
+        ),
+        hint="keep loads and a list of (cost, index) still movable per rank; loop: heavy, light, gap, "
+             "closest fit, stop unless it shrinks the gap, else update both loads and record Move(heavy, light, index)",
+        cases=_planner_cases,
+        points=3,
+        minutes=25,
+        normalize=moves_as_rows,
+        bugs=[
+            ("moves the largest sample instead of the closest fit to half the gap", plan_largest_first,
+             "case 4: 1 of 6 elements differ, max |diff| 2, first at index (1, 2): expected 1, got 3"),
+            ("takes a move that does not strictly shrink the gap", plan_gap_not_strict,
+             "case 5: shape (1, 3), expected (0, 3)"),
+            ("lets a received sample move again", plan_guests_move_again, "case 7: shape (3, 3), expected (2, 3)"),
+            ("breaks load ties by dict order instead of the smallest label", plan_ties_in_dict_order,
+             "case 2: 2 of 6 elements differ, max |diff| 7, first at index (0, 0): expected 3, got 10"),
+        ],
+    ),
+    Exercise(
+        name="return_latents",
+        lab="04_vae_lb",
+        target="paralab.vae_lb.return_latents",
+        prompt=(
+            "The latent return path, the mirror image of sending the videos out. This rank encoded "
+            "`guest_latents[k]` for the move `incoming[k]` and must send it back to that move's owner; "
+            "it also waits for the latents of its own videos it sent away (`outgoing`, in plan order). "
+            "Use `exchange(sends, recv_from, group)`: `sends` is a list of (peer group rank, tensor), "
+            "`recv_from` a list of group ranks, and it returns the received tensors in `recv_from`'s "
+            "order (messages between two ranks arrive in the order posted). Return a dict: local index "
+            "of the owner's original video -> its latent. The check runs on 2 and 4 ranks, with the "
+            "whole world as one group (case 0) and with lb groups of 2 (case 1: group ranks are not "
+            "global ranks there). Every test latent starts with the value 100 × owner's global rank + "
+            "local index, so a report's expected/actual values tell whose latent landed where."
+        ),
+        hint="one exchange: each guest latent goes to its move's from_rank; receive from each outgoing "
+             "move's to_rank in plan order, and file the k-th received latent under outgoing[k].local_index",
+        cases=_return_cases,
+        world_sizes=(2, 4),
+        points=2,
+        minutes=15,
+        normalize=latents_by_index,
+        bugs=[
+            ("latents filed in arrival order instead of the owner's original order", return_in_arrival_order,
+             "world 2, rank 0, case 0, local index 0: 24 of 24 elements differ"),
+            ("receives posted helper by helper, filed in plan order", return_grouped_by_helper,
+             "world 4, rank 0, case 0, local index 0: 24 of 24 elements differ"),
+        ],
+    ),
+]
