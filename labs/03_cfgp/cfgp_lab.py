@@ -623,7 +623,7 @@ print("Lab 03 summary")
 for section, found in checks.items():
     print(f"  section {section:<40} {sum(v.passed for v in found):3d} of {len(found):3d} pass")
 every = [v for found in checks.values() for v in found]
-print(f"{sum(v.passed for v in every)}/{len(every)} passed")
+print(f"closing verdict: {sum(v.passed for v in every)} of {len(every)} checks pass")
 
 # %% [markdown]
 # **Closing note.** Measured when this notebook last ran (CI does not
