@@ -24,6 +24,7 @@ import importlib
 import inspect
 import os
 import re
+import subprocess
 import sys
 import textwrap
 import time
@@ -218,7 +219,7 @@ def _kernel_env() -> None:
 def execute(nb: nbformat.NotebookNode, cwd: Path) -> tuple[bool, str]:
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     try:
-        client.execute()
+        client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines; cell errors still arrive
     except CellExecutionError as exc:
         return False, str(exc).strip().splitlines()[-1][:300]
     tables = [(int(p), int(t)) for cell in nb.cells for out in cell.get("outputs", [])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -187,7 +188,7 @@ def grade_notebook(path: Path, timeout: int = 600) -> list[tuple[str, int, int, 
 
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(path.parent)}}).execute(stderr=subprocess.DEVNULL)
     text = "\n".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", [])
                      if out.get("output_type") == "stream")
     found = {m["name"]: (int(m["points"]), m["verdict"]) for m in REPORT_LINE.finditer(text)}
