@@ -91,7 +91,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # The mean is a sum followed by a division by $n$ (exact when $n$ is a power of two).
 
 # %%
-# show: paralab.fsdp.gather_unit_params paralab.fsdp.free_unit_params paralab.fsdp.reduce_scatter_grads paralab.fsdp.all_reduce_replicas
+# show: paralab.fsdp.gather_unit_params paralab.fsdp.free_unit_params paralab.fsdp.reduce_scatter_grads
 
 # %% [markdown]
 # ## 3. A unit's forward and backward, and the engine
