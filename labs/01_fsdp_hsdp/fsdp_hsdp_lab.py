@@ -474,7 +474,8 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 # %% [markdown]
 # ## Closing note
 #
-# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25 s.
+# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25-30 s,
+# of which the bug clinic's extra 4-rank launch is ~2-3 s.
 # Bytes per rank per step (all equal to the formula): ZeRO-3 3024 / 4680 / 5712 B at
 # 2 / 4 / 8 ranks, DDP 2016 / 3024 / 3528 B, ZeRO-2-like 2016 / 3120 / 3808 B, HSDP 2×2
 # 4032 B (1008 of them across replicas), HSDP 2×4 5200 B (520 across replicas).

@@ -96,7 +96,7 @@ def _reduce_cases(rank: int, world: int) -> list[tuple]:
     for i, dp_replicate in enumerate(_layouts(world)):
         shard_group, replicate_group = _meshes(world, dp_replicate)
         g = torch.Generator().manual_seed(100 * i + rank)
-        full_grad = torch.randn(padded_size(17, world // dp_replicate), generator=g, dtype=torch.float64)
+        full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
         cases.append((full_grad, shard_group, replicate_group))
     return cases
 
