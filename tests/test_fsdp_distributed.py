@@ -12,6 +12,7 @@ from paralab.fsdp_runs import (
     train_reference_rank_by_rank, unit_numels,
 )
 from paralab.check import compare
+from paralab.exercises.lab01 import hsdp_divides_twice, no_replica_all_reduce, reduce_sum_not_mean
 from paralab.launch import run
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the broken workers below travel by value
@@ -99,24 +100,20 @@ def test_a_wrong_traffic_formula_is_caught(world4):
 
 
 # ---------------------------------------------------------------- deliberately broken algorithms
-def _broken_run(jobs: list[Job], breakage: str) -> list[dict]:
-    import torch.distributed as dist
+BREAKAGES = {"sum instead of mean": reduce_sum_not_mean, "no replica all-reduce": no_replica_all_reduce,
+             "HSDP divides twice": hsdp_divides_twice}
 
+
+def _broken_run(jobs: list[Job], breakage: str) -> list[dict]:
     import paralab.fsdp as fsdp
 
-    if breakage == "sum instead of mean":
-        def reduce_scatter_sum(full_grad, group):
-            out = full_grad.new_empty(full_grad.numel() // dist.get_world_size(group))
-            dist.reduce_scatter_tensor(out, full_grad, group=group)
-            return out
-        fsdp.reduce_scatter_grads = reduce_scatter_sum
-    elif breakage == "no replica all-reduce":
-        fsdp.all_reduce_replicas = lambda shard_grad, group: shard_grad
+    fsdp.reduce_scatter_grads = BREAKAGES[breakage]  # the engine's backward looks it up at call time
     return run_jobs(jobs)
 
 
 @pytest.mark.parametrize("breakage, label", [("sum instead of mean", "ZeRO-3 n=4 sgd"),
-                                             ("no replica all-reduce", "HSDP 2x2 adam")])
+                                             ("no replica all-reduce", "HSDP 2x2 adam"),
+                                             ("HSDP divides twice", "HSDP 2x2 adam")])
 def test_broken_algorithms_fail_the_check(breakage, label, world4):
     job = world4[label][0]["job"]
     assert all_pass(check_params(world4[label], REFERENCE[job.optimizer], atol=1e-12))  # the intact run passes

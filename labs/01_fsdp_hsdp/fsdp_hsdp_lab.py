@@ -91,7 +91,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # The mean is a sum followed by a division by $n$ (exact when $n$ is a power of two).
 
 # %%
-# show: paralab.fsdp.gather_unit_params paralab.fsdp.free_unit_params paralab.fsdp.reduce_scatter_grads paralab.fsdp.all_reduce_replicas
+# show: paralab.fsdp.gather_unit_params paralab.fsdp.free_unit_params paralab.fsdp.reduce_scatter_grads
 
 # %% [markdown]
 # ## 3. A unit's forward and backward, and the engine
@@ -382,6 +382,91 @@ plt.close(fig)
 # model); ZeRO-3 holds one unit at a time. HSDP 2×4's shards are twice those of ZeRO-3
 # on 8 ranks (1/4 of the model, not 1/8) in exchange for little cross-replica traffic.
 
+# %% [markdown]
+# ## 10. Bug clinic: an HSDP run that trains, but not the model it should
+#
+# A bug seen in real HSDP code. Below, HSDP 2×2 (replicas {0, 2} and {1, 3}, shard
+# groups {0, 1} and {2, 3}) trains for 3 steps twice on the same 4 real ranks: once with
+# the package's `reduce_scatter_grads`, once with a seeded variant installed in its place
+# (`paralab.exercises.lab01.hsdp_divides_twice`; do not read it yet). Nothing crashes, the
+# collectives and their bytes are the same, the first loss is the same. The picture is
+# `|buggy - correct|` of every parameter every rank holds after 3 SGD steps: one row per
+# rank, its four unit shards side by side (41 + 41 + 41 + 3 elements).
+
+# %%
+from paralab.exercises.lab01 import hsdp_divides_twice
+from paralab.viz import plot_diff_heatmap
+
+
+def clinic_worker(jobs, bug):
+    """The same jobs twice on the same ranks: the package's gradient reduction, then `bug` in its place."""
+    import paralab.fsdp as fsdp
+
+    correct = fsdp_runs.run_jobs(jobs)
+    fsdp.reduce_scatter_grads = bug  # the engine's backward looks it up at call time
+    return correct, fsdp_runs.run_jobs(jobs)
+
+
+CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
+clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
+correct, buggy = ([[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1))
+fig = plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
+                        torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
+                        f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: parameters after 3 steps, buggy vs correct",
+                        row_label="rank", col_label="element of the rank's unit shards")
+plt.show()
+plt.close(fig)
+first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
+ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
+print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
+print("buggy / correct first-step gradient, every nonzero element of every rank: min", ratios.min().item(),
+      "max", ratios.max().item())
+for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
+    diff = max((torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item() for b, c in zip(b_runs, c_runs))
+    moved = max((torch.cat(c["params"]) - p0).abs().max().item()
+                for c, p0 in zip(c_runs, (torch.cat(fsdp_runs.expected_params(make_mlp_stack(), job, CLINIC_WORLD, r))
+                                          for r in range(CLINIC_WORLD))))
+    print(f"{job.optimizer}: largest parameter difference after 3 steps {diff:.1e}, largest move of a parameter {moved:.1e}")
+rows = []
+for job, runs in zip(CLINIC_JOBS, zip(correct, buggy)):
+    label = f"clinic: {job.label(CLINIC_WORLD)}"
+    right, wrong = (fold(check_params(r, REFERENCE[job.optimizer], atol=1e-12), "") for r in runs)
+    rows += compare(torch.tensor(right.passed), torch.tensor(True), name=f"{label}, package code passes")
+    rows += compare(torch.tensor(not wrong.passed), torch.tensor(True), name=f"{label}, seeded bug caught (atol 1e-12)")
+print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with Adam"))
+
+# %% [markdown]
+# **What is wrong?** Rows 0 and 2 (and 1 and 3) hold the same shard: are they still equal
+# to each other? By how much is every gradient element off, and why would a loss curve
+# with Adam barely show it? Then open the answer.
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The gradient is averaged twice. `hsdp_divides_twice` averages inside the shard group
+# (sum, then ÷ `dp_shard` = 2) as it should, but then divides the replica all-reduce's sum
+# by the **world size** (4) instead of by `dp_replicate` (2). Each rank's contribution is
+# divided by `dp_shard · world` = 8 instead of by `world` = 4: every gradient element is
+# exactly `1/dp_shard` = 0.5 of the right value (the ratio above; exact because the
+# factors are powers of two). The replicas still agree with each other (the all-reduce ran),
+# the forward and the first loss are untouched, and the bytes on the wire are the same, so
+# neither a hang, nor a replica-divergence check, nor the ledger catches it.
+#
+# - With **SGD** it is a silently halved learning rate: every parameter moves half as far
+#   (the heatmap follows the size of each update).
+# - With **Adam** it almost vanishes: Adam divides the first moment by the square root of
+#   the second, so a constant factor on the gradient cancels except against `eps`: the
+#   parameters differ by a few 1e-6 while they move by ~1e-1, far below what a loss curve
+#   shows. Real runs "train fine" with this bug until someone
+#   changes the optimizer, `eps`, the gradient clipping threshold (clipping sees a norm
+#   `dp_shard` times too small) or the mesh shape (the factor follows `dp_shard`).
+#
+# The fix: divide each reduction by its own group's size (÷ `dp_shard` in the
+# reduce-scatter, ÷ `dp_replicate` in the replica all-reduce; their product is the world),
+# or sum in both and divide once by the world size. Comparing every element with a
+# single-process reference catches it even under Adam (second row above).
+# </details>
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
@@ -389,7 +474,8 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 # %% [markdown]
 # ## Closing note
 #
-# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25 s.
+# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25-30 s,
+# of which the bug clinic's extra 4-rank launch is ~2-3 s.
 # Bytes per rank per step (all equal to the formula): ZeRO-3 3024 / 4680 / 5712 B at
 # 2 / 4 / 8 ranks, DDP 2016 / 3024 / 3528 B, ZeRO-2-like 2016 / 3120 / 3808 B, HSDP 2×2
 # 4032 B (1008 of them across replicas), HSDP 2×4 5200 B (520 across replicas).
@@ -417,3 +503,6 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 # 6. Add `Job("hand", 2, reshard_after_forward=False)` to the 8-rank plan (HSDP with
 #    parameters kept between forward and backward). Predict its bytes per step and its
 #    gathered peak from the formulas before running.
+# 7. In the bug clinic set `CLINIC_WORLD = 8` (HSDP 2×4) and re-run that cell; predict
+#    the gradient ratio first. Then make both clinic jobs `Job("hand", 4, ...)` (HSDP 4×2):
+#    does the factor follow `dp_shard`, `dp_replicate` or the world size?

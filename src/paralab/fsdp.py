@@ -89,11 +89,12 @@ def _size_and_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- the collectives
 def gather_unit_params(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """All-gather every rank's shard into the unit's full flat parameters.
+    """All-gather every rank's shard into the unit's full flat parameters (padding at the end).
 
     The first gather allocates `unit.full`; later ones refill its freed storage,
     keeping its autograd version counter, because the graph saved views of it.
     """
+    ### BEGIN SOLUTION
     n, _ = _size_and_rank(group)
     padded = unit.shard.numel() * n
     if unit.full is None:
@@ -105,6 +106,7 @@ def gather_unit_params(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch
             unit.full.copy_(unit.shard)
         else:
             dist.all_gather_into_tensor(unit.full, unit.shard.detach(), group=group)
+    ### END SOLUTION
     return unit.full
 
 
@@ -113,22 +115,27 @@ def free_unit_params(unit: FlatUnit) -> None:
     unit.full.untyped_storage().resize_(0)
 
 
-def reduce_scatter_grads(full_grad: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Average the full gradient over the shard group; each rank receives the slice of its own shard."""
-    n, _ = _size_and_rank(group)
+def reduce_scatter_grads(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
+                         replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """This rank's shard of the unit's gradient, averaged over every data-parallel rank.
+
+    Reduce-scatter (mean) inside the shard group: each rank receives the slice of
+    its own shard. HSDP then averages that slice across the replicas holding the
+    same shard (all-reduce, mean). Mean of equal-sized means = the global mean.
+    """
+    ### BEGIN SOLUTION
+    n, _ = _size_and_rank(shard_group)
     if n == 1:
-        return full_grad.clone()
-    shard_grad = torch.empty(full_grad.numel() // n, dtype=full_grad.dtype, device=full_grad.device)
-    dist.reduce_scatter_tensor(shard_grad, full_grad, op=dist.ReduceOp.SUM, group=group)
-    return shard_grad.div_(n)
-
-
-def all_reduce_replicas(shard_grad: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """HSDP: average a gradient shard across the replicas that hold the same shard."""
-    n, _ = _size_and_rank(group)
-    if n > 1:
-        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=group)
+        shard_grad = full_grad.clone()
+    else:
+        shard_grad = torch.empty(full_grad.numel() // n, dtype=full_grad.dtype, device=full_grad.device)
+        dist.reduce_scatter_tensor(shard_grad, full_grad, op=dist.ReduceOp.SUM, group=shard_group)
         shard_grad.div_(n)
+    replicas, _ = _size_and_rank(replicate_group)
+    if replicas > 1:
+        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
+        shard_grad.div_(replicas)
+    ### END SOLUTION
     return shard_grad
 
 
@@ -164,8 +171,7 @@ class ShardedUnitFunction(torch.autograd.Function):
         grads = torch.autograd.grad(y, inputs, grad_y)
         free_unit_params(unit)
         ctx.graph = None
-        shard_grad = reduce_scatter_grads(grads[-1], engine.shard_group)
-        shard_grad = all_reduce_replicas(shard_grad, engine.replicate_group)
+        shard_grad = reduce_scatter_grads(grads[-1], engine.shard_group, engine.replicate_group)
         grad_x = grads[0] if x_in.requires_grad else None
         return grad_x, shard_grad, None, None
 

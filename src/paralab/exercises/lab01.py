@@ -1,0 +1,201 @@
+"""Lab 01 exercises: gather a unit's parameters from its shards, reduce-scatter its gradients; and the bugs.
+
+The bug variants are real-world failures of FSDP / HSDP code. The lab's bug
+clinic and tests/test_fsdp_distributed.py import them from here, so each bug is
+written once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paralab.fsdp import FlatUnit, padded_size, shard_unit, unflatten
+from paralab.grade import Exercise
+from paralab.models import MLPBlock
+from paralab.parallel_dims import ParallelDims
+
+LAB = "01_fsdp_hsdp"
+WIDTH, HIDDEN = 2, 3  # one MLPBlock of 17 parameters: padded to 18 on 2 ranks, to 20 on 4
+
+
+def _meshes(world: int, dp_replicate: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(shard group, replicate group) of a (dp_replicate, world // dp_replicate) dp mesh."""
+    pd = ParallelDims(world, dp_shard=world // dp_replicate, dp_replicate=dp_replicate)
+    pd.build_meshes("cpu")
+    replicate = pd.dp_replicate_mesh.get_group() if pd.dp_replicate_mesh is not None else None
+    return pd.dp_shard_mesh.get_group(), replicate
+
+
+def _layouts(world: int) -> list[int]:
+    """dp_replicate of each case: the whole world as one shard group, and at world 4 HSDP 2x2."""
+    return [1] + ([2] if world == 4 else [])
+
+
+# --------------------------------------------------------------------------- gather_unit_params
+def _unit(seed: int, group: dist.ProcessGroup) -> FlatUnit:
+    torch.manual_seed(seed)
+    return shard_unit(MLPBlock(WIDTH, HIDDEN).double(), group)
+
+
+def _gather_cases(rank: int, world: int) -> list[tuple]:
+    """Per layout: a unit gathered for the first time, and one whose gathered storage was freed (the refill)."""
+    cases = []
+    for i, dp_replicate in enumerate(_layouts(world)):
+        shard_group, _ = _meshes(world, dp_replicate)
+        fresh, refill = _unit(10 * i, shard_group), _unit(10 * i + 1, shard_group)
+        refill.full = torch.zeros(refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64)
+        refill.full.untyped_storage().resize_(0)
+        cases += [(fresh, shard_group), (refill, shard_group)]
+    return cases
+
+
+def _layout() -> FlatUnit:
+    """The exercise unit's names and shapes only (built on the meta device: no numbers, no RNG)."""
+    with torch.device("meta"):
+        block = MLPBlock(WIDTH, HIDDEN)
+    names, params = zip(*block.named_parameters())
+    return FlatUnit(block, list(names), [p.shape for p in params], sum(p.numel() for p in params), shard=None)
+
+
+def _by_name(full: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gathered flat buffer as the unit's named parameters, plus the padding after them."""
+    layout = _layout()
+    return {**{name: t.clone() for name, t in unflatten(layout, full).items()}, "padding": full[layout.numel:].clone()}
+
+
+def gather_in_reverse_order(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Bug: gathers into a list and concatenates it last rank first (e.g. a `reversed` left from a backward loop)."""
+    pieces = [torch.empty_like(unit.shard) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, unit.shard.detach(), group=group)
+    unit.full = torch.cat(pieces[::-1])
+    return unit.full
+
+
+def gather_own_shard_only(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Bug: writes this rank's shard into its slot of a zeroed buffer and never gathers the others."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    size = unit.shard.numel()
+    unit.full = torch.zeros(size * n, dtype=unit.shard.dtype)
+    unit.full[rank * size:(rank + 1) * size] = unit.shard.detach()
+    return unit.full
+
+
+def gather_padding_dropped(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Bug: strips the padding from the gathered buffer itself; the views look right, but the buffer (and so
+    the gradient the reduce-scatter cuts into equal slices) is no longer a multiple of n."""
+    pieces = [torch.empty_like(unit.shard) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, unit.shard.detach(), group=group)
+    unit.full = torch.cat(pieces)[:unit.numel]
+    return unit.full
+
+
+# --------------------------------------------------------------------------- reduce_scatter_grads
+def _reduce_cases(rank: int, world: int) -> list[tuple]:
+    """A different full (padded) gradient on every rank, per layout: ZeRO-3 over the world, and HSDP 2x2."""
+    cases = []
+    for i, dp_replicate in enumerate(_layouts(world)):
+        shard_group, replicate_group = _meshes(world, dp_replicate)
+        g = torch.Generator().manual_seed(100 * i + rank)
+        full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
+        cases.append((full_grad, shard_group, replicate_group))
+    return cases
+
+
+def _as_shard_grad(shard_grad: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"gradient shard": shard_grad}
+
+
+def _reduce_scatter_sum(full_grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    out = full_grad.new_empty(full_grad.numel() // dist.get_world_size(group))
+    dist.reduce_scatter_tensor(out, full_grad, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def reduce_sum_not_mean(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
+                        replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Bug: sums the gradients (SUM without the division): the step is dp_replicate x dp_shard times too large."""
+    shard_grad = _reduce_scatter_sum(full_grad, shard_group)
+    if replicate_group is not None:
+        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
+    return shard_grad
+
+
+def hsdp_divides_twice(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
+                       replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Bug: averages in the shard group (/ dp_shard), then divides the replica all-reduce's sum by the
+    world size instead of by dp_replicate: HSDP gradients come out dp_shard times too small."""
+    shard_grad = _reduce_scatter_sum(full_grad, shard_group).div_(dist.get_world_size(shard_group))
+    if replicate_group is not None:
+        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
+        shard_grad.div_(dist.get_world_size())
+    return shard_grad
+
+
+def no_replica_all_reduce(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
+                          replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Bug: HSDP without the replica all-reduce: each replica steps on its own half of the batch and the
+    replicas drift apart."""
+    return _reduce_scatter_sum(full_grad, shard_group).div_(dist.get_world_size(shard_group))
+
+
+EXERCISES = [
+    Exercise(
+        name="gather_unit_params",
+        lab=LAB,
+        target="paralab.fsdp.gather_unit_params",
+        prompt=(
+            "Before a unit computes, its full parameters must exist on every rank of the shard `group`. "
+            "Each rank holds `unit.shard`, its equal 1/n slice of the unit's flattened parameters, zero-padded "
+            "at the end to a multiple of n (`unit.numel` real values). All-gather the shards, in group-rank "
+            "order, into `unit.full`, the padded flat buffer, and return it; `unflatten(unit, full)` then "
+            "views the real parameters by name and leaves the padding out. The first call allocates "
+            "`unit.full`; later calls find it freed (`free_unit_params` resized its storage to 0) and must "
+            "refill that same tensor — autograd saved views of it — by resizing its storage back, writing "
+            "under `torch.no_grad()` and `torch.autograd._unsafe_preserve_version_counter(unit.full)`. "
+            "`group` None means one rank: copy the shard. The check runs on 2 and 4 ranks (and on the "
+            "shard groups of 2 of an HSDP 2x2 mesh), on a 17-parameter unit, fresh and refilled."
+        ),
+        hint="padded = unit.shard.numel() * n; allocate with torch.empty or refill with "
+             "unit.full.untyped_storage().resize_(padded * element_size); then "
+             "dist.all_gather_into_tensor(unit.full, unit.shard.detach(), group=group)",
+        cases=_gather_cases,
+        world_sizes=(2, 4),
+        points=2,
+        minutes=15,
+        normalize=_by_name,
+        bugs=[
+            ("shards concatenated last rank first", gather_in_reverse_order, "world 2, rank 0, case 0, fc1.weight"),
+            ("only this rank's own shard, the others left zero", gather_own_shard_only,
+             "world 2, rank 0, case 0, fc2.weight"),
+            ("padding stripped from the buffer itself", gather_padding_dropped, "world 2, rank 0, case 0, padding"),
+        ],
+    ),
+    Exercise(
+        name="reduce_scatter_grads",
+        lab=LAB,
+        target="paralab.fsdp.reduce_scatter_grads",
+        prompt=(
+            "After a unit's backward every rank holds the full (padded, flat) gradient of its own slice "
+            "of the batch. Return this rank's shard of the gradient *averaged over every data-parallel "
+            "rank*: reduce-scatter with SUM inside `shard_group` (each rank receives the slice of its own "
+            "shard) and divide by the shard group's size; for HSDP (`replicate_group` not None) then "
+            "all-reduce that slice with SUM across the replicas holding the same shard and divide by the "
+            "number of replicas. A group of None means one rank (no collective, return a copy). The check "
+            "runs ZeRO-3 on 2 and 4 ranks and HSDP 2x2 (`ParallelDims(4, dp_shard=2, dp_replicate=2)`)."
+        ),
+        hint="dist.reduce_scatter_tensor(out, full_grad, op=SUM, group=shard_group), out /= shard size; then "
+             "dist.all_reduce(out, op=SUM, group=replicate_group), out /= replicas — the two divisions "
+             "multiply to the world size",
+        cases=_reduce_cases,
+        world_sizes=(2, 4),
+        points=3,
+        minutes=15,
+        normalize=_as_shard_grad,
+        bugs=[
+            ("sum instead of mean", reduce_sum_not_mean, "world 2, rank 0, case 0, gradient shard"),
+            ("HSDP divides by dp_shard and again by the world size", hsdp_divides_twice,
+             "world 4, rank 0, case 1, gradient shard"),
+            ("HSDP without the replica all-reduce", no_replica_all_reduce, "world 4, rank 0, case 1, gradient shard"),
+        ],
+    ),
+]
