@@ -90,3 +90,10 @@ def test_exercise_notebooks_grade_zero_as_shipped_and_full_when_solved(lab, tmp_
                             timeout=300)
     assert solved.returncode == 0, solved.stdout + solved.stderr
     assert re.search(rf"^total\s+{total}/{total}\s*$", solved.stdout, re.MULTILINE), solved.stdout
+
+
+def test_instructors_table_lists_every_exercise_with_its_points_and_time():
+    readme = (Path(__file__).resolve().parents[1] / "labs" / "README.md").read_text()
+    for exercise in EXERCISES.values():
+        row = next((line for line in readme.splitlines() if f"`{exercise.name}`" in line), "")
+        assert f"| {exercise.points} | {exercise.minutes} min |" in row, f"{exercise.name} missing or stale in labs/README.md"
