@@ -89,10 +89,6 @@ def _walk(actual: Any, expected: Any, path: str, rank_level: bool):
     yield path, actual, expected
 
 
-def _as_number(x: torch.Tensor) -> float | int | bool:
-    return x.item()
-
-
 def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: float) -> Verdict:
     exact = atol == 0 and rtol == 0
     if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
@@ -134,7 +130,7 @@ def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: f
     idx = tuple(int(i) for i in torch.nonzero(differs)[0])
     return Verdict(
         passed=False, n_diff=n_diff, max_abs=max_abs, first_index=idx,
-        expected_value=_as_number(e[idx]), actual_value=_as_number(a[idx]), **base,
+        expected_value=e[idx].item(), actual_value=a[idx].item(), **base,
     )
 
 

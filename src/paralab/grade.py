@@ -107,7 +107,7 @@ def _learner_frames(tb: str) -> list[str]:
     return keep[-8:]
 
 
-def _first_failure(world: int, per_rank: list[list[tuple[Any, Any]]], exercise: Exercise) -> list[Verdict]:
+def _compare_world(world: int, per_rank: list[list[tuple[Any, Any]]], exercise: Exercise) -> list[Verdict]:
     actual = [[a for a, _ in rank_pairs] for rank_pairs in per_rank]
     expected = [[e for _, e in rank_pairs] for rank_pairs in per_rank]
     return compare(actual, expected, atol=exercise.atol, rtol=exercise.rtol, name=f"world {world}")
@@ -142,7 +142,7 @@ def grade(exercise: Exercise, learner: Callable) -> Outcome:
             return Outcome("ERROR", 0, [f"world {world}: " + _summarize_launch_error(text)])
         except Exception as exc:  # noqa: BLE001 - the learner's own exception, in this process
             return Outcome("ERROR", 0, [f"{type(exc).__name__}: {exc}", *_learner_frames(traceback.format_exc())])
-        verdicts = _first_failure(world or 1, per_rank, exercise)
+        verdicts = _compare_world(world or 1, per_rank, exercise)
         failed = [v for v in verdicts if not v.passed]
         if failed:
             return Outcome("FAIL", 0, [_describe(v) for v in failed[:3]]

@@ -274,8 +274,6 @@ class Ledger:
         """Bytes sent by the records whose fields equal `match` (e.g. phase="forward")."""
         return sum(r.bytes_sent for r in self.records if _matches(r, match))
 
-    def calls(self, **match: Any) -> int:
-        return sum(1 for r in self.records if _matches(r, match))
 
 
 def _rebind_p2p_ops(ops: Iterable[Any]) -> None:
