@@ -419,8 +419,8 @@ plt.close(fig)
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
 print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
-print("buggy / correct first-step gradient, every nonzero element of every rank: min", ratios.min().item(),
-      "max", ratios.max().item())
+print("buggy / correct first-step gradient, every nonzero element of every rank: min", f"{ratios.min().item():.6g}",
+      "max", f"{ratios.max().item():.6g}")
 for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
     diff = max((torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item() for b, c in zip(b_runs, c_runs))
     moved = max((torch.cat(c["params"]) - p0).abs().max().item()

@@ -470,7 +470,7 @@ fig = viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H 
 display(fig)
 plt.close(fig)
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
-print("buggy dQ / correct dQ on every rank and element: min", ratio.min().item(), "max", ratio.max().item())
+print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
 ref = REFERENCE[False]["dq"]
 caught = not compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0].passed
 print(verdict_table(compare(torch.tensor(caught), torch.tensor(True), name="clinic: reduce-scatter backward caught"),
