@@ -108,7 +108,13 @@ except ValueError as exc:
 # `lse' = logaddexp(lse_1, lse_2)`,  `out' = exp(lse_1 - lse')·out_1 + exp(lse_2 - lse')·out_2`.
 #
 # Both factors lie in `[0, 1]`: nothing overflows, however large the scores (that is the
-# numerically stable form; `exp(lse)` itself would overflow). The backward needs only the
+# numerically stable form; `exp(lse)` itself would overflow). One case needs a guard: a
+# query row that sees no key of either part. This lab's causal mask never makes one (a
+# query always sees its own position), but padding, or a packed-sequence mask that hides
+# a whole block from a query of another document, does: the block's partial is
+# `(0, -inf)`, and `exp(-inf - (-inf))` is NaN. `merge_partials` keeps such rows at
+# `(0, -inf)`, so later blocks still merge into them exactly
+# (`tests/test_cp_blocks.py::test_merge_stays_finite_when_a_whole_block_is_masked`). The backward needs only the
 # *final* `lse` and `delta = rowsum(dout * out)`: from them each block rebuilds its slice
 # of the full softmax, `P = exp(S_B - lse)`, and its gradients, wherever its K/V happen to be.
 
