@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import hashlib
 import importlib
 import inspect
 import os
@@ -144,7 +145,18 @@ def build(source: Path) -> nbformat.NotebookNode:
             shown |= defined
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata.pop("jupytext", None)
+    stable_cell_ids(nb)
     return nb
+
+
+def stable_cell_ids(nb: nbformat.NotebookNode) -> None:
+    """Cell ids from each cell's content (nbformat draws random ones), so a rebuild
+    of an unchanged lab keeps them and an edit changes only the edited cell's id."""
+    seen: dict[str, int] = {}
+    for cell in nb.cells:
+        digest = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:8]
+        seen[digest] = seen.get(digest, 0) + 1
+        cell.id = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
 
 
 def strip_volatile(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -210,6 +222,7 @@ def exercise_notebook(lab: str, filename: str, solved: bool = False) -> nbformat
             nbformat.v4.new_code_cell(f'check("{exercise.name}", {name})'),
         ]
     nb = nbformat.v4.new_notebook(cells=cells)
+    stable_cell_ids(nb)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["paralab"] = {"lab": lab}
     return nb
