@@ -18,6 +18,7 @@ The collectives are the ones the suite calls, by their torch names:
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -47,8 +48,8 @@ def upstream_grad(op: str, rank: int, n: int) -> torch.Tensor:
     return torch.tensor([value(rank, c) for c in range(size)], dtype=torch.float64)
 
 
-def _forward(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
-    """One collective, called the way the suite calls it."""
+def apply_collective(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
+    """This rank's result of collective `op` on its input `x`, called the way the suite calls it."""
     if op == "all_gather":
         out = torch.empty(n * x.numel(), dtype=x.dtype)
         dist.all_gather_into_tensor(out, x)
@@ -75,10 +76,13 @@ def _forward(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def forward_job(ops: tuple[str, ...] = OPS) -> dict[str, torch.Tensor]:
-    """On every rank: each collective applied to this rank's input; also the two other all-gather spellings."""
+def forward_job(collective: Callable = apply_collective, ops: tuple[str, ...] = OPS) -> dict[str, torch.Tensor]:
+    """On every rank: each collective applied to this rank's input; also the two other all-gather spellings.
+
+    `collective` is `apply_collective` unless a reader passes an edited copy.
+    """
     n, rank = dist.get_world_size(), dist.get_rank()
-    after = {op: _forward(op, op_input(op, rank, n), n) for op in ops}
+    after = {op: collective(op, op_input(op, rank, n), n) for op in ops}
     shard = op_input("all_gather", rank, n)
     pieces = [torch.empty_like(shard) for _ in range(n)]
     dist.all_gather(pieces, shard)
@@ -107,7 +111,7 @@ def expected_forward(op: str, n: int) -> list[torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------ backward
-def _differentiable(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
+def differentiable_collective(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
     """The same collective, through an autograd function, so `.backward()` runs its mirror."""
     if op == "all_gather":
         return torch.cat(dnn.all_gather(x))
@@ -157,11 +161,11 @@ def mirror(op: str, grad_out: torch.Tensor, n: int) -> torch.Tensor:
     return grad_in
 
 
-def backward_job(ops: tuple[str, ...] = OPS) -> dict[str, dict]:
+def backward_job(mirror: Callable = mirror, ops: tuple[str, ...] = OPS) -> dict[str, dict]:
     """On every rank, per op: autograd's input gradient, the mirror's, and the calls each backward made.
 
     One op per graph and one `.backward()` at a time, so every rank issues the
-    backward collectives in the same order.
+    backward collectives in the same order. `mirror` can be a reader's edited copy.
     """
     n, rank = dist.get_world_size(), dist.get_rank()
     out = {}
@@ -172,7 +176,7 @@ def backward_job(ops: tuple[str, ...] = OPS) -> dict[str, dict]:
             grad_out = upstream_grad(op, rank, n)
             with Ledger() as ledger:
                 with ledger.phase("forward"):
-                    y = _differentiable(op, x, n)
+                    y = differentiable_collective(op, x, n)
                 with ledger.phase("backward"):
                     (y * grad_out).sum().backward()
             out[op] = {"autograd": x.grad, "mirror": mirror(op, grad_out, n), "records": ledger.records}
