@@ -300,9 +300,10 @@ for op in OPS:
 # gradients on the right — a reduce-scatter, as in 2.2.
 
 # %%
-show(plot_collective("all_gather's backward (a reduce-scatter)",
+show(plot_collective("all_gather's backward, a reduce-scatter",
                      [runs.upstream_grad("all_gather", r, WORLD) for r in range(WORLD)],
-                     [b["all_gather"]["autograd"] for b in backward]))
+                     [b["all_gather"]["autograd"] for b in backward],
+                     before_label="gradient of the output", after_label="gradient\nof the input"))
 
 # %% [markdown]
 # ## 4. What a collective costs: the ring
