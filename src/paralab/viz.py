@@ -678,7 +678,7 @@ def plot_overlay_vs_consuming(overlay: list[dict[str, list[int]]], consuming: li
     `pair_axis` partners.
     """
     world = len(overlay)
-    fig, panels = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, panels = plt.subplots(1, 2, figsize=(11, 3.9))
     for panel, groups, fsdp, second, name in ((panels[0], overlay, fsdp_axes[0], second_axes[0], "overlay (paralab)"),
                                               (panels[1], consuming, fsdp_axes[1], second_axes[1],
                                                "consuming (torchtitan)")):
@@ -693,7 +693,7 @@ def plot_overlay_vs_consuming(overlay: list[dict[str, list[int]]], consuming: li
                     f"{name}\nfill = FSDP group ({fsdp}): {len(ids)} group{'s' if len(ids) > 1 else ''} "
                     f"of {world // len(ids)} ranks\n"
                     f"text = {second} group; bar = {pair_axis} pair")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     return fig
 
 
