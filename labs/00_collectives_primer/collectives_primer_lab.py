@@ -85,8 +85,16 @@ print(text_table(("rank", "holds"), [(r, op_input("all_reduce", r, WORLD).long()
 # %% [markdown]
 # ## 2. The six collectives
 #
-# Here they are, called exactly as the suite calls them (this is the package's code;
-# the right-hand column of the table in `runs.py`'s docstring says which lab uses which):
+# | collective | torch call | where the suite uses it |
+# |---|---|---|
+# | all-gather | `all_gather_into_tensor` (also `all_gather`, `all_gather_single`) | FSDP's parameters (01), Ulysses' heads (02), cfgp (03), lb's costs (04) |
+# | reduce-scatter | `reduce_scatter_tensor` | FSDP's gradients (01) |
+# | all-reduce | `all_reduce` | HSDP across replicas, DDP (01) |
+# | all-to-all | `all_to_all_single` | Ulysses: sequence shards ↔ head shards (02) |
+# | broadcast | `broadcast` | cfgp's shared initial noise (03) |
+# | send / recv | `batch_isend_irecv` of `P2POp(isend)` and `P2POp(irecv)` | ring attention (02), cfgp's swap (03), lb's exchange (04) |
+#
+# Here they are, called exactly as the suite calls them (the package's code):
 
 # %%
 # show: paralab.collectives.runs.apply_collective
@@ -329,8 +337,8 @@ show(plot_collective("all_gather's backward, a reduce-scatter",
 # **What the ledger counts.** `paralab.ledger.Ledger` wraps every `torch.distributed`
 # call a rank makes and books its bytes *by formula, from the tensor sizes*: an
 # `isend` of a tensor books its size; a `reduce_scatter_tensor` books `(n−1)/n·S`, the
-# ring model, whatever the backend really does (gloo's reduce-scatter is an
-# all-reduce underneath). So two different things can be compared: the bytes our
+# ring model, whatever the backend really does (the ledger's docstring notes that gloo
+# emulates some collectives). So two different things can be compared: the bytes our
 # hand-written ring really posts as `isend`s, and the ledger's model of torch's
 # collective — both against the formula.
 #
@@ -403,3 +411,11 @@ print(f"ran in {time.perf_counter() - lab_start:.1f} s")
 #    1 GiB all-reduce on 2, 8 and 1024 ranks?
 #    <details><summary>Hint</summary>1, 1.75 and about 2 GiB: the per-rank traffic
 #    saturates at `2S`; what grows with `n` is the number of steps (latency).</details>
+# 5. **A ring of blocking sends.** In the `mirror` cell, drop the even/odd split so that
+#    every rank calls `dist.send` first, then re-run the backward cell with
+#    `run(runs.backward_job, WORLD, mirror, timeout=10)`. What happens, and why does the
+#    suite post its point-to-point ops with `batch_isend_irecv`?
+#    <details><summary>Hint</summary>Every rank waits in its `send` for a matching
+#    `recv` that nobody has posted yet: the launch stops with `LaunchTimeout` naming all
+#    4 ranks (on gloo this happens even for a 4-element tensor). Posting the send and the
+#    receive together lets every pair proceed in any order.</details>
