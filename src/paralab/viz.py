@@ -481,8 +481,9 @@ def plot_collective(op: str, before: list[torch.Tensor], after: list[torch.Tenso
     mid.axis("off")
     mid.annotate("", xy=(1.0, 0.5), xytext=(0.0, 0.5), xycoords="axes fraction",
                  arrowprops=dict(arrowstyle="-|>", linewidth=2, color="black"))
-    fig.suptitle(f"{op} on {len(before)} ranks\ncolour = the rank a value came from; white, bold frame = a sum over ranks",
-                 fontsize=10)
+    new_values = any(int(v) not in origin for t in after for v in t.tolist())
+    fig.suptitle(f"{op} on {len(before)} ranks\ncolour = the rank a value came from"
+                 + ("; white, bold frame = a sum over ranks" if new_values else ""), fontsize=10)
     fig.tight_layout()
     return fig
 
