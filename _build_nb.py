@@ -4,6 +4,7 @@
     python _build_nb.py --execute       # build and run every lab, store outputs
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
+    python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
 A lab source is a jupytext percent-format file, the only hand-edited form. A
 code cell whose first line is
@@ -257,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if a committed notebook is stale")
     parser.add_argument("--exercises", action="store_true", help="write each lab's student notebook (stubs + checks)")
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
+    parser.add_argument("--site", action="store_true", help="build the static site (paralab.site) into site/")
     args = parser.parse_args(argv)
+    if args.site:
+        from paralab.site import SITE, build as build_site
+        print(f"site: {SITE} ({build_site():.1f} s)")
+        return 0
     sources = lab_sources(args.lab)
     if args.exercises:
         for path in write_exercises(args.lab):
