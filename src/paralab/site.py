@@ -56,15 +56,16 @@ window.MathJax = {
 
 
 def lab_dirs() -> list[Path]:
-    """Every lab folder (`labs/NN_name/`) that has a README, in lab order."""
-    return sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir() and re.match(r"\d\d_", p.name) and (p / "README.md").exists())
+    """Every lab folder (`labs/NN_name/`) with something to read, in lab order."""
+    return sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir() and re.match(r"\d\d_", p.name) and lab_pages(p))
 
 
 def lab_pages(lab: Path) -> list[str]:
     """One lab's pages, docs-relative, in reading order: README, chapters, notebooks."""
     chapters = sorted(p.name for p in lab.iterdir() if CHAPTER.match(p.name))
     notebooks = sorted(p.name for p in lab.glob("*.ipynb") if not p.name.endswith("_exercise.ipynb"))
-    return [f"labs/{lab.name}/{name}" for name in ["README.md", *chapters, *notebooks]]
+    readme = ["README.md"] if (lab / "README.md").exists() else []
+    return [f"labs/{lab.name}/{name}" for name in [*readme, *chapters, *notebooks]]
 
 
 def first_heading(path: Path) -> str | None:
@@ -90,7 +91,8 @@ def lab_nav(lab: Path) -> dict:
         else:
             title = first_heading(path) or path.stem
         entries.append({title: page})
-    return {first_heading(lab / "README.md") or lab.name: entries}
+    readme = lab / "README.md"
+    return {(first_heading(readme) if readme.exists() else None) or lab.name: entries}
 
 
 def landing_page() -> str:
