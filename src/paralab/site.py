@@ -172,7 +172,7 @@ def mkdocs_config(docs: Path = DOCS, site: Path = SITE) -> dict:
                 "include": ["*.ipynb"],  # the lab sources (*_lab.py) stay plain files
                 "execute": False,
                 "include_source": True,
-                "ignore_h1_titles": False,
+                "ignore_h1_titles": True,  # keep the navigation titles ("Notebook: ...")
                 "custom_mathjax_url": MATHJAX_PLACEHOLDER,
                 "cache_dir": str(ROOT / "build" / "mkdocs-jupyter-cache"),  # rendered notebooks, by content hash
             }},
