@@ -2,10 +2,11 @@
 Chromium (the OS package, driven by Playwright's Python API) and check what a reader sees.
 
 Checks: every internal link resolves (pages, static files, #anchors); no page asks for
-anything from another host (the site works offline); every notebook page shows its
-pictures (each <img> loaded, naturalWidth > 0) and at least one; math is typeset by
-MathJax wherever a page has math; search answers. Screenshots of the landing page and of
-one notebook page go to site-screenshots/ (git-ignored); the test prints their paths.
+anything from another host (the site works offline) or throws a script error; every
+notebook page shows its pictures (each <img> loaded, naturalWidth > 0) and at least
+one; math is typeset by MathJax wherever a page has math; search answers. Screenshots
+of the landing page and of one notebook page go to site-screenshots/ (git-ignored); the
+test prints their paths.
 
 Skips, saying why, when the site's pip packages, Playwright or a Chromium binary are
 missing (`.ci/run` installs them); the rest of the suite does not depend on this file.
@@ -113,6 +114,7 @@ def test_site_in_a_real_browser(served_site):
         context.on("response", lambda r: broken.append(f"{r.url} -> {r.status} (loaded by a page)")
                    if r.status >= 400 and urlparse(r.url).netloc == host else None)
         page = context.new_page()
+        page.on("pageerror", lambda error: problems.append(f"{page.url}: script error: {error}"))
         queue, seen, anchors, ids = [served_site], set(), [], {}
         while queue:
             url = queue.pop(0)
