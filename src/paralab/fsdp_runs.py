@@ -285,3 +285,72 @@ def check_counts(label: str, measured: list[list[int]], formula: list[int]) -> V
     """Integers measured on every rank (rows) against the formula's (one row): one verdict."""
     expected = torch.tensor([formula] * len(measured))
     return compare(torch.tensor(measured), expected, name=label)[0]
+
+
+# ---------------------------------------------------------------- engine facts the chapters cite
+def _two_unit_model() -> torch.nn.Sequential:
+    """Two bias-free float32 Linear(8, 8) units: 64 elements each, no padding up to 8 ranks."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
+
+
+def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.Sequential:
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in model:
+        fully_shard(unit, mesh=mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
+
+
+def mixed_precision_step(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> dict:
+    """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
+
+    Returns every collective this rank made (op, bytes sent) and the dtypes of the
+    sharded parameters and gradients it keeps, so a test can pin what the policy does.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    pd = ParallelDims(dist.get_world_size())
+    pd.build_meshes(_device().split(":")[0])
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    model = _fully_shard_units(_two_unit_model().to(_device()), fsdp_mesh(pd), mp_policy=policy)
+    with Ledger() as ledger:
+        model(torch.randn(4, 8, device=_device())).sum().backward()
+    return {
+        "calls": [(r.op, r.bytes_sent) for r in ledger.records],
+        "param_dtypes": {str(p.dtype) for p in model.parameters()},
+        "grad_dtypes": {str(p.grad.dtype) for p in model.parameters()},
+    }
+
+
+def checkpoint_round_trip(directory: str, dp_replicate: int) -> dict:
+    """Save an FSDP2/HSDP model with `torch.distributed.checkpoint`, load it into a fresh one.
+
+    Returns the tensor slices the checkpoint stores and the ones this rank read,
+    each as (file, offset, length), and whether every loaded shard equals the saved one.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reads: list[tuple[str, int, int]] = []
+
+    class CountingReader(FileSystemReader):
+        def read_data(self, plan, planner):
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                reads.append((info.relative_path, info.offset, info.length))
+            return super().read_data(plan, planner)
+
+    world = dist.get_world_size()
+    pd = ParallelDims(world, dp_shard=world // dp_replicate, dp_replicate=dp_replicate)
+    pd.build_meshes("cpu")
+    saved = _fully_shard_units(_two_unit_model(), fsdp_mesh(pd))
+    dcp.save(saved.state_dict(), checkpoint_id=directory)
+    fresh = _fully_shard_units(torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                                   torch.nn.Linear(8, 8, bias=False)), fsdp_mesh(pd))
+    state = fresh.state_dict()
+    dcp.load(state, storage_reader=CountingReader(directory))
+    same = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(saved.parameters(), fresh.parameters()))
+    stored = FileSystemReader(directory).read_metadata().storage_data.values()
+    return {"stored": sorted((s.relative_path, s.offset, s.length) for s in stored),
+            "reads": sorted(reads), "loaded_equal": same}

@@ -1,0 +1,57 @@
+"""What FSDP2 and torch.distributed.checkpoint do, measured on 4 gloo ranks (cited by lab 01's chapters)."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import torch
+
+from paralab.fsdp_runs import checkpoint_round_trip, mixed_precision_step
+from paralab.launch import run
+
+WORLD = 4
+UNIT_NUMEL = 64  # each of the two Linear(8, 8) units
+REPLICAS = (1, 2)
+POLICIES = {"none": (None, None), "bf16 params, fp32 reduce": (torch.bfloat16, torch.float32),
+            "bf16 params, reduce default": (torch.bfloat16, None)}
+
+
+def _facts(directory: str) -> dict:
+    checkpoints = {r: checkpoint_round_trip(os.path.join(directory, f"r{r}"), r) for r in REPLICAS}
+    return {"checkpoint": checkpoints, "mixed": {k: mixed_precision_step(*v) for k, v in POLICIES.items()}}
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    return run(_facts, WORLD, str(tmp_path_factory.mktemp("dcp")), timeout=120)
+
+
+def _per_call(result: dict, op: str) -> set[int]:
+    return {sent for name, sent in result["calls"] if name == op}
+
+
+@pytest.mark.parametrize("policy, gather_bytes, reduce_bytes", [
+    ("none", 4, 4), ("bf16 params, fp32 reduce", 2, 4), ("bf16 params, reduce default", 2, 2)])
+def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(facts, policy, gather_bytes, reduce_bytes):
+    shard = UNIT_NUMEL // WORLD
+    for rank in facts:
+        result = rank["mixed"][policy]
+        assert _per_call(result, "all_gather_single") == {(WORLD - 1) * shard * gather_bytes}
+        assert _per_call(result, "reduce_scatter_single") == {(WORLD - 1) * shard * reduce_bytes}
+        assert Counter(op for op, _ in result["calls"]) == {"all_gather_single": 4, "reduce_scatter_single": 2}
+        assert result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}  # fp32 master shards
+
+
+@pytest.mark.parametrize("dp_replicate", REPLICAS)
+def test_checkpoint_reads_scale_with_dp_shard_not_with_the_world(facts, dp_replicate):
+    dp_shard = WORLD // dp_replicate
+    per_rank = [rank["checkpoint"][dp_replicate] for rank in facts]
+    stored = set(per_rank[0]["stored"])
+    assert len(stored) == 2 * dp_shard  # one slice per (parameter, shard): replicas are saved once
+    read_by = Counter(item for rank in per_rank for item in rank["reads"])
+    assert set(read_by) == stored and set(read_by.values()) == {dp_replicate}
+    for rank, result in enumerate(per_rank):
+        partner = (rank + dp_shard) % WORLD  # same shard index, next replica
+        assert result["reads"] == per_rank[partner]["reads"]
+        assert result["loaded_equal"]
