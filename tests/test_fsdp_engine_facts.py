@@ -31,16 +31,26 @@ def _per_call(result: dict, op: str) -> set[int]:
     return {sent for name, sent in result["calls"] if name == op}
 
 
-@pytest.mark.parametrize("policy, gather_bytes, reduce_bytes", [
-    ("none", 4, 4), ("bf16 params, fp32 reduce", 2, 4), ("bf16 params, reduce default", 2, 2)])
-def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(facts, policy, gather_bytes, reduce_bytes):
+@pytest.mark.parametrize("policy, gather_bytes, reduce_bytes, compute", [
+    ("none", 4, 4, "torch.float32"), ("bf16 params, fp32 reduce", 2, 4, "torch.bfloat16"),
+    ("bf16 params, reduce default", 2, 2, "torch.bfloat16")])
+def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(facts, policy, gather_bytes, reduce_bytes,
+                                                                      compute):
     shard = UNIT_NUMEL // WORLD
     for rank in facts:
         result = rank["mixed"][policy]
         assert _per_call(result, "all_gather_single") == {(WORLD - 1) * shard * gather_bytes}
         assert _per_call(result, "reduce_scatter_single") == {(WORLD - 1) * shard * reduce_bytes}
         assert Counter(op for op, _ in result["calls"]) == {"all_gather_single": 4, "reduce_scatter_single": 2}
+        assert result["compute_dtypes"] == {compute}
         assert result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}  # fp32 master shards
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_keeps_16_bytes_per_parameter_over_the_shard_group_with_adam(facts, policy):
+    shard = 2 * UNIT_NUMEL // WORLD  # parameters this rank owns
+    for rank in facts:
+        assert rank["mixed"][policy]["held_bytes"] == {"params": 4 * shard, "grads": 4 * shard, "adam": 8 * shard}
 
 
 @pytest.mark.parametrize("dp_replicate", REPLICAS)

@@ -305,8 +305,9 @@ def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.S
 def mixed_precision_step(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> dict:
     """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
 
-    Returns every collective this rank made (op, bytes sent) and the dtypes of the
-    sharded parameters and gradients it keeps, so a test can pin what the policy does.
+    Then one Adam step. Returns every collective this rank made (op, bytes sent), the dtype
+    the first unit computes in, the dtypes of the sharded parameters and gradients, and the
+    bytes this rank keeps between steps, so a test can pin what the policy does.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -314,12 +315,22 @@ def mixed_precision_step(param_dtype: torch.dtype | None, reduce_dtype: torch.dt
     pd.build_meshes(_device().split(":")[0])
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     model = _fully_shard_units(_two_unit_model().to(_device()), fsdp_mesh(pd), mp_policy=policy)
+    compute_dtypes = set()
+    model[0].register_forward_pre_hook(lambda unit, args: compute_dtypes.add(str(unit.weight.dtype)))
     with Ledger() as ledger:
         model(torch.randn(4, 8, device=_device())).sum().backward()
+    optimizer = torch.optim.Adam(model.parameters())
+    optimizer.step()
+    states = [t for state in optimizer.state.values() for t in state.values() if t.dim() > 0]
+    local = [p.to_local() for p in model.parameters()]
     return {
         "calls": [(r.op, r.bytes_sent) for r in ledger.records],
+        "compute_dtypes": compute_dtypes,
         "param_dtypes": {str(p.dtype) for p in model.parameters()},
         "grad_dtypes": {str(p.grad.dtype) for p in model.parameters()},
+        "held_bytes": {"params": sum(t.numel() * t.element_size() for t in local),
+                       "grads": sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()),
+                       "adam": sum(t.to_local().numel() * t.element_size() for t in states)},
     }
 
 
