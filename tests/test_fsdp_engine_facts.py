@@ -1,4 +1,7 @@
-"""What FSDP2 and torch.distributed.checkpoint do, measured on 4 gloo ranks (cited by lab 01's chapters)."""
+"""What FSDP2 and torch.distributed.checkpoint do, measured on 4 gloo ranks (cited by lab 01's chapters).
+
+One launch runs every job; each test reads its part. Two Linear(8, 8) units, no bias, float32.
+"""
 from __future__ import annotations
 
 import os
@@ -7,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from paralab.fsdp_runs import checkpoint_round_trip, mixed_precision_step
+from paralab.fsdp_runs import checkpoint_round_trip, fsdp2_step_facts
 from paralab.launch import run
 
 WORLD = 4
@@ -19,7 +22,8 @@ POLICIES = {"none": (None, None), "bf16 params, fp32 reduce": (torch.bfloat16, t
 
 def _facts(directory: str) -> dict:
     checkpoints = {r: checkpoint_round_trip(os.path.join(directory, f"r{r}"), r) for r in REPLICAS}
-    return {"checkpoint": checkpoints, "mixed": {k: mixed_precision_step(*v) for k, v in POLICIES.items()}}
+    return {"checkpoint": checkpoints, "mixed": {k: fsdp2_step_facts(*v) for k, v in POLICIES.items()},
+            "keep_gathered": fsdp2_step_facts(reshard_after_forward=False)}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,12 @@ def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(facts, po
         assert Counter(op for op, _ in result["calls"]) == {"all_gather_single": 4, "reduce_scatter_single": 2}
         assert result["compute_dtypes"] == {compute}
         assert result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}  # fp32 master shards
+
+
+def test_without_reshard_after_forward_backward_gathers_nothing(facts):
+    for rank in facts:
+        assert Counter(op for op, _ in rank["keep_gathered"]["calls"]) == {"all_gather_single": 2,
+                                                                          "reduce_scatter_single": 2}
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -302,7 +302,8 @@ def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.S
     return fully_shard(model, mesh=mesh, **kwargs)
 
 
-def mixed_precision_step(param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> dict:
+def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                     reshard_after_forward: bool = True) -> dict:
     """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
 
     Then one Adam step. Returns every collective this rank made (op, bytes sent), the dtype
@@ -314,7 +315,8 @@ def mixed_precision_step(param_dtype: torch.dtype | None, reduce_dtype: torch.dt
     pd = ParallelDims(dist.get_world_size())
     pd.build_meshes(_device().split(":")[0])
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    model = _fully_shard_units(_two_unit_model().to(_device()), fsdp_mesh(pd), mp_policy=policy)
+    model = _fully_shard_units(_two_unit_model().to(_device()), fsdp_mesh(pd), mp_policy=policy,
+                               reshard_after_forward=reshard_after_forward)
     compute_dtypes = set()
     model[0].register_forward_pre_hook(lambda unit, args: compute_dtypes.add(str(unit.weight.dtype)))
     with Ledger() as ledger:
