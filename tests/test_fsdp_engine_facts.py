@@ -69,9 +69,23 @@ def test_checkpoint_reads_scale_with_dp_shard_not_with_the_world(facts, dp_repli
     per_rank = [rank["checkpoint"][dp_replicate] for rank in facts]
     stored = set(per_rank[0]["stored"])
     assert len(stored) == 2 * dp_shard  # one slice per (parameter, shard): replicas are saved once
-    read_by = Counter(item for rank in per_rank for item in rank["reads"])
+    plain = [rank["every rank"] for rank in per_rank]
+    read_by = Counter(item for rank in plain for item in rank["reads"])
     assert set(read_by) == stored and set(read_by.values()) == {dp_replicate}
-    for rank, result in enumerate(per_rank):
+    for rank, result in enumerate(plain):
         partner = (rank + dp_shard) % WORLD  # same shard index, next replica
-        assert result["reads"] == per_rank[partner]["reads"]
+        assert result["reads"] == plain[partner]["reads"] and len(result["reads"]) == 2
+        assert result["loaded_equal"] and result["broadcasts"] == []
+
+
+@pytest.mark.parametrize("dp_replicate", REPLICAS)
+def test_one_reader_per_replica_reads_each_slice_once_then_broadcasts(facts, dp_replicate):
+    dp_shard = WORLD // dp_replicate
+    per_rank = [rank["checkpoint"][dp_replicate]["one reader"] for rank in facts]
+    read_by = Counter(item for rank in per_rank for item in rank["reads"])
+    assert set(read_by.values()) == {1} and len(read_by) == 2 * dp_shard
+    for rank, result in enumerate(per_rank):
+        first_replica = rank < dp_shard
+        assert len(result["reads"]) == (2 if first_replica else 0)
+        assert result["broadcasts"] == ([dp_replicate] * 2 if dp_replicate > 1 else [])
         assert result["loaded_equal"]

@@ -336,34 +336,73 @@ def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch
     }
 
 
-def checkpoint_round_trip(directory: str, dp_replicate: int) -> dict:
-    """Save an FSDP2/HSDP model with `torch.distributed.checkpoint`, load it into a fresh one.
+def _replicate_dims(t) -> list[int]:
+    """Mesh dims (of size > 1) along which this DTensor's local shard is the same on every rank."""
+    mesh = t.device_mesh
+    return [d for d, p in enumerate(t.placements) if p.is_replicate() and mesh.size(d) > 1]
 
-    Returns the tensor slices the checkpoint stores and the ones this rank read,
-    each as (file, offset, length), and whether every loaded shard equals the saved one.
+
+def _is_first_replica(t) -> bool:
+    return all(t.device_mesh.get_local_rank(d) == 0 for d in _replicate_dims(t))
+
+
+def _one_reader_per_replica_planner():
+    """A load planner that keeps a read only on the first rank of each replica group."""
+    from dataclasses import replace
+
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class OneReaderPerReplica(DefaultLoadPlanner):
+        def create_local_plan(self):
+            plan = super().create_local_plan()
+            return replace(plan, items=[i for i in plan.items if _is_first_replica(self.state_dict[i.dest_index.fqn])])
+
+    return OneReaderPerReplica()
+
+
+def checkpoint_round_trip(directory: str, dp_replicate: int) -> dict:
+    """Save an FSDP2/HSDP model with `torch.distributed.checkpoint`, then load it twice into fresh models.
+
+    "every rank": plain `dcp.load`, each rank reads its own shards. "one reader": only the
+    first rank of each replica group reads, then broadcasts its shards down the replica
+    group. Returns the tensor slices the checkpoint stores, and per load the slices this
+    rank read (file, offset, length), the broadcasts it made after the load (group size),
+    and whether every loaded shard equals the saved one.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
-
-    reads: list[tuple[str, int, int]] = []
-
-    class CountingReader(FileSystemReader):
-        def read_data(self, plan, planner):
-            for item in plan.items:
-                info = self.storage_data[item.storage_index]
-                reads.append((info.relative_path, info.offset, info.length))
-            return super().read_data(plan, planner)
 
     world = dist.get_world_size()
     pd = ParallelDims(world, dp_shard=world // dp_replicate, dp_replicate=dp_replicate)
     pd.build_meshes("cpu")
     saved = _fully_shard_units(_two_unit_model(), fsdp_mesh(pd))
     dcp.save(saved.state_dict(), checkpoint_id=directory)
-    fresh = _fully_shard_units(torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
-                                                   torch.nn.Linear(8, 8, bias=False)), fsdp_mesh(pd))
-    state = fresh.state_dict()
-    dcp.load(state, storage_reader=CountingReader(directory))
-    same = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(saved.parameters(), fresh.parameters()))
     stored = FileSystemReader(directory).read_metadata().storage_data.values()
-    return {"stored": sorted((s.relative_path, s.offset, s.length) for s in stored),
-            "reads": sorted(reads), "loaded_equal": same}
+    result = {"stored": sorted((s.relative_path, s.offset, s.length) for s in stored)}
+    for mode in ("every rank", "one reader"):
+        reads: list[tuple[str, int, int]] = []
+
+        class CountingReader(FileSystemReader):
+            def read_data(self, plan, planner):
+                for item in plan.items:
+                    info = self.storage_data[item.storage_index]
+                    reads.append((info.relative_path, info.offset, info.length))
+                return super().read_data(plan, planner)
+
+        fresh = _fully_shard_units(torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
+                                                       torch.nn.Linear(8, 8, bias=False)), fsdp_mesh(pd))
+        state = fresh.state_dict()
+        planner = _one_reader_per_replica_planner() if mode == "one reader" else None
+        dcp.load(state, storage_reader=CountingReader(directory), planner=planner)
+        with Ledger() as ledger:
+            if mode == "one reader":
+                for t in state.values():
+                    for d in _replicate_dims(t):
+                        dist.broadcast(t.to_local(), group=t.device_mesh.get_group(d), group_src=0)
+        result[mode] = {
+            "reads": sorted(reads),
+            "broadcasts": [r.group_size for r in ledger.records if r.op == "broadcast"],
+            "loaded_equal": all(torch.equal(a.to_local(), b.to_local())
+                                for a, b in zip(saved.parameters(), fresh.parameters())),
+        }
+    return result
