@@ -29,6 +29,5 @@ def usp_attention_forward(
     check_qkv(q, k, v, "usp_attention_forward")
     check_heads_divisible(q.shape[1], dist.get_world_size(ulysses_group))
     heads = [seq_to_heads(t.contiguous(), ulysses_group) for t in (q, k, v)]
-    with torch.no_grad():
-        out_heads = ring_attention(*heads, ring_group, causal=causal)
+    out_heads = ring_attention(*heads, ring_group, causal=causal)
     return heads_to_seq(out_heads, ulysses_group)
