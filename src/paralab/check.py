@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from paralab.tables import text_table
+
 
 class CheckFailed(AssertionError):
     """A parallel result differs from its reference; `verdicts` holds the details."""
@@ -43,9 +45,13 @@ class Verdict:
     expected_value: float | None = None
     actual_value: float | None = None
     problem: str | None = None
+    observed: str | None = None
+    """For a `claim`: what was observed, shown in place of shape and difference."""
 
     def describe(self) -> str:
         """One line for a failure message."""
+        if self.observed is not None:
+            return f"{self.path}: {'holds' if self.passed else 'does not hold'} ({self.observed})"
         if self.passed:
             return f"{self.path}: ok"
         if self.problem:
@@ -134,6 +140,11 @@ def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: f
     )
 
 
+def claim(name: str, holds: bool, observed: str) -> Verdict:
+    """A yes/no fact as a verdict row: the claim, and what was observed (no tensor, shape or dtype)."""
+    return Verdict(name, bool(holds), True, (), "claim", 1, n_diff=0 if holds else 1, observed=observed)
+
+
 def compare(actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = "") -> list[Verdict]:
     """Compare every tensor of `actual` with `expected`; a top-level list is indexed by rank."""
     verdicts = []
@@ -158,6 +169,8 @@ def assert_match(actual: Any, expected: Any, *, atol: float = 0.0, rtol: float =
 
 
 def _format_diff(v: Verdict) -> str:
+    if v.observed is not None:
+        return v.observed
     if v.problem:
         return v.problem
     if v.max_abs == 0:
@@ -171,19 +184,14 @@ def verdict_table(verdicts: list[Verdict], title: str = "") -> str:
     rows = [
         (
             v.path,
-            "x".join(str(d) for d in v.shape) or "scalar",
-            v.dtype,
+            "claim" if v.observed is not None else "x".join(str(d) for d in v.shape) or "scalar",
+            "" if v.observed is not None else v.dtype,
             _format_diff(v),
-            "pass" if v.passed else f"FAIL ({v.n_diff} differ)" if v.n_diff else "FAIL",
+            "pass" if v.passed else "FAIL" if v.observed is not None or not v.n_diff else f"FAIL ({v.n_diff} differ)",
         )
         for v in verdicts
     ]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-        for r in [header, tuple("-" * w for w in widths), *rows]
-    ]
-    out = ([title] if title else []) + lines
+    out = ([title] if title else []) + [text_table(header, rows)]
     passed = sum(v.passed for v in verdicts)
     out.append(f"{passed}/{len(verdicts)} passed")
     return "\n".join(out)

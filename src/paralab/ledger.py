@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from paralab.tables import text_table
+
 COUNTED_OPS = (
     "all_reduce",
     "all_gather",
@@ -272,7 +274,7 @@ class Ledger:
 
     def total_sent(self, **match: Any) -> int:
         """Bytes sent by the records whose fields equal `match` (e.g. phase="forward")."""
-        return sum(r.bytes_sent for r in self.records if _matches(r, match))
+        return sent(self.records, **match)
 
 
 
@@ -284,6 +286,24 @@ def _rebind_p2p_ops(ops: Iterable[Any]) -> None:
 
 def _matches(r: Record, match: dict) -> bool:
     return all(getattr(r, k) == v for k, v in match.items())
+
+
+def sent(records: Iterable[Record], **match: Any) -> int:
+    """Bytes sent by the records whose fields equal `match`: `sent(recs, op="all_gather", phase="forward")`.
+
+    Any `Record` field works as a key (op, phase, group_ranks, group_size, peer).
+    """
+    return sum(r.bytes_sent for r in records if _matches(r, match))
+
+
+def received(records: Iterable[Record], **match: Any) -> int:
+    """Bytes received by the records whose fields equal `match` (the receiving side of `sent`)."""
+    return sum(r.bytes_received for r in records if _matches(r, match))
+
+
+def calls(records: Iterable[Record], **match: Any) -> int:
+    """How many records match: the number of calls of that kind."""
+    return sum(1 for r in records if _matches(r, match))
 
 
 def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, Tally]:
@@ -307,7 +327,4 @@ def format_table(per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("p
     n_ranks = max((len(v) for v in merged.values()), default=0)
     header = [*by, *(f"rank {r}" for r in range(n_ranks))]
     rows = [[*(str(x) for x in k), *(f"{t.calls} calls, {t.bytes_sent} B" for t in v)] for k, v in merged.items()]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(header, rows)

@@ -13,10 +13,34 @@ followed by a `paralab.grade.check` cell.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+from types import ModuleType
+from typing import Any, Iterator
 
 from paralab.grade import Exercise
+
+
+@contextlib.contextmanager
+def planted(module: ModuleType, **replacements: Any) -> Iterator[None]:
+    """Plant a bug: swap named attributes of `module` for the duration of the block, then restore them.
+
+    The one way every bug variant and bug clinic is made: the package's real loop
+    runs with one decision replaced, e.g.
+    `with planted(vae_lb, closest_fit=largest): vae_lb.plan_rebalance(costs)`.
+    """
+    missing = [name for name in replacements if not hasattr(module, name)]
+    if missing:
+        raise AttributeError(f"{module.__name__} has no {', '.join(missing)} to replace")
+    saved = {name: getattr(module, name) for name in replacements}
+    for name, replacement in replacements.items():
+        setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(module, name, original)
 
 
 def _collect() -> dict[str, Exercise]:

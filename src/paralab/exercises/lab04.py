@@ -6,12 +6,10 @@ here, so the bug is written once.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 import torch.distributed as dist
 
+from paralab.exercises import planted
 from paralab.grade import Exercise
 from paralab.parallel_dims import ParallelDims
 from paralab import vae_lb
@@ -58,19 +56,6 @@ def moves_as_rows(moves: list[Move]) -> torch.Tensor:
     return torch.tensor([[m.from_rank, m.to_rank, m.local_index] for m in moves], dtype=torch.int64).reshape(-1, 3)
 
 
-@contextlib.contextmanager
-def _one_decision_swapped(**helpers) -> Iterator[None]:
-    """Run the package's own planner loop with one of its helper decisions replaced (the bug)."""
-    saved = {name: getattr(vae_lb, name) for name in helpers}
-    for name, helper in helpers.items():
-        setattr(vae_lb, name, helper)
-    try:
-        yield
-    finally:
-        for name, helper in saved.items():
-            setattr(vae_lb, name, helper)
-
-
 def _largest(candidates, gap):
     return max(candidates, key=lambda item: (item[0], -item[1]))
 
@@ -85,19 +70,19 @@ def _not_wider(cost, gap):
 
 def plan_ties_in_dict_order(costs, max_iterations=None):
     """Bug: breaks load ties by the dict's order, not the smallest label (ranks could disagree on the plan)."""
-    with _one_decision_swapped(most_and_least_loaded=_in_dict_order):
+    with planted(vae_lb, most_and_least_loaded=_in_dict_order):
         return vae_lb.plan_rebalance(costs, max_iterations)
 
 
 def plan_largest_first(costs, max_iterations=None):
     """Bug: moves the heavy rank's largest sample instead of the one closest to half the gap."""
-    with _one_decision_swapped(closest_fit=_largest):
+    with planted(vae_lb, closest_fit=_largest):
         return vae_lb.plan_rebalance(costs, max_iterations)
 
 
 def plan_gap_not_strict(costs, max_iterations=None):
     """Bug: also takes a move that leaves the gap as large as before (|g - 2c| <= g)."""
-    with _one_decision_swapped(shrinks_gap=_not_wider):
+    with planted(vae_lb, shrinks_gap=_not_wider):
         return vae_lb.plan_rebalance(costs, max_iterations)
 
 

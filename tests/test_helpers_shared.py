@@ -1,0 +1,55 @@
+"""The small helpers every lab and test shares: planted bugs, claims, ledger queries, text tables."""
+import types
+
+import pytest
+
+from paralab import ledger
+from paralab.check import claim, verdict_table
+from paralab.exercises import planted
+from paralab.ledger import Record
+from paralab.tables import text_table
+
+
+def test_planted_swaps_and_restores_even_on_error():
+    module = types.ModuleType("toy")
+    module.decide = lambda: "right"
+    with pytest.raises(RuntimeError):
+        with planted(module, decide=lambda: "wrong"):
+            assert module.decide() == "wrong"
+            raise RuntimeError("boom")
+    assert module.decide() == "right"
+
+
+def test_planted_refuses_a_name_the_module_lacks():
+    module = types.ModuleType("toy")
+    with pytest.raises(AttributeError, match="toy has no nothing_here"):
+        with planted(module, nothing_here=1):
+            pass
+
+
+def test_claim_reads_as_claim_and_observation():
+    rows = [claim("every sample encoded once", True, "8 of 8"), claim("no rank idles", False, "rank 3 idle")]
+    table = verdict_table(rows)
+    assert "every sample encoded once  claim" in table and "8 of 8" in table
+    assert "rank 3 idle" in table and table.endswith("1/2 passed")
+    assert "FAIL (" not in table
+    assert rows[1].describe() == "no rank idles: does not hold (rank 3 idle)"
+
+
+def test_ledger_queries_filter_by_any_field():
+    records = [
+        Record("all_gather", "forward", (0, 1), 12, 12),
+        Record("all_gather", "backward", (0, 1), 12, 12),
+        Record("isend", "forward", (0, 1), 8, 0, peer=1),
+        Record("irecv", "forward", (0, 1), 0, 8, peer=1),
+    ]
+    assert ledger.sent(records) == 32
+    assert ledger.sent(records, phase="forward") == 20
+    assert ledger.sent(records, op="all_gather", group_ranks=(0, 1)) == 24
+    assert ledger.received(records, op="irecv", peer=1) == 8
+    assert ledger.calls(records, phase="forward") == 3
+
+
+def test_text_table_pads_and_aligns():
+    assert text_table(("a", "bytes"), [("x", 5), ("long", 12345)], align_right=(1,)).splitlines() == [
+        "a     bytes", "----  -----", "x         5", "long  12345"]
