@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paralab.exercises import Exercise
 from paralab.fsdp.zero import FlatUnit, padded_size, shard_unit, unflatten
-from paralab.grade import Exercise
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
 

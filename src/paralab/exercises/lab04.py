@@ -12,9 +12,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import models
-
-from paralab.exercises import planted
-from paralab.grade import Exercise
+from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
 from paralab.vae_lb import planner
 from paralab.vae_lb.exchange import exchange
