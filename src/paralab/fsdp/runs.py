@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.check import Verdict, compare
-from paralab.fsdp import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard
+from paralab.fsdp.zero import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard
 from paralab.ledger import Ledger
 from paralab.models import MLPStack, make_mlp_stack, regression_data
 from paralab.parallel_dims import ParallelDims, fsdp_mesh
