@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from paralab.cp import shard_bytes, shard_sequence
-from paralab.cp.traffic import usp_bytes
+from paralab.cp.costs import usp_bytes
 from paralab.cp.usp import usp_attention_forward
 from paralab.launch import run
 from paralab.ledger import Ledger

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from paralab.fsdp_runs import checkpoint_round_trip, fsdp2_step_facts
+from paralab.fsdp.runs import checkpoint_round_trip, fsdp2_step_facts
 from paralab.launch import run
 
 WORLD = 4
