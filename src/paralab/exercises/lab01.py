@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.fsdp import FlatUnit, padded_size, shard_unit, unflatten
-from paralab.grade import Exercise
+from paralab.exercises import Exercise
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
 

@@ -13,7 +13,7 @@ import paralab.cp.ulysses as ulysses_module
 from paralab.cp.blocks import attention_block
 from paralab.cp.ring import KV_TAG, ring_pass
 from paralab.cp.ulysses import take_heads
-from paralab.grade import Exercise
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
 
 LAB = "02_cp_ring_vs_ulysses"

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.cfgp import initial_latent
-from paralab.grade import Exercise
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
 
 LAB = "03_cfgp"

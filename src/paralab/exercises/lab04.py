@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.exercises import planted
-from paralab.grade import Exercise
+from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
 from paralab import vae_lb
 from paralab.vae_lb import Move, exchange
