@@ -282,7 +282,9 @@ print(verdict_table(ledger_verdicts, "Ledger by group vs the closed forms"))
 # Where the bytes go, phase by phase, on one rank of the 8-rank lb layout
 # (rank 0: a loader and an lb owner). "one-off" is the noise broadcast over
 # cfgp, the context broadcast over cp and the returns (cp all-gather of the
-# final latent, world all-gather of the videos).
+# final latent, world all-gather of the videos). The last one is not small:
+# decoded videos are bigger than latents, and every rank receives all of
+# them; a real server would gather them on one rank only.
 
 # %%
 panels = {}

@@ -447,24 +447,25 @@ def plot_pipeline_samples(videos: list[torch.Tensor], outputs: torch.Tensor) -> 
 
 
 def plot_bytes_by_phase(panels: dict[str, dict[str, dict[str, int]]]) -> Figure:
-    """One panel per run: a stacked bar per phase (encode, step 1, ...), stacked by traffic group, bytes per rank."""
+    """One panel per run: a stacked bar per phase (encode, step 1, ...), stacked by traffic group, KiB per rank."""
     groups = list(dict.fromkeys(g for phases in panels.values() for row in phases.values() for g in row))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), sharey=True, squeeze=False)
-    top = max(sum(row.values()) for phases in panels.values() for row in phases.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.9), sharey=True, squeeze=False)
+    top = max(sum(row.values()) for phases in panels.values() for row in phases.values()) / 1024
     for ax, (title, phases) in zip(axes[0], panels.items()):
         names = list(phases)
-        bottom = [0] * len(names)
+        bottom = [0.0] * len(names)
         for i, group in enumerate(groups):
-            heights = [phases[p].get(group, 0) for p in names]
+            heights = [phases[p].get(group, 0) / 1024 for p in names]
             ax.bar(range(len(names)), heights, 0.65, bottom=bottom, label=group, color=PALETTE[2 * i % len(PALETTE)])
             bottom = [b + h for b, h in zip(bottom, heights)]
         for x, total in enumerate(bottom):
-            ax.text(x, total + 0.01 * top, f"{total / 1024:.0f} KiB", ha="center", va="bottom", fontsize=7)
+            ax.text(x, total + 0.01 * top, f"{total:.0f}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1.1 * top)
         ax.set_title(title, fontsize=9)
-    axes[0][0].set_ylabel("bytes sent by one rank")
+    axes[0][0].set_ylabel("KiB sent by one rank")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("Where the bytes go: the parameter all-gathers dominate every step", fontsize=10)
+    fig.suptitle("Where the bytes go: the parameter all-gathers dominate every step they run in", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -205,7 +205,9 @@ def denoise(
 
     Steps outside, samples inside: at every step each rank runs one forward
     per sample of its group, the same count on every rank, so the FSDP
-    all-gathers line up across the whole dp_shard group.
+    all-gathers line up across the whole dp_shard group. Built from lab 03's
+    pieces (noise, cp kwargs, swap, combine, Euler step, latent return); lab
+    03's `sample` runs a single sample and has no skip decision to make.
     """
     forward = cfgp.cp_forward_kwargs(pd, model.latent_shape[1], attention, whole_sequence_attention)
     with phase("noise"):
