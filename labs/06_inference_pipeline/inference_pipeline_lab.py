@@ -111,9 +111,9 @@ for rank in range(8):
     cfgp_rank, cp_rank = g["cfgp"].index(rank), g["cp"].index(rank)
     rows.append([rank, inference.samples_of_rank(pd8, rank), "cond" if cfgp_rank == 0 else "uncond",
                  f"{cp_rank + 1} of 2", g["cp"], g["cfgp"], g["lb"],
-                 "yes" if cfgp_rank == 0 and cp_rank == 0 else ""])
+                 inference.videos_held(pd8, rank)])
 print(pd8)
-print(text_table(["rank", "samples", "branch", "token half", "cp group", "cfgp group", "lb group", "loader"], rows))
+print(text_table(["rank", "samples", "branch", "token half", "cp group", "cfgp group", "lb group", "raw videos"], rows))
 
 # %% [markdown]
 # The loaders (ranks 0 and 4) receive both raw videos of their group; their

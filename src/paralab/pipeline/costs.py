@@ -23,9 +23,11 @@ import math
 from torch import nn
 
 from paralab import cp, vae_lb
-from paralab.models import CondDenoiser, TinyVideoEncoder
+from paralab.models import CondDenoiser
 from paralab.parallel_dims import ParallelDims
 from paralab.pipeline import inference
+from paralab.vae_lb import runs as vae_lb_runs
+from paralab.vae_lb.costs import exchange_bytes
 
 ITEMSIZE = 8  # float64
 
@@ -99,34 +101,17 @@ def step_bytes(model: CondDenoiser, pd: ParallelDims, attention: str, reshard_af
 
 
 # ------------------------------------------------------------------ the lb exchange, once
-def lb_bytes(pd: ParallelDims, encoder: TinyVideoEncoder | None = None) -> dict[int, int]:
-    """Bytes each rank sends in the lb exchange (lab 04's closed forms), by global rank.
+def lb_bytes(pd: ParallelDims) -> dict[int, int]:
+    """Bytes each rank sends in the lb exchange, by global rank: lab 04's closed forms on this batch's plan.
 
-    Sharing costs: `8(n−1)` for the counts plus `8(n−1)·W` for the costs padded
-    to the longest list W (skipped when W = 0). A move: the owner sends
-    `80 + 3THW` (metadata, raw video), the helper `80 + latent bytes` back.
+    Sharing costs `8(n−1)(1 + W)` (W = most videos on a rank of the group), a
+    move `M + 3THW` from the owner and `M + THW` back from the helper.
     """
-    encoder = encoder or TinyVideoEncoder()
     if not pd.lb_enabled:
         return {r: 0 for r in range(pd.world_size)}
-    shapes = inference.conditioning_shapes()
-    held = {}
-    for rank in range(pd.world_size):
-        loader = rank % (pd.cfgp * pd.cp) == 0  # cfgp_rank 0 and cp_rank 0 in the (rest, cfgp, cp) mesh
-        held[rank] = inference.samples_of_rank(pd, rank) if loader else []
-    sent = {}
-    for first in range(0, pd.world_size, pd.lb):
-        group = list(range(first, first + pd.lb))
-        costs = {i: [float(math.prod(shapes[s][1:])) for s in held[r]] for i, r in enumerate(group)}
-        width = max(len(c) for c in costs.values())
-        plan = vae_lb.plan_rebalance(costs)
-        for i, rank in enumerate(group):
-            total = ITEMSIZE * (pd.lb - 1) * (1 + width) if width else ITEMSIZE * (pd.lb - 1)
-            for move in plan:
-                shape = shapes[held[group[move.from_rank]][move.local_index]]
-                if move.from_rank == i:
-                    total += vae_lb.META_BYTES + math.prod(shape)
-                if move.to_rank == i:
-                    total += vae_lb.META_BYTES + math.prod(encoder.latent_shape(shape)) * ITEMSIZE
-            sent[rank] = total
-    return sent
+    videos = inference.conditioning_videos()
+    batch = [[videos[i] for i in inference.videos_held(pd, r)] for r in range(pd.world_size)]
+    costs = [[vae_lb.encode_cost(v) for v in held] for held in batch]
+    plan = vae_lb_runs.global_plan(costs, pd.lb)
+    sent, _, gathered = exchange_bytes(batch, plan, vae_lb_runs.groups_of(pd.world_size, pd.lb))
+    return {r: sent[r] + gathered[r] for r in range(pd.world_size)}

@@ -105,9 +105,13 @@ def samples_of_rank(pd: ParallelDims, rank: int) -> list[int]:
     return list(range(group * per_group, (group + 1) * per_group))
 
 
-def is_loader(pd: ParallelDims) -> bool:
-    """The rank where its sample group's raw videos arrive: cond branch, first sequence shard."""
-    return pd.cfgp_rank == 0 and pd.cp_rank == 0
+def videos_held(pd: ParallelDims, rank: int) -> list[int]:
+    """The samples whose raw videos arrive on `rank`: all of its group's on the group's loader.
+
+    The loader is the group's first rank (cfgp rank 0, cp rank 0 in the
+    row-major (rest, cfgp, cp) mesh); the other ranks start with none.
+    """
+    return samples_of_rank(pd, rank) if rank % (pd.cfgp * pd.cp) == 0 else []
 
 
 # ------------------------------------------------------------------ 1. encode
@@ -118,7 +122,7 @@ def encode_conditioning(pd: ParallelDims, samples: list[int], encoder: TinyVideo
     in `offload_encode`, with or without videos (a rank that skipped it would
     hang its peers). Then the loader broadcasts each latent over its cp group.
     """
-    held = [conditioning_videos()[i] for i in samples] if is_loader(pd) else []
+    held = [conditioning_videos()[i] for i in videos_held(pd, dist.get_rank())]
     costs = [vae_lb.encode_cost(v) for v in held]
     if pd.lb_enabled:
         latents = vae_lb.offload_encode(held, costs, encoder, pd.lb_mesh.get_group())
@@ -129,7 +133,7 @@ def encode_conditioning(pd: ParallelDims, samples: list[int], encoder: TinyVideo
     if not pd.cp_enabled:
         return latents
     shapes = [encoder.latent_shape(conditioning_shapes()[i]) for i in samples]
-    out = latents if is_loader(pd) else [torch.empty(s, dtype=torch.float64) for s in shapes]
+    out = latents if pd.cp_rank == 0 else [torch.empty(s, dtype=torch.float64) for s in shapes]
     for latent in out:
         dist.broadcast(latent, group=pd.cp_mesh.get_group(), group_src=0)
     return out
