@@ -245,16 +245,18 @@ def check_layout(pd: ParallelDims) -> None:
 
     dp_replicate > 1 is refused here, by the workload, not by `ParallelDims`:
     the descriptor's reference layout (lab 00) has replicas in inference
-    mode, and a replica axis is legal there as a grouping; running a
-    pipeline on it only stores the model dp_replicate times (lab 06, section 7).
+    mode, legal there as a grouping. In a pipeline, with no gradients to
+    all-reduce, replicas only buy smaller all-gather groups with
+    dp_replicate times the parameter memory (lab 06, section 7): a knob
+    FSDP2 already offers on the dp_shard mesh (`reshard_after_forward`).
     """
     if not pd.enable_inference_mode:
         raise ValueError("generate: the ParallelDims needs enable_inference_mode=True (inference pipeline)")
     if pd.dp_replicate > 1:
         raise ValueError(
             f"generate: dp_replicate={pd.dp_replicate}, but inference forces dp_replicate=1: with no gradients "
-            "to all-reduce, replicas only store every parameter dp_replicate times; shard over "
-            f"dp_shard={pd.world_size} (and keep the gathered model with reshard_after_forward=False if it fits)"
+            f"to all-reduce, replicas only hold dp_replicate={pd.dp_replicate} times the parameter shards to "
+            f"all-gather over fewer ranks; shard over dp_shard={pd.world_size} and choose reshard_after_forward instead"
         )
     if pd.world_size != dist.get_world_size():
         raise ValueError(f"generate: ParallelDims world_size={pd.world_size} but the process group has "
