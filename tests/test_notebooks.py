@@ -57,3 +57,19 @@ def test_the_float_check_sees_a_long_float_and_spares_ignored_cells():
     short = nbformat.v4.new_code_cell("print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.632394, 1.1e-16\n")])
     assert long_floats(nbformat.v4.new_notebook(cells=[cell])) == ["cell 0: 0.6323941312666288"]
     assert long_floats(nbformat.v4.new_notebook(cells=[ignored, short])) == []
+
+
+def test_measure_counts_visible_code_verdict_rows_and_pictures():
+    from paralab.check import claim, verdict_table
+    from paralab.notebooks import measure
+
+    table = verdict_table([claim("a", True, "x"), claim("b", True, "y")], "title")
+    shown = nbformat.v4.new_code_cell("# From src/paralab/x.py: ...\ndef f():\n    return 1")
+    folded = nbformat.v4.new_code_cell("\n".join(["x = 1"] * 50), metadata={"jupyter": {"source_hidden": True}})
+    ran = nbformat.v4.new_code_cell("print(table)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text=table + "\n"),
+        nbformat.v4.new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"})])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), shown, folded, ran])
+    m = measure(nb)
+    assert (m.code_lines, m.package_lines, m.longest_cell) == (4, 3, 3)
+    assert (m.check_rows, m.check_tables, m.pictures) == (2, 1, 1)

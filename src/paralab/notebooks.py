@@ -24,6 +24,7 @@ import sys
 import textwrap
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import jupytext
@@ -281,6 +282,74 @@ def stale(source: Path) -> str | None:
         return "not executed (rebuild with _build_nb.py --execute)"
     why = volatile_metadata(committed)
     return f"{why} (rebuild with _build_nb.py --execute)" if why else None
+
+
+VERDICT_HEADER = re.compile(r"^tensor\s+shape\s+dtype\s+max \|diff\|\s+verdict$")
+SHOWN_HEADER = "# From src/"
+
+
+@dataclass
+class Measure:
+    """How much a reader meets in one executed notebook (the table of issue 14)."""
+
+    lab: str
+    code_lines: int
+    """Lines of visible code cells (a cell folded with `jupyter.source_hidden` is not visible)."""
+    package_lines: int
+    """Of those, lines in cells made by `# show:` markers (package source)."""
+    longest_cell: int
+    """Lines of the longest visible code cell."""
+    check_rows: int
+    """Rows of verdict tables: lines between a table's header rule and its `N/M passed` line."""
+    check_tables: int
+    pictures: int
+    """Image outputs (png, jpeg, svg)."""
+
+
+def _output_texts(cell: nbformat.NotebookNode):
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            yield out.get("text", "")
+        else:
+            yield out.get("data", {}).get("text/plain", "")
+
+
+def verdict_rows(text: str) -> list[int]:
+    """Row count of each verdict table (`paralab.check.verdict_table`) printed in `text`."""
+    counts, rows = [], None
+    for line in text.splitlines():
+        if VERDICT_HEADER.match(line.strip()):
+            rows = -1  # the dashed rule under the header comes next
+        elif rows is not None and CHECKS_LINE.match(line):
+            counts.append(rows)
+            rows = None
+        elif rows is not None:
+            rows += 1
+    return counts
+
+
+def measure(nb: nbformat.NotebookNode, lab: str = "") -> Measure:
+    """Visible code, longest visible cell, verdict-table rows and pictures of an executed notebook."""
+    visible = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()
+               and not c.metadata.get("jupyter", {}).get("source_hidden")]
+    sizes = [len(c.source.splitlines()) for c in visible]
+    tables = [n for c in nb.cells if c.cell_type == "code" for t in _output_texts(c) for n in verdict_rows(t)]
+    pictures = sum(1 for c in nb.cells if c.cell_type == "code" for out in c.get("outputs", [])
+                   if any(k.startswith("image/") for k in out.get("data", {})))
+    return Measure(lab, sum(sizes), sum(n for c, n in zip(visible, sizes) if c.source.startswith(SHOWN_HEADER)),
+                   max(sizes, default=0), sum(tables), len(tables), pictures)
+
+
+def measure_labs(sources: list[Path]) -> str:
+    """The measuring table for the committed notebooks of `sources`."""
+    from paralab.tables import text_table
+
+    rows = []
+    for source in sources:
+        m = measure(nbformat.read(notebook_path(source), as_version=4), source.parent.name)
+        rows.append((m.lab, f"{m.code_lines} ({m.package_lines} package)", m.longest_cell,
+                     f"{m.check_rows} in {m.check_tables} tables", m.pictures))
+    return text_table(("lab", "code lines shown", "longest code cell", "check rows", "pictures"), rows, align_right=(2, 4))
 
 
 def build_labs(sources: list[Path], run: bool) -> bool:
