@@ -52,7 +52,12 @@ def test_known_sequence_gives_exact_calls_and_bytes():
         assert isend.peer == (rank + 1) % 4 and isend.group_size == 4
         # the all_gather inside all_gather_object is not counted a second time
         assert not any(r.op == "all_gather" for r in records)
-    assert "rank 3" in format_table([r for r, _ in per_rank])
+    table = format_table([r for r, _ in per_rank])
+    assert "rank 3" in table
+    irecv_row = next(line for line in table.splitlines() if " irecv " in line)
+    assert irecv_row.count("1 calls, 24 B received") == 4  # a receive shows what arrived, not "0 B"
+    broadcast_row = next(line for line in table.splitlines() if " broadcast " in line)
+    assert "1 calls, 240 B" in broadcast_row and broadcast_row.count("1 calls, 80 B received") == 3
     assert len(merge([r for r, _ in per_rank])[("forward", "all_reduce")]) == 4
 
 

@@ -335,10 +335,18 @@ def merge(per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", 
     return {k: [s.get(k, Tally()) for s in per_rank] for k in keys}
 
 
+def format_tally(t: Tally) -> str:
+    """`3 calls, 4608 B` (bytes sent); a tally that only receives shows what it received,
+    `8 calls, 2304 B received`, since `0 B` would read as "nothing arrived"."""
+    if t.bytes_sent == 0 and t.bytes_received > 0:
+        return f"{t.calls} calls, {t.bytes_received} B received"
+    return f"{t.calls} calls, {t.bytes_sent} B"
+
+
 def format_table(per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", "op")) -> str:
-    """A deterministic text table of calls and bytes sent, one column per rank."""
+    """A deterministic text table of calls and bytes sent (received, for receives), one column per rank."""
     merged = merge(per_rank, by)
     n_ranks = max((len(v) for v in merged.values()), default=0)
     header = [*by, *(f"rank {r}" for r in range(n_ranks))]
-    rows = [[*(str(x) for x in k), *(f"{t.calls} calls, {t.bytes_sent} B" for t in v)] for k, v in merged.items()]
+    rows = [[*(str(x) for x in k), *(format_tally(t) for t in v)] for k, v in merged.items()]
     return text_table(header, rows)
