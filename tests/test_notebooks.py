@@ -69,7 +69,9 @@ def test_measure_counts_visible_code_verdict_rows_and_pictures():
     ran = nbformat.v4.new_code_cell("print(table)", outputs=[
         nbformat.v4.new_output("stream", name="stdout", text=table + "\n"),
         nbformat.v4.new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"})])
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), shown, folded, ran])
+    detail = nbformat.v4.new_code_cell("print(table)", metadata={"jupyter": {"outputs_hidden": True}},
+                                       outputs=[nbformat.v4.new_output("stream", name="stdout", text=table)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), shown, folded, ran, detail])
     m = measure(nb)
-    assert (m.code_lines, m.package_lines, m.longest_cell) == (4, 3, 3)
-    assert (m.check_rows, m.check_tables, m.pictures) == (2, 1, 1)
+    assert (m.code_lines, m.package_lines, m.longest_cell) == (5, 3, 3)
+    assert (m.check_rows, m.check_tables, m.folded_rows, m.pictures) == (4, 2, 2, 1)

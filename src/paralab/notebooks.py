@@ -302,6 +302,8 @@ class Measure:
     check_rows: int
     """Rows of verdict tables: lines between a table's header rule and its `N/M passed` line."""
     check_tables: int
+    folded_rows: int
+    """Of `check_rows`, those in outputs folded with `jupyter.outputs_hidden` (detail kept, not in the way)."""
     pictures: int
     """Image outputs (png, jpeg, svg)."""
 
@@ -333,11 +335,13 @@ def measure(nb: nbformat.NotebookNode, lab: str = "") -> Measure:
     visible = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()
                and not c.metadata.get("jupyter", {}).get("source_hidden")]
     sizes = [len(c.source.splitlines()) for c in visible]
-    tables = [n for c in nb.cells if c.cell_type == "code" for t in _output_texts(c) for n in verdict_rows(t)]
+    tables = [(n, bool(c.metadata.get("jupyter", {}).get("outputs_hidden"))) for c in nb.cells
+              if c.cell_type == "code" for t in _output_texts(c) for n in verdict_rows(t)]
     pictures = sum(1 for c in nb.cells if c.cell_type == "code" for out in c.get("outputs", [])
                    if any(k.startswith("image/") for k in out.get("data", {})))
     return Measure(lab, sum(sizes), sum(n for c, n in zip(visible, sizes) if c.source.startswith(SHOWN_HEADER)),
-                   max(sizes, default=0), sum(tables), len(tables), pictures)
+                   max(sizes, default=0), sum(n for n, _ in tables), len(tables),
+                   sum(n for n, folded in tables if folded), pictures)
 
 
 def measure_labs(sources: list[Path]) -> str:
@@ -348,7 +352,7 @@ def measure_labs(sources: list[Path]) -> str:
     for source in sources:
         m = measure(nbformat.read(notebook_path(source), as_version=4), source.parent.name)
         rows.append((m.lab, f"{m.code_lines} ({m.package_lines} package)", m.longest_cell,
-                     f"{m.check_rows} in {m.check_tables} tables", m.pictures))
+                     f"{m.check_rows} in {m.check_tables} tables" + (f" ({m.folded_rows} folded)" if m.folded_rows else ""), m.pictures))
     return text_table(("lab", "code lines shown", "longest code cell", "check rows", "pictures"), rows, align_right=(2, 4))
 
 
