@@ -1,6 +1,29 @@
 # %% [markdown]
 # # Lab 04 — VAE load balancing (`lb`): plan, exchange, encode, return
 #
+# **Learning goals.** After this lab you can
+# 1. say why an encode step waits for its slowest rank, and plan a rebalancing
+#    that every rank computes identically without sending the plan (greedy
+#    closest-fit, with deterministic tie rules);
+# 2. move tensors of unknown shape between ranks: a fixed-size metadata record
+#    first, then the payload, both as one batched send/receive;
+# 3. count every byte of the step in closed form and check it with the ledger;
+# 4. explain why a rank with nothing to do must still enter every collective,
+#    and why a check of shapes, counts and bytes cannot catch a wrong value.
+#
+# **Prerequisites.** Lab 00 (the collectives primer: `all_gather`, send/recv;
+# and `ParallelDims`' overlay axes); Python and `torch` tensors. No VAE
+# knowledge: the encoder here is a small deterministic stand-in.
+#
+# **Time.** About 35 minutes to read; the last code cell prints how long the runs took.
+#
+# **Reading guide.** 1 the encoder; 2 the cost model; 3 the planner; 4 the
+# lab's batch against two baselines; 5 the protocol, with its sequence diagram;
+# 6 real runs on 2, 4 and 8 ranks; 7 loads and bytes; 8 the hang a skipped
+# collective causes; 9 the bug clinic; 10 the closing table; then what to try.
+# The code lives in `src/paralab/vae_lb/` (`planner.py`, `exchange.py`,
+# `costs.py`, `runs.py`); the code map is in this folder's README.
+#
 # **What is split.** Before a video model trains or samples, every raw video is
 # encoded into a latent by a VAE encoder. Each rank arrives with its own raw
 # videos, stored as uint8 pixels `(channels, frames, height, width)`, and their
@@ -40,7 +63,7 @@
 # A rank that decides "nothing to do here" and skips step 1 leaves its peers
 # waiting for ever; we show that hang safely, with a short timeout.
 
-# %%
+# %% jupyter={"source_hidden": true}
 import math
 import random
 import time
@@ -51,11 +74,12 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from paralab import ParallelDims
-from paralab.check import CheckFailed, assert_match, compare, verdict_table
+from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.exercises import EXERCISES
-from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic
+from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic as clinic_bug
 from paralab.grade import grade
 from paralab.launch import LaunchError, run
+from paralab.tables import text_table
 from paralab.ledger import format_table
 from paralab.models import TinyVideoEncoder, normalize_pixels, random_raw_videos, random_video_shapes
 from paralab.vae_lb import (
@@ -66,10 +90,11 @@ from paralab.vae_lb.costs import exchange_bytes
 from paralab.vae_lb.runs import (
     LBRun, global_plan, groups_of, lb_worker, measured_bytes, planned_encoder, reference_latents, run_checks,
 )
-from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads
+from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads, plot_lb_protocol
 
 LAB_START = time.perf_counter()
 torch.set_num_threads(1)  # like every rank: one thread each
+CLAIMS = []  # what this lab shows, one claim per row: printed as the closing table (section 10)
 
 # %% [markdown]
 # ## 1. The encoder: normalize first, then compress
@@ -83,7 +108,14 @@ torch.set_num_threads(1)  # like every rank: one thread each
 # rank encodes it: that is what lets us demand bit-identical latents below.
 
 # %%
-# show: paralab.models.normalize_pixels paralab.models.TinyVideoEncoder
+# show: paralab.models.normalize_pixels
+
+# %% [markdown]
+# The encoder itself (folded: an average pool and a fixed channel mix, in a
+# fixed loop order; expand it to read it):
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.models.TinyVideoEncoder
 
 # %%
 encoder = TinyVideoEncoder()
@@ -194,7 +226,31 @@ plt.close(fig)
 # only shrink, and at most (number of samples) moves are made.
 
 # %%
-# show: paralab.vae_lb.planner.Move paralab.vae_lb.planner.most_and_least_loaded paralab.vae_lb.planner.closest_fit paralab.vae_lb.planner.shrinks_gap paralab.vae_lb.planner.plan_rebalance
+# show: paralab.vae_lb.planner.closest_fit paralab.vae_lb.planner.shrinks_gap
+
+# %% [markdown]
+# The planning loop around those two rules, then (folded) the `Move` record and
+# the tie-broken choice of the most and least loaded ranks:
+
+# %%
+# show: paralab.vae_lb.planner.plan_rebalance
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.vae_lb.planner.Move paralab.vae_lb.planner.most_and_least_loaded
+
+# %% [markdown]
+# **Predict before you run.** Three ranks with costs `{0: [6, 6], 1: [1, 1], 2: [4]}`
+# (loads 12, 2, 4). Which video moves first, and where? How many moves in all?
+#
+# <details><summary>Answer</summary>
+#
+# The gap between rank 0 (12) and rank 1 (2) is 10, so the best sample is the
+# one closest to 5: a 6 goes from rank 0 to rank 1. Now rank 1 is the heaviest
+# (8) and rank 2 the lightest (4): gap 4, closest to 2 is a 1, which rank 1
+# sends to rank 2; then once more with the other 1. Three moves, loads 6, 6, 6
+# — and rank 1 both received and sent in one plan. The table below prints it.
+#
+# </details>
 
 
 # %%
@@ -331,7 +387,18 @@ display(Markdown(
 # lb group of world 8, group rank 0 is global rank 4.
 
 # %%
-# show: paralab.vae_lb.exchange.share_costs paralab.vae_lb.exchange.global_rank paralab.vae_lb.exchange.metadata paralab.vae_lb.exchange.empty_from_metadata paralab.vae_lb.exchange.batched_p2p paralab.vae_lb.exchange.exchange
+# show: paralab.vae_lb.exchange.share_costs
+
+# %% [markdown]
+# The exchange: metadata first, so each receiver can allocate, then the payloads.
+# Its three helpers (the metadata record, the buffer it describes, and one batch
+# of P2P ops with group ranks turned into global ones) are folded below it.
+
+# %%
+# show: paralab.vae_lb.exchange.exchange
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.vae_lb.exchange.metadata paralab.vae_lb.exchange.empty_from_metadata paralab.vae_lb.exchange.batched_p2p paralab.vae_lb.exchange.global_rank
 
 # %% [markdown]
 # The whole step. Every rank of the group calls it, with or without videos.
@@ -342,6 +409,17 @@ display(Markdown(
 # show: paralab.vae_lb.exchange.offload_encode paralab.vae_lb.exchange.return_latents
 
 # %% [markdown]
+# The step as a sequence diagram, for the plan the first 4 ranks of the lab's
+# batch (section 4) make as one lb group of 4: time runs downwards, one lane per
+# rank; orange arrows carry videos out, red ones carry latents home. Every
+# rank takes part in the share, whether or not it sends or receives.
+
+# %%
+fig = plot_lb_protocol(plan_rebalance({r: COSTS[r] for r in range(4)}), 4)
+display(fig)
+plt.close(fig)
+
+# %% [markdown]
 # ## 6. Real runs: lb = 2, 4, 8, and several groups in one world
 #
 # Each rank runs `offload_encode` on its part of the batch inside a ledger,
@@ -350,11 +428,11 @@ display(Markdown(
 # World 2 and 4 use the first 2 and 4 ranks' videos of the batch. One launch
 # per world size runs several lb sizes in a row (world 8: lb 8, one group;
 # lb 4, two groups; lb 2, four groups). The job each rank runs is
-# `paralab.vae_lb.runs.lb_worker`; `LBRun(4, raw_pixels_clinic)` is the run of
+# `paralab.vae_lb.runs.lb_worker`; `LBRun(4, clinic_bug)` is the run of
 # the bug clinic (section 9): one decision of the encode path swapped.
 
 # %%
-JOBS = {2: [LBRun(2)], 4: [LBRun(4), LBRun(2), LBRun(4, raw_pixels_clinic)], 8: [LBRun(8), LBRun(4), LBRun(2)]}
+JOBS = {2: [LBRun(2)], 4: [LBRun(4), LBRun(2), LBRun(4, clinic_bug)], 8: [LBRun(8), LBRun(4), LBRun(2)]}
 RESULTS = {}  # (world, lb, bug clinic?) -> every rank's report
 for world, jobs in JOBS.items():
     reports = run(lb_worker, world, BATCH[:world], jobs, timeout=60)
@@ -375,23 +453,43 @@ print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "")
 # - **bytes**: per rank, the ledger's P2P bytes sent and received and all-gather
 #   bytes equal the formulas of the introduction.
 #
-# First the full per-tensor table for world 4, lb 4.
-
-# %%
-reports = RESULTS[(4, 4, False)]
-per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents")
-print(verdict_table(per_tensor, "world 4, lb 4: every latent against encoding its video here"))
-
-# %% [markdown]
-# Rank 2 has no videos: it returns an empty list (no rows) but encodes guests
-# for the others. Now all runs, one row per property:
+# Every property on every run, as a pass matrix (run × property):
 
 # %%
 ALL_VERDICTS = []
 for (world, lb, clinic), reports in RESULTS.items():
     if not clinic:
         ALL_VERDICTS += run_checks(reports, BATCH[:world], lb)
+PROPERTIES = {"latents, owner order": "latents bitwise", "latent shapes": "shapes", "each video encoded once": "once",
+              "encoded on the planned rank": "placed", "same plan on every rank": "same plan",
+              "P2P bytes sent = formula": "P2P sent", "P2P bytes received = formula": "P2P received",
+              "all_gather bytes sent = formula": "gather sent"}
+RUNS = sorted({v.path.split(":")[0] for v in ALL_VERDICTS}, key=[v.path.split(":")[0] for v in ALL_VERDICTS].index)
+passed = {tuple(v.path.split(": ", 1)): v.passed for v in ALL_VERDICTS}
+print(text_table(("run", *PROPERTIES.values()),
+                 [(run_name, *("yes" if passed[(run_name, p)] else "NO" for p in PROPERTIES)) for run_name in RUNS]))
+
+# %% [markdown]
+# The same checks in full, one row per run and property, and every latent of
+# world 4, lb 4 against encoding its video here (folded: expand to read;
+# rank 2 has no videos, so it has no rows, but it encodes guests for the others).
+
+# %% jupyter={"outputs_hidden": true}
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
+reports = RESULTS[(4, 4, False)]
+per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents")
+print("\n" + verdict_table(per_tensor, "world 4, lb 4: every latent against encoding its video here"))
+for prop, label in (("latents, owner order", "latents equal encoding each video in one process, bitwise, in owner order"),
+                    ("latent shapes", "every latent has its video's latent shape"),
+                    ("each video encoded once", "every video is encoded exactly once"),
+                    ("encoded on the planned rank", "every video is encoded where the plan says"),
+                    ("same plan on every rank", "every rank computes the same plan (none is sent)"),
+                    ("P2P bytes sent = formula", "ledger: P2P bytes sent = 64 + 3THW per video, 64 + THW per latent"),
+                    ("P2P bytes received = formula", "ledger: P2P bytes received = the same formulas"),
+                    ("all_gather bytes sent = formula", "ledger: all_gather bytes = 8(n-1) + 8(n-1) W")):
+    rows = [v for v in ALL_VERDICTS if v.path.endswith(prop)]
+    CLAIMS.append(claim(f"{label}", all(v.passed for v in rows),
+                        f"{sum(v.passed for v in rows)} of {len(rows)} runs (lb 2, 4, 8; 1-4 groups), every rank"))
 
 # %% [markdown]
 # ## 7. Load before and after, spread, and the moves
@@ -430,8 +528,19 @@ print(moves_table(COSTS, plan_rebalance(COSTS), SHAPES))
 # %% [markdown]
 # ### What crossed the wire (world 8, lb 8)
 #
-# Calls and bytes sent per rank, from the ledger. Ranks 2 and 6 hold nothing:
-# they only gather costs and receive work. Every P2P byte is a metadata record
+# **Predict before you run.** Ranks 2 and 6 hold no videos. What will their
+# rows in the ledger show: do they call `all_gather`? `isend`? `irecv`?
+#
+# <details><summary>Answer</summary>
+#
+# All three. They enter both all-gathers (a count of 0, then padded costs),
+# receive guest videos (`irecv`: a metadata record, then the payload) and send
+# the latents back (`isend`). An empty rank is the best helper.
+#
+# </details>
+#
+# Calls and bytes sent per rank, from the ledger; a row that only receives
+# (`irecv`) shows the bytes received. Every P2P byte is a metadata record
 # (64 B), a raw video (`3THW`) or a latent (`THW`).
 
 # %%
@@ -454,8 +563,18 @@ print(f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P
 # A tempting shortcut: "this rank has no videos, return at once". The rank
 # returns, but its peers are inside `share_costs`, waiting in an `all_gather`
 # for a contribution that never comes. Here world 4, lb 2: rank 2 has no
-# videos, so rank 3 (its only peer) hangs, while group [0, 1] finishes. The
-# launcher stops everything after 3 s and says who was stuck.
+# videos and returns at once.
+#
+# **Predict before you run.** Which ranks hang: rank 3 only, ranks 0, 1 and 3,
+# or none?
+#
+# <details><summary>Answer</summary>
+#
+# Rank 3 only: it is rank 2's only peer, waiting in the first `all_gather` of
+# its group. Group [0, 1] is another process group with its own collectives,
+# so it finishes. The launcher stops everything after 3 s and says who was stuck.
+#
+# </details>
 
 # %%
 def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
@@ -473,14 +592,16 @@ def skipping_worker(batch):
                                          pd.lb_mesh.get_group())
 
 
+hung = []
 try:
     run(skipping_worker, 4, BATCH[:4], timeout=3)
-    hang_caught = False
     print("no hang?!")
-except LaunchError as err:
-    hang_caught = err.hung_ranks == [3]
+except LaunchError as err:  # expected: the launcher's timeout turns the hang into an error that names the ranks
+    hung = err.hung_ranks
     print(f"{type(err).__name__}: ranks {err.hung_ranks} did not finish; the launcher explains: "
           f"{str(err).split(': ', 1)[1]}")
+CLAIMS.append(claim("a rank that skips the collectives hangs its peer, and the launcher names it", hung == [3],
+                    f"world 4, lb 2, rank 2 skips: hung ranks {hung}"))
 
 # %% [markdown]
 # The fix is in `offload_encode` already: the empty rank takes part (it
@@ -489,24 +610,20 @@ except LaunchError as err:
 # one of rank 3's videos.
 
 
-# %%
-closing = compare(torch.tensor([hang_caught]), torch.tensor([True]),
-                  name="the skip hangs its peer (LaunchTimeout names rank 3)")
-print(verdict_table(closing, "the data-dependent skip"))
-
 # %% [markdown]
 # ## 9. Bug clinic: everything arrives, in order, and is wrong
 #
 # A real-world failure of video pipelines, seeded in one line of the encode
 # path. It already ran in section 6, in the same launch as the correct code:
 # the world-4, lb-4 job `LBRun(4, raw_pixels_clinic)`, on the same 4 ranks and the
-# same videos. The checks of section 6, applied to that run:
+# same videos. The checks of section 6, applied to that run. The bug is
+# planted, so here a check that fails is doing its job: it has caught the bug.
 
 # %%
 CLINIC = RESULTS[(4, 4, True)]
 clinic_rows = run_checks(CLINIC, BATCH[:4], 4)
 for v in clinic_rows:
-    print(f"{v.path:<40}  {'pass' if v.passed else f'FAIL: {v.n_diff} of {v.numel} elements differ'}")
+    print(f"{v.path:<40}  {'passes (blind to this bug)' if v.passed else f'catches the bug: {v.n_diff} of {v.numel} elements differ'}")
 
 # %% [markdown]
 # Each video was encoded once, on the rank the plan names; every rank holds
@@ -554,26 +671,39 @@ print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}],
 # </details>
 
 # %%
+caught = []
 try:
     assert_match([rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4], encoder), name="latents")
-    latent_check_fails = False
-    print("the bug was not caught?!")
-except CheckFailed as failure:
-    latent_check_fails = all(not v.passed for v in failure.verdicts)
-    print(f"CheckFailed: {str(failure).splitlines()[0]}")
+    print("the bug was NOT caught: assert_match accepted the buggy latents")
+except CheckFailed as failure:  # expected: the planted bug must be caught
+    caught = failure.verdicts
+    print(f"the check catches the bug (expected): {str(failure).splitlines()[0]}")
     print(f"  {failure.verdicts[0].describe()}")
 only_latents_fail = [v.passed == (not v.path.endswith("latents, owner order")) for v in clinic_rows]
 exercise = grade(EXERCISES["normalize_pixels"], raw_pixels_as_float)
-print(f"the normalize_pixels check on raw_pixels_as_float: {exercise.verdict}, {exercise.details[0].strip()}")
-verdicts = compare(torch.tensor([latent_check_fails, all(only_latents_fail), exercise.verdict == "FAIL"]),
-                   torch.tensor([True, True, True]),
-                   name="caught by the latent check, by it alone, and by the exercise check")
-verdicts += compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9,
-                    name="the diagnosis: buggy = 127.5 (correct + M 1)")
-print(verdict_table(verdicts, "bug clinic: raw uint8 pixels into the encoder"))
+print(f"the normalize_pixels exercise check rejects raw_pixels_as_float too (expected, grade {exercise.verdict}): "
+      f"{exercise.details[0].strip()}")
+latent_check_fails = bool(caught) and all(not v.passed for v in caught)
+CLAIMS.append(claim("bug clinic: the latent check catches raw uint8 pixels", latent_check_fails,
+                    f"{sum(not v.passed for v in caught)} of {len(caught)} latents differ"))
+CLAIMS.append(claim("bug clinic: it alone does; every protocol check passes", all(only_latents_fail),
+                    f"{sum(v.passed for v in clinic_rows)} of {len(clinic_rows)} run checks pass"))
+CLAIMS.append(claim("bug clinic: the normalize_pixels exercise check rejects it", exercise.verdict == "FAIL",
+                    f"grade: {exercise.verdict}"))
+CLAIMS += compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9,
+                  name="bug clinic diagnosis: buggy = 127.5 (correct + M 1)")
 
 # %% [markdown]
-# ## 10. Closing note
+# ## 10. Closing table
+#
+# Each row is a claim checked above, with what was observed (the per-run and
+# per-tensor detail is in the folded tables of section 6).
+
+# %%
+print(verdict_table(CLAIMS, "VAE load balancing: what this lab showed"))
+
+# %% [markdown]
+# ### Closing note
 
 # %%
 none_makespan, none_spread, _, _ = LAB_ROWS["no balancing"]
@@ -584,7 +714,7 @@ display(Markdown(
     f"makes {greedy_moved} moves and brings the spread of predicted load from {none_spread:,.0f} to "
     f"{greedy_spread:,.0f} and the makespan from {none_makespan:,.0f} to {greedy_makespan:,.0f} "
     f"(the lower bound is {LAB_BOUND:,.0f}); LPT moves {lpt_moved} of the {sum(COUNTS)} videos. The verdict "
-    "tables above show every latent back with its owner, in order, bit-identical to local encoding, at "
+    "table above shows every latent back with its owner, in order, bit-identical to local encoding, at "
     "lb = 2, 4 and 8 and with 2 and 4 groups in one world of 8, and the ledger's bytes equal to the formulas "
     "on every rank. The bug clinic's raw-uint8 encode passed every protocol check and failed only the latent "
     "comparison. The cell below prints this run's time."))
@@ -599,19 +729,37 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 # 1. Give rank 0 a single 16 × 64 × 64 video and everyone else nothing
 #    (`COUNTS`, `BATCH`): how many moves does the planner make, and why?
 #    (`plan_rebalance({0: [65536.0], 1: []})`.)
+#    <details><summary>Hint</summary>None. The gap equals the video's cost
+#    `c`, and moving it leaves a gap `|g − 2c| = c`: not smaller. The makespan
+#    cannot go below the largest video anyway.</details>
 # 2. Call `plan_rebalance(COSTS, max_iterations=2)`: how much of the spread
 #    reduction do the first two moves buy?
+#    <details><summary>Hint</summary>Read the "gap after" column of the lb 8 plan
+#    table in section 7, or `spread(loads_of(COSTS, assignment_from_moves(COSTS, moves)))`.
+#    The first moves take the largest bites.</details>
 # 3. Change the tie rule in `closest_fit` to prefer the *larger* cost, re-run
 #    the `small` example: which moves change? Would two ranks running different
 #    versions still agree on a plan?
+#    <details><summary>Hint</summary>Only rounds with two samples equally close to
+#    `g/2` (at `g/2 − d` and `g/2 + d`) change. Two ranks with different rules
+#    would post sends and receives that do not pair up: a hang, caught by the
+#    launcher's timeout.</details>
 # 4. In `lb_worker`, pass `group=None` instead of the lb group for lb = 4 at
 #    world 8: which checks fail, and why does nothing hang?
+#    <details><summary>Hint</summary>Every rank plans over the whole world, the
+#    same plan everywhere, so every send finds its receive; but the checks expect
+#    two groups of 4, so the placement, plan and byte rows can fail while the latents still match.</details>
 # 5. Make `encode_fn` return `encoder(video).float()`: which row of the verdict
 #    table fails first, and what does it say?
+#    <details><summary>Hint</summary>The latents row: a dtype mismatch (float32,
+#    expected float64) is reported before any value is compared.</details>
 # 6. Replace `encode_cost` by the number of frames only and rerun section 4:
 #    how far is the resulting plan from the bound when measured in `T·H·W`?
+#    <details><summary>Hint</summary>Plan with frame counts, then measure the
+#    result with the `T·H·W` costs: `loads_of(COSTS, assignment_from_moves(COSTS, moves))`.</details>
 # 7. In the bug clinic, seed the other normalization bug instead: in `lb_worker`
 #    use `pixels_to_unit_interval` (from `paralab.exercises.lab04`: scales to
 #    `[0, 1]`, the image-classifier habit). Do the bands stay? Which relation
-#    replaces `buggy = 127.5 (correct + M 1)`? (Hint: `x / 255 = (n + 1) / 2`
-#    for the normalized `n`.)
+#    replaces `buggy = 127.5 (correct + M 1)`?
+#    <details><summary>Hint</summary>`x / 255 = (n + 1) / 2` for the normalized
+#    `n`, and the encoder is linear.</details>
