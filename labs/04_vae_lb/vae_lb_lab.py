@@ -474,7 +474,7 @@ print(text_table(("run", *PROPERTIES.values()),
 # world 4, lb 4 against encoding its video here (folded: expand to read;
 # rank 2 has no videos, so it has no rows, but it encodes guests for the others).
 
-# %% jupyter={"outputs_hidden": true}
+# %% jupyter={"outputs_hidden": true} collapsed=true
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
 reports = RESULTS[(4, 4, False)]
 per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents")
