@@ -14,6 +14,7 @@ autosave never touches the committed notebooks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -73,7 +74,20 @@ def start_lab(root: Path, port: int, token: str) -> subprocess.Popen:
     raise SystemExit("JupyterLab did not start within 120 s")
 
 
-def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeout_s: int) -> dict:
+def first_change(committed: Path, saved: Path) -> str:
+    """What JupyterLab changed when it saved a notebook it had just opened ('' if nothing)."""
+    a, b = json.loads(committed.read_text()), json.loads(saved.read_text())
+    for key in sorted(set(a["metadata"]) | set(b["metadata"])):
+        if a["metadata"].get(key) != b["metadata"].get(key):
+            return f"notebook metadata {key}: {a['metadata'].get(key)} -> {b['metadata'].get(key)}"
+    for i, (x, y) in enumerate(zip(a["cells"], b["cells"])):
+        for key in sorted(set(x) | set(y)):
+            if x.get(key) != y.get(key):
+                return f"cell {i} {key}: {str(x.get(key))[:80]} -> {str(y.get(key))[:80]}"
+    return ""
+
+
+def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeout_s: int, work: Path) -> dict:
     page.goto(f"{base}/lab/tree/{notebook}?token={token}", wait_until="domcontentloaded")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                            " && window.jupyterapp.shell.currentWidget.context"
@@ -82,6 +96,11 @@ def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeou
                            " return k && k.kernel && k.kernel.status === 'idle'; }", timeout=180_000)
     time.sleep(3)  # let JupyterLab settle (it rewrites metadata, if it does, on open)
     opened_dirty = page.evaluate(NOTEBOOK_STATE)["dirty"]
+    change = ""
+    if opened_dirty:  # save the just-opened notebook to see what JupyterLab rewrote
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        time.sleep(3)
+        change = first_change(ROOT / notebook, work / notebook)
     start = time.monotonic()
     page.evaluate("() => { window.__ran = false; window.jupyterapp.commands.execute('notebook:run-all-cells')"
                   ".then(() => { window.__ran = true; }); }")
@@ -94,7 +113,7 @@ def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeou
                   " if (img) img.scrollIntoView({block: 'center'}); }")
     time.sleep(1)
     page.screenshot(path=str(shot))
-    return {"opened_dirty": opened_dirty, "seconds": seconds, **state}
+    return {"opened_dirty": opened_dirty, "change": change, "seconds": seconds, **state}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 shot = Path(args.shots) / f"browser_{lab}.png"
                 try:
                     r = check_lab(page, f"http://127.0.0.1:{port}", token, nb.relative_to(ROOT).as_posix(), shot,
-                                  args.run_timeout)
+                                  args.run_timeout, work)
                 except Exception as exc:  # a timeout or a page that never became ready: report, go on
                     problems += 1
                     print(f"{lab:<24} could not be checked: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
@@ -132,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{lab:<24} {'PROBLEMS' if bad else 'clean':<9} modified on open: {'yes' if r['opened_dirty'] else 'no'};"
                       f" run all {r['seconds']:.0f} s; {len(r['errors'])} errors; {len(r['stderr'])} stderr boxes;"
                       f" {r['images']} pictures; screenshot {shot}")
-                for line in r["errors"] + r["stderr"]:
+                for line in ([f"on open, JupyterLab rewrote {r['change']}"] if r["change"] else []) + r["errors"] + r["stderr"]:
                     print(f"    {line}")
                 page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
                 page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
