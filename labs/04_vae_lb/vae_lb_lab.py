@@ -173,8 +173,8 @@ display(fig)
 plt.close(fig)
 
 # %% [markdown]
-# On this machine the fit is a straight line (R² ≈ 0.99 when the machine is
-# quiet) with a small fixed part per video, tens of µs of Python and dispatch,
+# The fit is a straight line (R² close to 1 when the machine is quiet; the cell
+# above prints this run's) with a small fixed part per video (Python and dispatch),
 # while frames alone or frame area alone explain far less. The measurement
 # also caught a bug in a first version of `normalize_pixels`, which computed
 # `x / 127.5 - 1` out of place: three float64 buffers per video, each above the
