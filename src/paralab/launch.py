@@ -37,6 +37,9 @@ import torch
 import torch.distributed as dist
 
 _GRACE_AFTER_ERROR_S = 5.0
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "paralab.launch"]
+"""What the forkserver imports once, so every rank starts with it loaded. A lab whose ranks
+import something heavy (FSDP2, checkpointing) appends it before its first `run`."""
 
 
 class LaunchError(RuntimeError):
@@ -68,7 +71,7 @@ def _context(start_method: str) -> mp.context.BaseContext:
         raise ValueError("start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "paralab.launch"])
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
 
 
