@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from paralab.exercises import planted
@@ -67,12 +68,17 @@ def phase(name: str) -> Iterator[None]:
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter, unsharded (an all-gather per DTensor), under its plain model name."""
+    """Every parameter, unsharded, under its plain model name (one all-gather per FSDP unit)."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
     out = {}
     for name, p in model.named_parameters():
         for prefix in WRAPPER_PREFIXES:
             name = name.replace(prefix, "")
         out[name] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    for unit in units:
+        unit.reshard()
     return out
 
 
