@@ -457,7 +457,7 @@ def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int
     phases = ["forward", "backward", "recompute"]
     colors = {"forward": PALETTE[0], "backward": PALETTE[2], "recompute": PALETTE[6]}
     width = 0.8 / len(groups)
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     for c, cells in enumerate(table.values()):
         for g, group in enumerate(groups):
             x = c + (g - (len(groups) - 1) / 2) * width
@@ -469,13 +469,14 @@ def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int
                 formula_top += formula
                 if formula:
                     ax.plot([x - width * 0.4, x + width * 0.4], [formula_top] * 2, "k-", lw=1.5)
-            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=7, rotation=90)
-    for p in phases:
-        ax.bar([], [], color=colors[p], label=p)
-    ax.plot([], [], "k-", label="formula (running total)")
+            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=7)
+    handles = [plt.matplotlib.patches.Patch(color=colors[p], label=p) for p in phases]
+    handles.append(plt.matplotlib.lines.Line2D([], [], color="k", label="formula (running total)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    top = max(sum(cells.get((g, p), (0, 0))[0] for p in phases) for cells in table.values() for g in groups)
+    ax.set_ylim(0, top * 1.3)
     ax.set_xticks(range(len(table)), list(table), fontsize=8)
     ax.set_ylabel("bytes sent per rank per step")
     ax.set_title("One training step: bytes per group and phase (ledger) vs the closed form", fontsize=10)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
