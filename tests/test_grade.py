@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _build_nb  # noqa: E402
-from paralab.exercises import EXERCISES  # noqa: E402
-from paralab.grade import NOT_IMPLEMENTED, grade, report  # noqa: E402
+from paralab.exercises import EXERCISES
+from paralab.grade import NOT_IMPLEMENTED, grade, report
+from paralab.notebooks import exercise_notebook
 
 LABS = sorted({e.lab for e in EXERCISES.values()})
 
@@ -77,8 +76,8 @@ def test_exercise_notebooks_grade_zero_as_shipped_and_full_when_solved(lab, tmp_
     solved_nb = tmp_path / "solved.ipynb"
     import nbformat
 
-    nbformat.write(_build_nb.exercise_notebook(lab, stub_nb.name), stub_nb)
-    nbformat.write(_build_nb.exercise_notebook(lab, solved_nb.name, solved=True), solved_nb)
+    nbformat.write(exercise_notebook(lab, stub_nb.name), stub_nb)
+    nbformat.write(exercise_notebook(lab, solved_nb.name, solved=True), solved_nb)
     stub = subprocess.run([sys.executable, "-m", "paralab.grade", str(stub_nb)], capture_output=True, text=True,
                           timeout=300)
     assert stub.returncode == 1, stub.stdout + stub.stderr

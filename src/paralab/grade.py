@@ -23,52 +23,19 @@ import re
 import subprocess
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
 
 from paralab.check import Verdict, compare
+from paralab.exercises import EXERCISES, Exercise
 from paralab.launch import LaunchError, LaunchTimeout, run
 
 NOT_IMPLEMENTED = "not implemented yet"
 REPORT_LINE = re.compile(r"^(?P<name>[\w.]+): (?P<verdict>PASS|FAIL|ERROR|TIMEOUT|not implemented yet) — "
                          r"(?P<points>\d+)/(?P<max>\d+) points", re.MULTILINE)
-
-
-@dataclass
-class Exercise:
-    """One function a learner writes, and how to check it against the package's solution.
-
-    `cases(rank, world)` returns a list of argument tuples; each is passed to the
-    learner's function and to `solution` (which defaults to the package
-    function named by `target`). `world_sizes` of 0 means "in this process, no
-    ranks". Outputs go through `normalize` before the element-wise comparison.
-    """
-
-    name: str
-    lab: str
-    target: str
-    prompt: str
-    hint: str
-    cases: Callable[[int, int], list[tuple]]
-    world_sizes: tuple[int, ...] = (0,)
-    points: int = 2
-    minutes: int = 15
-    atol: float = 0.0
-    rtol: float = 0.0
-    solution: Callable | None = None
-    normalize: Callable[[Any], Any] = field(default=lambda out: out)
-    timeout: float = 30.0
-    bugs: list[tuple[str, Callable, str]] = field(default_factory=list)
-    """Known wrong versions: (what is wrong, the function, text the report must contain to point at it)."""
-
-    def reference(self) -> Callable:
-        if self.solution is not None:
-            return self.solution
-        module_name, _, attr = self.target.rpartition(".")
-        return getattr(__import__(module_name, fromlist=[attr]), attr)
 
 
 @dataclass
@@ -168,8 +135,6 @@ def report(exercise: Exercise, outcome: Outcome) -> str:
 
 def check(name: str, fn: Callable) -> Outcome:
     """Grade the learner's `fn` for exercise `name` and print the report."""
-    from paralab.exercises import EXERCISES
-
     if name not in EXERCISES:
         raise KeyError(f"no exercise named {name!r}; known: {', '.join(sorted(EXERCISES))}")
     exercise = EXERCISES[name]
@@ -183,8 +148,6 @@ def grade_notebook(path: Path, timeout: int = 600) -> list[tuple[str, int, int, 
     """Execute a student's notebook headless; (exercise, points, max, verdict) per exercise of its lab."""
     import nbformat
     from nbclient import NotebookClient
-
-    from paralab.exercises import EXERCISES
 
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,

@@ -1,4 +1,4 @@
-"""The exercises of every lab, by name. Each lab's module lists its own.
+"""The exercises of every lab, by name, and `planted` for their bug variants. Each lab's module lists its own.
 
 An exercise names a package function whose body holds a solution region,
 marked with nbgrader's own comment lines:
@@ -16,10 +16,43 @@ from __future__ import annotations
 import contextlib
 import importlib
 import pkgutil
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from paralab.grade import Exercise
+
+@dataclass
+class Exercise:
+    """One function a learner writes, and how to check it against the package's solution.
+
+    `cases(rank, world)` returns a list of argument tuples; each is passed to the
+    learner's function and to `solution` (which defaults to the package
+    function named by `target`). `world_sizes` of 0 means "in this process, no
+    ranks". Outputs go through `normalize` before the element-wise comparison.
+    """
+
+    name: str
+    lab: str
+    target: str
+    prompt: str
+    hint: str
+    cases: Callable[[int, int], list[tuple]]
+    world_sizes: tuple[int, ...] = (0,)
+    points: int = 2
+    minutes: int = 15
+    atol: float = 0.0
+    rtol: float = 0.0
+    solution: Callable | None = None
+    normalize: Callable[[Any], Any] = field(default=lambda out: out)
+    timeout: float = 30.0
+    bugs: list[tuple[str, Callable, str]] = field(default_factory=list)
+    """Known wrong versions: (what is wrong, the function, text the report must contain to point at it)."""
+
+    def reference(self) -> Callable:
+        if self.solution is not None:
+            return self.solution
+        module_name, _, attr = self.target.rpartition(".")
+        return getattr(__import__(module_name, fromlist=[attr]), attr)
 
 
 @contextlib.contextmanager

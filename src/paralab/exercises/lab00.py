@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from paralab.grade import Exercise
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
 
 CONFIGS = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.cfgp import initial_latent
-from paralab.grade import Exercise
+from paralab.cfgp.sampling import initial_latent
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
 
 LAB = "03_cfgp"
@@ -121,7 +121,7 @@ EXERCISES = [
     Exercise(
         name="exchange_prediction",
         lab=LAB,
-        target="paralab.cfgp.exchange_prediction",
+        target="paralab.cfgp.sampling.exchange_prediction",
         prompt=(
             "Each of the two ranks of a cfgp `group` holds its own branch's prediction `mine`. "
             "Swap them point to point: send `mine` to the other member of the group and return "
@@ -149,7 +149,7 @@ EXERCISES = [
     Exercise(
         name="cfg_combine",
         lab=LAB,
-        target="paralab.cfgp.cfg_combine",
+        target="paralab.cfgp.sampling.cfg_combine",
         prompt=(
             "Classifier-free guidance: from the conditional and unconditional predictions and the "
             "guidance scale `w`, return `uncond + w·(cond − uncond)`. `w = 1` gives the conditional "
@@ -174,7 +174,7 @@ EXERCISES = [
     Exercise(
         name="initial_latent",
         lab=LAB,
-        target="paralab.cfgp.initial_latent",
+        target="paralab.cfgp.sampling.initial_latent",
         prompt=(
             "The initial noise must be the same on both ranks of a cfgp pair. Write the `broadcast` "
             "path: without cfgp (`pd` None or `pd.cfgp_enabled` false) draw the noise here with "

@@ -10,6 +10,3 @@ from paralab.parallel_dims import ParallelDims
 def sample_by_global_rank(rank: int, parallel_dims: ParallelDims) -> int:
     """Every rank its own sample: cp partners no longer share one, and samples past the batch are read."""
     return rank
-
-
-EXERCISES: list = []

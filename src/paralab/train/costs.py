@@ -19,7 +19,7 @@ import math
 
 from torch import nn
 
-from paralab.cp.traffic import ring_bytes, shard_bytes, ulysses_bytes
+from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.train.model import SHAPE, build_model
 
 PHASES = ("forward", "backward", "recompute")
