@@ -67,3 +67,20 @@ def test_train_causal_ring_full_ac_adam_matches_one_process():
     expected = reference(samples=2, optimizer="adam", causal=True)
     assert_match(per_rank, [expected] * 4, atol=1e-12)
     assert all(torch.equal(per_rank[r]["head.weight"], per_rank[0]["head.weight"]) for r in range(4))
+
+
+def test_lab05_pictures_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab import viz
+
+    fig = viz.plot_token_ownership([0, 0, 1, 1], [[0, 1], [2, 3], [0, 1], [2, 3]], 4)
+    fig.canvas.draw()
+    plt.close(fig)
+    cells = {("dp_shard", "forward"): (10, 10), ("cp", "recompute"): (4, 4)}
+    fig = viz.plot_group_phase_bytes({"a": cells, "b": cells})
+    fig.canvas.draw()
+    plt.close(fig)

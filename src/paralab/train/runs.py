@@ -21,7 +21,7 @@ from paralab.exercises import planted
 from paralab.ledger import Ledger
 from paralab.parallel_dims import ParallelDims
 from paralab.train.model import DTYPE, SHAPE, build_model, loss_of
-from paralab.train import parallelism
+import paralab.train.parallelism as parallelism
 from paralab.train.parallelism import apply_ac, apply_compile, parallelize, shard_on
 
 LEARNING_RATE = {"sgd": 0.2, "adam": 0.02}
