@@ -21,8 +21,8 @@
 # **What is checked.** Parameters after 3 optimizer steps (SGD and Adam), element by element
 # in float64, against one process training on the whole global batch: 4 ranks (dp_shard 4,
 # cp 2, ring), 8 ranks (dp_replicate 2 × dp_shard 4, cp 2, ring), 8 ranks (dp_shard 8, cp 4,
-# Ulysses), each with AC none / full / selective, and compiled once. Every byte of every step
-# against its closed form.
+# Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1), each with AC
+# none / full / selective, and compiled once. Every byte of every step against its closed form.
 
 # %%
 import time
@@ -121,10 +121,11 @@ plt.close(fig)
 #   *region split* — the norm+qkv region and the MLP are checkpointed, the attention is not, so
 #   its output is saved and the recompute sends nothing. Why not torch's selective policy
 #   (`create_selective_checkpoint_contexts`, which Cosmos feeds op-name MUST_SAVE/RECOMPUTE
-#   lists)? The policy sees ATen ops; our ring and Ulysses are Python `autograd.Function`s that
-#   call `torch.distributed` themselves, so a policy cannot mark "the CP attention" as saved
-#   (it would need the attention registered as one custom op). The region split states the same
-#   decision — save the attention, recompute the rest — in plain modules.
+#   lists; torchtitan's `_op_sac_save_list` saves the SDPA ops and the functional
+#   `reduce_scatter_tensor`)? The policy sees ATen ops; our ring and Ulysses are Python
+#   `autograd.Function`s that call `torch.distributed` themselves, so a policy cannot mark "the
+#   CP attention" as saved (it would need the attention registered as one custom op). The region
+#   split states the same decision — save the attention, recompute the rest — in plain modules.
 #   The wrapper's `context_fn` labels the recompute in the ledger as its own phase.
 # - `apply_compile`: `torch.compile` per block with the `aot_eager` backend (AOTAutograd traces
 #   forward and backward graphs, runs them eagerly: no C++ compiler needed on this CPU).
@@ -168,6 +169,7 @@ CONFIGS = {
     "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
     "8 ranks: dp_replicate 2 x dp_shard 4, cp 2, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=2), dict(attention="ring")),
     "8 ranks: dp_shard 8, cp 4, Ulysses": (8, dict(dp_shard=8, cp=4), dict(attention="ulysses")),
+    "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (8, dict(dp_replicate=2, dp_shard=4, cp=1), dict(attention="ring")),
 }
 COMPILED = dict(attention="ring", compile=True, causal=True)
 WRONG_ORDERS = {  # one step moved in front of CP; the variant exercises the wrapper that moved
@@ -273,7 +275,8 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 #
 # torchtitan *consumes* ranks: `dp_replicate × dp_shard × cp = world`, so on these ranks its
 # dp_shard is `world / (dp_replicate·cp)`, and FSDP shards over the flattened `dp_shard_cp`
-# mesh (its `parallelize_llama` picks `("dp_replicate", "dp_shard_cp")` or `("dp_shard_cp",)`).
+# mesh (`("dp_replicate", "dp_shard_cp")`, or `("dp_shard_cp",)` without replicas; newer
+# torchtitan calls the same flattened mesh `fsdp`).
 # `run_titan` builds that 3-D mesh, takes the cp group from it, loads the sample of its dp
 # coordinate, and shards on the flattened mesh. The flattened group is the same set of ranks as
 # the overlay's dp group, in the same order, so the parameters should not differ by a bit.
@@ -331,7 +334,8 @@ for world in (4, 8):
         formula, measured = byte_cells(world, job)
         ok = all(m == formula for m in measured)
         byte_verdicts.append((name, variant, ok))
-        short = f"{world}r {variant['attention']}{' HSDP' if dims.get('dp_replicate') else ''} ac={variant.get('ac', 'none')}"
+        attention = f" {variant['attention']}" if dims["cp"] > 1 else ""
+        short = f"{world}r{' HSDP' if dims.get('dp_replicate') else ''} cp{dims['cp']}{attention} ac={variant.get('ac', 'none')}"
         if variant.get("optimizer", "sgd") == "sgd" and not variant.get("compile") and (world == 4 or variant.get("ac") == "full"):
             pictured[short] = {cell: (measured[0][cell], formula[cell]) for cell in formula}
 rows = [[config, group, *(f"{cells[group, p][0]} = {cells[group, p][1]}" for p in ("forward", "backward", "recompute"))]
@@ -413,18 +417,20 @@ print(verdict_table(order_verdicts, "wrong orders"))
 #   `SequenceShard` land on the same objects.
 #
 # In the real code the order is a contract because CP is not a plain attribute swap there.
-# torchtitan (`torchtitan/distributed/context_parallel.py`, `apply_cp`, pytorch/torchtitan @
-# 2fc04c6) installs CP with `parallelize_module` on each `block.attention.inner_attention`,
-# i.e. module hooks and DTensor dispatch that the later compile must trace and that FSDP's
-# hooks must wrap; its `parallelize_llama` then applies AC, compile "after AC wrapping and
-# before FSDP" (the comment cites pytorch/torchtitan#472), and FSDP on the flattened
-# `dp_shard_cp` mesh. Cosmos-RL's Qwen2.5-VL `parallelize` (`cosmos_rl/policy/model/qwen2_5_vl/
-# parallelize.py`, `apply_cp`, vinjn/cosmos-rl @ 1d7bbfa) rewrites
-# `transformer_block.self_attn.attn_func` and swizzles the model's forward for the cp
-# layout: it reaches *through* `block.self_attn`, an attribute the checkpoint wrapper forwards,
-# which is exactly why the same assignment made on the block itself (our AC-before-CP case)
-# breaks. Compiling before CP would bake the non-CP attention into a traced graph, and FSDP's
-# unshard/reshard hooks must sit outside the code they gather for, so FSDP comes last.
+# torchtitan's `parallelize_llama` (`torchtitan/models/llama3/infra/parallelize.py`,
+# pytorch/torchtitan @ 018740b) installs CP first, on each `block.attention.inner_attention`
+# (`apply_cp_to_attention_module`; in `torchtitan/distributed/context_parallel.py` @ 2fc04c6
+# this is `parallelize_module` with a `_ContextParallel` plan: module hooks and DTensor
+# dispatch), then AC, then compile ("after AC wrapping and before FSDP"), then FSDP on the
+# flattened dp_shard·cp mesh. A compile before CP could trace the attention without those hooks;
+# FSDP's unshard/reshard hooks must sit outside the code they gather for, so FSDP is last.
+# Cosmos-RL's Qwen2.5-VL `parallelize` (`cosmos_rl/policy/model/qwen2_5_vl/parallelize.py`,
+# vinjn/cosmos-rl @ 1d7bbfa) actually applies **AC before CP** — and gets away with it, because
+# its `apply_cp` assigns `transformer_block.self_attn.attn_func`: it reaches *through*
+# `block.self_attn`, an attribute the checkpoint wrapper forwards to the wrapped block, so the
+# new function lands on the real attention module. Our `apply_cp` assigns on the object in
+# `model.blocks` itself, so the same order breaks. Its comment on compile placement points to
+# pytorch/torchtitan#472.
 # </details>
 
 # %% [markdown]
