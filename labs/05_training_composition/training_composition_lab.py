@@ -133,7 +133,7 @@ plt.close(fig)
 #   when dp_replicate > 1, lab 01's trap).
 
 # %%
-# show: paralab.train.parallelism.CPAttention paralab.train.parallelism.apply_cp paralab.train.parallelism.recompute_phase paralab.train.parallelism._recompute_labelled paralab.train.parallelism.checkpointed paralab.train.parallelism.apply_ac paralab.train.parallelism.apply_compile paralab.train.parallelism.shard_on paralab.train.parallelism.apply_fsdp paralab.train.parallelism.parallelize
+# show: paralab.train.parallelism.CPAttention paralab.train.parallelism.apply_cp paralab.train.parallelism._recompute_labelled paralab.train.parallelism.checkpointed paralab.train.parallelism.apply_ac paralab.train.parallelism.apply_compile paralab.train.parallelism.shard_on paralab.train.parallelism.apply_fsdp paralab.train.parallelism.parallelize
 
 # %% [markdown]
 # A tiny run, in this process: what sits in `model.blocks[0]` after each wrapper (no ranks

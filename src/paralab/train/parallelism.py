@@ -10,8 +10,6 @@ actually runs.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 
 from paralab.cp.ring import ring_attention
 from paralab.cp.ulysses import ulysses_attention
-from paralab.ledger import Ledger
+from paralab.ledger import in_phase
 from paralab.parallel_dims import ParallelDims, fsdp_mesh
 from paralab.train.model import SequenceShard
 
@@ -77,17 +75,9 @@ def model_is_causal(model: nn.Module) -> bool:
     return any(getattr(m, "causal", False) for m in model.modules())
 
 
-@contextlib.contextmanager
-def recompute_phase() -> Iterator[None]:
-    """Label the calls made while checkpointed code is recomputed (inside the backward)."""
-    ledger = Ledger._active
-    with ledger.phase("recompute") if ledger is not None else contextlib.nullcontext():
-        yield
-
-
 def _recompute_labelled() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
     """`checkpoint`'s context_fn: nothing around the first forward, a ledger label around the recompute."""
-    return contextlib.nullcontext(), recompute_phase()
+    return contextlib.nullcontext(), in_phase("recompute")
 
 
 def checkpointed(module: nn.Module) -> nn.Module:

@@ -9,20 +9,21 @@ tokens of it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
 from paralab.exercises import planted
-from paralab.ledger import Ledger
+from paralab.ledger import Ledger, in_phase
 from paralab.parallel_dims import ParallelDims
-from paralab.train.model import DTYPE, SHAPE, build_model, loss_of
+from paralab.train.model import DTYPE, SHAPE, SequenceShard, build_model, loss_of
 import paralab.train.parallelism as parallelism
-from paralab.train.parallelism import apply_ac, apply_compile, parallelize, shard_on
+from paralab.train.parallelism import CPAttention, apply_ac, apply_compile, blocks_of, parallelize, shard_on
 
 LEARNING_RATE = {"sgd": 0.2, "adam": 0.02}
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -59,14 +60,6 @@ def optimizer_for(params: Any, kind: str) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer = {kind!r}, expected 'sgd' or 'adam'")
 
 
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    """Label this rank's collectives in the active ledger, if one is recording."""
-    ledger = Ledger._active
-    with ledger.phase(name) if ledger is not None else contextlib.nullcontext():
-        yield
-
-
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, unsharded, under its plain model name (one all-gather per FSDP unit)."""
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -86,20 +79,24 @@ def training_loop(model: nn.Module, sample: int, *, steps: int, optimizer: str, 
     """`steps` optimizer steps of `model` on sample `sample` of each step's global batch; full params back."""
     opt = optimizer_for(model.parameters(), optimizer)
     for step in range(steps):
-        with phase("forward"):
+        with in_phase("forward"):
             loss = loss_of(model, *make_sample(seed, step, sample))
-        with phase("backward"):
+        with in_phase("backward"):
             loss.backward()
-        with phase("optimizer"):
+        with in_phase("optimizer"):
             opt.step()
             opt.zero_grad()
-    with phase("report"):
+    with in_phase("report"):
         return full_parameters(model)
+
+
+def device_type() -> str:
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
 def ensure_meshes(parallel_dims: ParallelDims) -> ParallelDims:
     if not parallel_dims.mesh:
-        parallel_dims.build_meshes("cuda" if dist.get_backend() == "nccl" else "cpu")
+        parallel_dims.build_meshes(device_type())
     return parallel_dims
 
 
@@ -130,12 +127,6 @@ def reference(*, samples: int, steps: int = 3, optimizer: str = "sgd", seed: int
 
 
 # ------------------------------------------------------------------ per-rank jobs of the lab and tests
-def variant_name(v: dict) -> str:
-    parts = [v.get("attention", "ring"), f"ac={v.get('ac', 'none')}", v.get("optimizer", "sgd")]
-    parts += ["causal"] * bool(v.get("causal")) + ["compile"] * bool(v.get("compile"))
-    return " ".join(parts)
-
-
 def dims_of(dims: dict, cache: dict = {}) -> ParallelDims:  # noqa: B006 (one cache per rank process)
     """The ParallelDims of `dims` on this world, meshes built once per process and reused."""
     key = (dist.get_world_size(), tuple(sorted(dims.items())))
@@ -177,8 +168,6 @@ def local_losses(dims: dict, *, attention: str = "ring", causal: bool = False, s
 
 def generate_demo(dims: dict, *, prompt_tokens: int = 4, new_tokens: int = 4, seed: int = 0) -> dict:
     """FSDP-sharded `generate`: first unregistered (what happens), then registered with FSDP."""
-    from torch.distributed.fsdp import register_fsdp_forward_method
-
     pd = dims_of(dims)
     model = parallelize(build_model(causal=True), pd)
     noisy, sigma, _ = make_sample(seed, 0, sample_index(dist.get_rank(), pd))
@@ -208,10 +197,8 @@ def run_in_order(dims: dict, order: tuple[str, ...], variant: dict, *, steps: in
 def titan_meshes(world: int, dp_replicate: int, cp: int) -> dict:
     """torchtitan's consuming reading of the same ranks: (dp_replicate, dp_shard = world/(dp_replicate*cp), cp),
     with FSDP on the flattened dp_shard_cp mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     dp_shard = world // (dp_replicate * cp)
-    mesh = init_device_mesh("cpu", (dp_replicate, dp_shard, cp), mesh_dim_names=("dp_replicate", "dp_shard", "cp"))
+    mesh = init_device_mesh(device_type(), (dp_replicate, dp_shard, cp), mesh_dim_names=("dp_replicate", "dp_shard", "cp"))
     mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
     fsdp = mesh[("dp_replicate", "dp_shard_cp")] if dp_replicate > 1 else mesh["dp_shard_cp"]
     coord = mesh.get_coordinate()
@@ -220,9 +207,6 @@ def titan_meshes(world: int, dp_replicate: int, cp: int) -> dict:
 
 def run_titan(dp_replicate: int, cp: int, variant: dict, *, steps: int = 3) -> dict:
     """The same training with torchtitan's meshes: cp group and FSDP mesh from its 3-D mesh, batch by dp index."""
-    from paralab.train.model import SequenceShard
-    from paralab.train.parallelism import CPAttention, blocks_of
-
     world = dist.get_world_size()
     t = titan_meshes(world, dp_replicate, cp)
     causal = variant.get("causal", False)
