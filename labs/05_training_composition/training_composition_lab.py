@@ -461,7 +461,7 @@ print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
 #
 # Below, the same 4-rank training (dp_shard 4, cp 2) ran once more inside the launch, with a
 # seeded bug in *which sample a rank loads* (`paralab.exercises.lab05`; do not read it yet).
-# Training runs, the loss goes down. The picture is `|buggy - reference|` for the first MLP
+# Training runs without a complaint. The picture is `|buggy - reference|` for the first MLP
 # weight after 3 steps.
 
 # %%
@@ -528,8 +528,8 @@ print(text_table(["section", "checks passed"], [[s, f"{sum(v.passed for v in vs)
 #    `apply_ac("selective")` wraps)?
 # 4. Predict the cp recompute bytes at cp = 8 with the ring and full AC, from the formula,
 #    then add the configuration to `CONFIGS` and check.
-# 5. In `generate_demo`, call `model(...)` once before `generate`. Does the unregistered
-#    `generate` still fail? (Hint: the root reshards after its forward.)
+# 5. In `generate_demo`, call `model(...)` once before the unregistered `generate`. Does it
+#    still fail? Which units' parameters are gathered at that moment, and which are not?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
