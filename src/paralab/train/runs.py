@@ -127,12 +127,16 @@ def reference(*, samples: int, steps: int = 3, optimizer: str = "sgd", seed: int
 
 
 # ------------------------------------------------------------------ per-rank jobs of the lab and tests
-def dims_of(dims: dict, cache: dict = {}) -> ParallelDims:  # noqa: B006 (one cache per rank process)
+_BUILT: dict[tuple, ParallelDims] = {}
+"""ParallelDims with meshes, per (world, dims), in this rank process: a launch builds each mesh once."""
+
+
+def dims_of(dims: dict) -> ParallelDims:
     """The ParallelDims of `dims` on this world, meshes built once per process and reused."""
     key = (dist.get_world_size(), tuple(sorted(dims.items())))
-    if key not in cache:
-        cache[key] = ensure_meshes(ParallelDims(dist.get_world_size(), **dims))
-    return cache[key]
+    if key not in _BUILT:
+        _BUILT[key] = ensure_meshes(ParallelDims(dist.get_world_size(), **dims))
+    return _BUILT[key]
 
 
 def run_variants(jobs: list[tuple[dict, dict]], *, steps: int = 3, ledger: bool = False) -> list[dict]:
