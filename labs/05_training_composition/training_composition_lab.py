@@ -46,7 +46,7 @@ from paralab.train.runs import (compile_report, generate_demo, local_losses, mak
 
 LAB_START = time.monotonic()
 torch.set_num_threads(1)  # this process shares the CPU with the ranks: tiny tensors, no thread spinning
-launch.FORKSERVER_PRELOAD += ["paralab.train", "torch._dynamo"]  # ranks start with FSDP2, checkpointing, Dynamo imported
+launch.FORKSERVER_PRELOAD.append("paralab.train")  # ranks start with this lab's package imported
 print(SHAPE)
 
 # %% [markdown]
