@@ -78,8 +78,12 @@ def first_change(committed: Path, saved: Path) -> str:
     """What JupyterLab changed when it saved a notebook it had just opened ('' if nothing)."""
     a, b = json.loads(committed.read_text()), json.loads(saved.read_text())
     for key in sorted(set(a["metadata"]) | set(b["metadata"])):
-        if a["metadata"].get(key) != b["metadata"].get(key):
-            return f"notebook metadata {key}: {a['metadata'].get(key)} -> {b['metadata'].get(key)}"
+        old, new = a["metadata"].get(key), b["metadata"].get(key)
+        if old != new and isinstance(old, dict) and isinstance(new, dict):
+            inner = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            return f"notebook metadata {key}: " + ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in inner)
+        if old != new:
+            return f"notebook metadata {key}: {old!r} -> {new!r}"
     for i, (x, y) in enumerate(zip(a["cells"], b["cells"])):
         for key in sorted(set(x) | set(y)):
             if x.get(key) != y.get(key):
