@@ -52,6 +52,15 @@ NOTEBOOK_STATE = """() => {
 }"""
 
 
+# Shut the kernel down and close the tab without the "save changes?" dialog (the copy is thrown away).
+CLOSE_NOTEBOOK = """async () => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  await panel.sessionContext.shutdown();
+  panel.context.model.dirty = false;
+  panel.dispose();
+}"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,7 +122,7 @@ def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeou
                            " return k.kernel.status === 'idle'; }", timeout=60_000)
     seconds = time.monotonic() - start
     state = page.evaluate(NOTEBOOK_STATE)
-    page.evaluate("() => { const img = document.querySelector('.jp-RenderedImage');"
+    page.evaluate("() => { const img = window.jupyterapp.shell.currentWidget.node.querySelector('.jp-RenderedImage');"
                   " if (img) img.scrollIntoView({block: 'center'}); }")
     time.sleep(1)
     page.screenshot(path=str(shot))
@@ -149,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a timeout or a page that never became ready: report, go on
                     problems += 1
                     print(f"{lab:<24} could not be checked: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    page.evaluate(CLOSE_NOTEBOOK)
                     continue
                 bad = r["opened_dirty"] or r["errors"] or r["stderr"] or r["running"]
                 problems += bool(bad)
@@ -157,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                       f" {r['images']} pictures; screenshot {shot}")
                 for line in ([f"on open, JupyterLab rewrote {r['change']}"] if r["change"] else []) + r["errors"] + r["stderr"]:
                     print(f"    {line}")
-                page.evaluate("() => window.jupyterapp.commands.execute('kernelmenu:shutdown')")
-                page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
+                page.evaluate(CLOSE_NOTEBOOK)
             browser.close()
     finally:
         server.terminate()

@@ -253,7 +253,7 @@ plt.close(fig)
 # </details>
 
 
-# %%
+# %% jupyter={"source_hidden": true}
 def moves_table(costs, moves, shapes=None):
     """The plan, one row per move, with the gap between the two ranks before and after."""
     loads = {r: sum(c) for r, c in costs.items()}
@@ -271,6 +271,7 @@ def moves_table(costs, moves, shapes=None):
     return "\n".join(lines)
 
 
+# %%
 small = {0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}
 print("loads", {r: sum(c) for r, c in small.items()})
 print(moves_table(small, plan_rebalance(small)))
@@ -329,7 +330,7 @@ for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items():
 LAB_BOUND = bound
 
 
-# %%
+# %% jupyter={"source_hidden": true}
 def reaches(name):
     makespan, _, moved, _ = LAB_ROWS[name]
     where = "reaches the bound" if makespan == LAB_BOUND else f"stops {makespan / LAB_BOUND - 1:.1%} above the bound"
@@ -364,7 +365,7 @@ for name, (ratio, moves, count) in sums.items():
     print(f"{name:<20}  {ratio / count:>21.3f}  {moves / count:>17.1f}")
 
 
-# %%
+# %% jupyter={"source_hidden": true}
 def mean_row(name):
     ratio, moves, count = sums[name]
     return f"{ratio / count - 1:.1%} above the bound on average, moving {moves / count:.1f} videos per batch"
@@ -705,7 +706,7 @@ print(verdict_table(CLAIMS, "VAE load balancing: what this lab showed"))
 # %% [markdown]
 # ### Closing note
 
-# %%
+# %% jupyter={"source_hidden": true}
 none_makespan, none_spread, _, _ = LAB_ROWS["no balancing"]
 greedy_makespan, greedy_spread, greedy_moved, _ = LAB_ROWS["greedy closest-fit"]
 lpt_moved = LAB_ROWS["LPT"][2]
