@@ -71,7 +71,8 @@ def start_lab(root: Path, port: int, token: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"],
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+         f"--LabApp.workspaces_dir={root / '.workspaces'}", f"--LabApp.user_settings_dir={root / '.settings'}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(120):
         try:
@@ -101,7 +102,7 @@ def first_change(committed: Path, saved: Path) -> str:
 
 
 def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeout_s: int, work: Path) -> dict:
-    page.goto(f"{base}/lab/tree/{notebook}?token={token}", wait_until="domcontentloaded")
+    page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}", wait_until="domcontentloaded")  # no restored tabs
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                            " && window.jupyterapp.shell.currentWidget.context"
                            " && window.jupyterapp.shell.currentWidget.context.isReady", timeout=120_000)
