@@ -3,12 +3,15 @@
 One launch per cp runs every configuration (causal or not, contiguous or zigzag,
 both Ulysses layouts) and returns results plus ledger records for each.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import paralab.cp as cp
 import paralab.cp.ring as ring_module
+import paralab.cp.ulysses as ulysses_module
 from paralab import ParallelDims
 from paralab.check import assert_match
 from paralab.cp.runs import (
@@ -16,7 +19,10 @@ from paralab.cp.runs import (
     sdpa_reference,
 )
 from paralab.exercises import planted
-from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
+from paralab.exercises.lab02 import (
+    merge_without_rescaling, pack_heads_without_transpose, pack_seq_strided, replicated_clinic_bug, ring_clinic_bug,
+    unpack_heads_interleaved, unpack_seq_heads_mixed,
+)
 from paralab.launch import LaunchError, run
 
 
@@ -67,6 +73,18 @@ def test_broken_variants_are_caught(bug, backward_only):
     full = _tensors(world, seed=1)
     good, bad = zip(*run(correct_and_buggy, world, full, config, bug, backward_only))
     assert not _failed(check_config(list(good), config, full))
+    assert _failed(check_config(list(bad), config, full))
+
+
+@pytest.mark.parametrize("step, bug", [("pack_heads", pack_heads_without_transpose),
+                                       ("unpack_heads", unpack_heads_interleaved),
+                                       ("pack_seq", pack_seq_strided), ("unpack_seq", unpack_seq_heads_mixed)])
+def test_each_ulysses_step_bug_breaks_the_real_attention(step, bug):
+    """Each exercise's bug variant, planted as one step of the real Ulysses loop, fails the same check."""
+    world, config = 2, CPConfig("ulysses", causal=True)
+    full = _tensors(world, seed=3)
+    _, bad = zip(*run(correct_and_buggy, world, full, config, functools.partial(planted, ulysses_module, **{step: bug}),
+                      False))
     assert _failed(check_config(list(bad), config, full))
 
 

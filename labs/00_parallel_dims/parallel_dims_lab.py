@@ -30,16 +30,14 @@
 import logging
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from IPython.display import display
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.check import compare, verdict_table
+from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
-from paralab.viz import plot_dp_grid, plot_rank_groups
+from paralab.viz import plot_dp_grid, plot_rank_groups, show
 
 WORLD = 8
 CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
@@ -121,9 +119,7 @@ print(f"{matching} of {len(group_verdicts)} (rank, axis) groups from the DeviceM
 # gradients down a column.
 
 # %%
-fig = plot_dp_grid(pd.dp_replicate, pd.dp_shard)
-display(fig)
-plt.close(fig)
+show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %% [markdown]
 # The overlay axes group the *same* 8 ranks again. Each panel colours every rank by
@@ -133,10 +129,8 @@ plt.close(fig)
 # on the fastest links — here, neighbours on one node.
 
 # %%
-fig = plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                       title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))")
-display(fig)
-plt.close(fig)
+show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
+                      title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))"))
 
 # %% [markdown]
 # ## 3. Every validation rule, firing
@@ -308,11 +302,10 @@ truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in grou
 buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
 clinic = compare(buggy, truth, name="buggy predict_groups")
 print("\n".join(v.describe() for v in clinic))
-fig = plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
-                        row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)")
-display(fig)
-plt.close(fig)
-verdicts += compare(torch.tensor(not clinic[0].passed), torch.tensor(True), name="the check catches the buggy prediction")
+show(plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
+                       row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)"))
+verdicts.append(claim("the check catches the buggy prediction", not clinic[0].passed,
+                      f"{clinic[0].n_diff} of {clinic[0].numel} group slots differ"))
 
 # %% [markdown]
 # **What is wrong?** Only some columns light up, and on every rank.

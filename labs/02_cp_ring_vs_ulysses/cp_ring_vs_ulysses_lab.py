@@ -34,12 +34,11 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from IPython.display import display
 
 from paralab import viz
+from paralab.viz import show
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.cp import shard_bytes
 from paralab.cp.runs import (
@@ -128,12 +127,8 @@ print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
 # show: paralab.cp.layout.kv_source paralab.cp.layout.block_kind paralab.cp.layout.ring_blocks paralab.cp.layout.causal_work
 
 # %%
-fig = viz.plot_ring_timeline(4)
-display(fig)
-plt.close(fig)
-fig = viz.plot_causal_ownership(4)
-display(fig)
-plt.close(fig)
+show(viz.plot_ring_timeline(4))
+show(viz.plot_causal_ownership(4))
 for cp in CPS:
     for zigzag in (False, True):
         work = [sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)) for r in range(cp)]
@@ -163,7 +158,10 @@ for cp in CPS:
 # rank `j`; rank `j` receives its heads for every sequence shard, i.e. the full sequence
 # on `H/cp` heads. Attention per head is independent, so each rank runs ordinary
 # attention, and `heads_to_seq` (the same all-to-all, read backwards) returns the output
-# to sequence shards. The backward of an all-to-all is the reverse all-to-all.
+# to sequence shards. The backward of an all-to-all is the reverse all-to-all. Each is
+# three steps: *pack* the local tensor into `cp` blocks (block `j` for rank `j`),
+# *exchange* them (`all_to_all_single`), *unpack* the received blocks (block `i` came
+# from rank `i`); every layout decision sits in a pack or an unpack.
 #
 # Ulysses wants contiguous shards (after the all-to-all the sequence is in rank order)
 # and no zigzag: every rank attends over the full sequence, so the causal work is
@@ -179,7 +177,7 @@ for cp in CPS:
 # the full gradient, like the full input it started with.
 
 # %%
-# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
+# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.exchange_blocks paralab.cp.ulysses.pack_heads paralab.cp.ulysses.unpack_heads paralab.cp.ulysses.pack_seq paralab.cp.ulysses.unpack_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
 
 # %% [markdown]
 # ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA
@@ -249,9 +247,7 @@ series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses r
 measured = {name: {p: [int(bytes_sent(results(cp, c))[k, 0]) for cp in CPS] for k, p in enumerate(PHASES)}
             for name, c in series.items()}
 formulas = {name: {p: [bytes_formula(c, (B, H, N, D), cp)[p] for cp in CPS] for p in PHASES} for name, c in series.items()}
-fig = viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8)
-display(fig)
-plt.close(fig)
+show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8))
 
 # %% [markdown]
 # **What to conclude.** At a fixed sequence, the ring's bytes per rank *grow* towards
@@ -280,12 +276,10 @@ plt.close(fig)
 # %%
 clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
 correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
-fig = viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
-                            buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
-                            "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
-                            row_label="head × head_dim", col_label="token")
-display(fig)
-plt.close(fig)
+show(viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
+                           buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
+                           "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
+                           row_label="head × head_dim", col_label="token"))
 exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
 print("tokens whose dK is still bitwise right:", exact_tokens)
 clinic_verdicts = []
@@ -336,12 +330,10 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # %%
 cp = 4
 replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
-fig = viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                            replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                            "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
-                            row_label="head × head_dim", col_label="token")
-display(fig)
-plt.close(fig)
+show(viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                           replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                           "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
+                           row_label="head × head_dim", col_label="token"))
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
 print("buggy dQ / correct dQ on every rank and element: min", ratio.min().item(), "max", ratio.max().item())
 ref = sdpa_reference(FULL, causal=False)["dq"]

@@ -45,8 +45,6 @@ import math
 import time
 
 import torch
-import matplotlib.pyplot as plt
-from IPython.display import display
 
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.exercises import EXERCISES
@@ -62,7 +60,7 @@ from paralab.vae_lb.runs import (
     LBRun, compare_strategies, global_plan, group_loads, groups_of, lb_worker, makespan_bound, mean_over_random_batches,
     measured_bytes, moves_table, planned_encoder, reference_latents, run_checks, spread,
 )
-from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads
+from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads, show
 
 LAB_START = time.perf_counter()
 torch.set_num_threads(1)  # like every rank: one thread each
@@ -122,9 +120,7 @@ slope, intercept, r2 = fit_line(pixels, seconds)
 print(f"T*H*W : time ~ {slope * 1e9:.2f} ns x T*H*W + {intercept * 1e6:.0f} us;  R^2 = {r2:.3f}")
 for name, feature in (("T only", lambda v: v.shape[1]), ("H*W only", lambda v: v.shape[2] * v.shape[3])):
     print(f"{name:<8}: R^2 = {fit_line([float(feature(v)) for v in probe], seconds)[2]:.3f}")
-fig = plot_cost_fit(pixels, seconds, slope, intercept)
-display(fig)
-plt.close(fig)
+show(plot_cost_fit(pixels, seconds, slope, intercept))
 
 # %% [markdown]
 # On this machine the fit is a straight line (R² ≈ 0.99 when the machine is
@@ -303,9 +299,7 @@ print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan,
 # %%
 RANK_COSTS = [COSTS[r] for r in sorted(COSTS)]
 for lb in (8, 4):
-    fig = plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}")
-    display(fig)
-    plt.close(fig)
+    show(plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}"))
 
 # %%
 rows = [(f"w{world} lb{lb}", f"{ranks[0]}-{ranks[-1]}", moves, f"{max(before.values()):,.0f}", f"{max(after.values()):,.0f}",
@@ -398,10 +392,8 @@ for v in clinic_rows:
 owner, index = 0, 2
 correct = reference_latents(BATCH[:4], encoder)[owner][index]
 buggy = CLINIC[owner]["latents"][index]
-fig = plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
-                        row_label="latent channel x row (14 rows each)", col_label="latent column")
-display(fig)
-plt.close(fig)
+show(plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
+                       row_label="latent channel x row (14 rows each)", col_label="latent column"))
 print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}], buggy ones in "
       f"[{buggy.min():.1f}, {buggy.max():.1f}]")
 
