@@ -33,8 +33,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from paralab import ParallelDims, fsdp_mesh
+from paralab import ParallelDims
 from paralab.check import claim, compare, verdict_table
+from paralab.fsdp.runs import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
 from paralab.viz import plot_dp_grid, plot_rank_groups, show
@@ -247,27 +248,9 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 
 
 # %%
-def fsdp2_step_counts(use_fsdp_mesh):
-    from torch.distributed.fsdp import fully_shard
-
-    from paralab.ledger import Ledger
-
-    pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes("cpu")
-    mesh = fsdp_mesh(pd) if use_fsdp_mesh else pd.dp_mesh
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).double()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    with Ledger() as ledger:
-        model(torch.randn(4, 8, dtype=torch.float64)).sum().backward()
-    return {(r.op, r.group_size) for r in ledger.records}, [(r.op, r.group_size) for r in ledger.records]
-
-
 counts = {}
 for use in (True, False):
-    _, ops = run(fsdp2_step_counts, 4, use)[0]
+    ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
     counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
     label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
     print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))

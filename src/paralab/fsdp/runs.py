@@ -334,6 +334,20 @@ def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.S
     return fully_shard(model, mesh=mesh, **kwargs)
 
 
+def fsdp2_mesh_calls(on_dp_mesh: bool) -> list[tuple[str, str, int]]:
+    """On every rank: one forward and backward of the two-unit model under FSDP2, on `fsdp_mesh(pd)` or on
+    the 2-D `pd.dp_mesh` with one replica (the trap). Returns (phase, op, group size) of every collective."""
+    pd = ParallelDims(dist.get_world_size())
+    pd.build_meshes(rank_device().type)
+    model = _fully_shard_units(_two_unit_model().to(rank_device()), pd.dp_mesh if on_dp_mesh else fsdp_mesh(pd))
+    with Ledger() as ledger:
+        with ledger.phase("forward"):
+            loss = model(torch.randn(4, 8, device=rank_device())).sum()
+        with ledger.phase("backward"):
+            loss.backward()
+    return [(r.phase, r.op, r.group_size) for r in ledger.records]
+
+
 def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                      reshard_after_forward: bool = True) -> dict:
     """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
