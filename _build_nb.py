@@ -4,6 +4,7 @@
     python _build_nb.py --execute       # build and run every lab, store outputs
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
+    python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
 The work is done by `paralab.notebooks` (how `# show:` cells and exercise stubs
 are made); this file is only its command line.
@@ -26,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if a committed notebook is stale")
     parser.add_argument("--exercises", action="store_true", help="write each lab's student notebook (stubs + checks)")
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
+    parser.add_argument("--site", action="store_true", help="build the static site (paralab.site) into site/")
     args = parser.parse_args(argv)
+    if args.site:
+        from paralab.site import SITE, build as build_site
+        print(f"site: {SITE} ({build_site():.1f} s)")
+        return 0
     sources = notebooks.lab_sources(args.lab)
     if args.exercises:
         for path in notebooks.write_exercises(args.lab):
