@@ -94,3 +94,10 @@ def test_a_rank_that_skips_the_collectives_hangs_its_peer():
     with pytest.raises(LaunchTimeout) as caught:
         run(lb_worker, 4, batches, [LBRun(2, skip_when_empty)], timeout=3)
     assert caught.value.hung_ranks == [3]  # rank 2's only lb peer; group [0, 1] finished
+
+
+def test_the_metadata_record_is_64_bytes():
+    """Lab 04's prose says 64 B per metadata record (`64 + 3THW` per move): 8 int64."""
+    from paralab.vae_lb import META_BYTES, META_LEN
+
+    assert (META_LEN, META_BYTES) == (8, 64)

@@ -126,8 +126,12 @@ show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 # The overlay axes group the *same* 8 ranks again. Each panel colours every rank by
 # its group on that axis (`g0`, `g1`, … are the groups). Note that `cp` pairs
 # neighbours (0,1), while `cfgp` pairs ranks two apart (0,2): `cp` is the last,
-# fastest-varying mesh dimension. On GPUs you want the axis with the most traffic
-# on the fastest links — here, neighbours on one node.
+# fastest-varying mesh dimension, so on GPUs cp partners sit on one node. That suits
+# cp, whose attention traffic sits inside every layer's forward and backward. It
+# does not make cp the axis with the most traffic: in training, FSDP's per-step
+# parameter all-gathers and gradient reduce-scatters over `dp_shard` are usually
+# larger, and a `dp_shard` group spans nodes as soon as it outgrows one. Which axis
+# gets the fastest links is a choice to make per workload, from its traffic.
 
 # %%
 show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
@@ -233,6 +237,12 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 # | VFM (video) training | yes | optional | optional | 1 |
 # | VFM inference | yes | forced 1 | overlay | overlay (≤ 2) |
 #
+# "Forced 1" is the workload's rule, not the descriptor's: `ParallelDims` only
+# requires inference mode for `cfgp > 1`. This lab's showcase `CONFIG` turns inference
+# mode on so that cfgp can be 2 and keeps `dp_replicate = 2` to show every axis on one
+# world of 8 ranks; it is a picture of the groupings, not a VFM inference config (that
+# would be `dp_replicate=1, dp_shard=4` with the same overlays).
+#
 # Tensor and pipeline parallelism are not part of this descriptor.
 #
 # ## 6. `fsdp_mesh`: the mesh to hand `fully_shard`
@@ -300,8 +310,8 @@ verdicts.append(claim("the check catches the buggy prediction", not clinic[0].pa
 # `(rest, cfgp, cp)`: moving one step along `cfgp` skips over a whole cp group, so
 # cfgp partners are `cp` ranks apart (`0,2`, `1,3`). Every rank has the wrong cfgp
 # partner, while all other axes are right — which is why checking one axis or one
-# rank is not enough. On GPUs the same slip would put the heavy cp traffic on the slow
-# links.
+# rank is not enough. In a real mesh the same slip would also move cp partners apart,
+# off the neighbouring ranks the layout gives them.
 #
 # </details>
 #

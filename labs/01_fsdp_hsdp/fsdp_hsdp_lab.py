@@ -27,10 +27,20 @@
 # - ZeRO-2-like: $1 + 1 = 2\,\frac{n-1}{n}\Psi$ — the same as DDP's all-reduce, $\approx 2\Psi$
 # - HSDP $r \times s$: $3\,\frac{s-1}{s}\Psi$ in the shard group plus $2\,\frac{r-1}{r}\,\frac{\Psi}{s}$ across replicas
 #
-# **Memory per rank** (parameters + gradients + optimizer state): with the usual mixed
-# precision (bf16 parameters and gradients, fp32 master copy and two fp32 Adam moments)
-# ZeRO-3 holds $(2\Psi + 2\Psi + 12\Psi)/N$ with $\Psi$ counted in parameters. This lab
-# trains in **float64 with no separate master copy**, so the constants change:
+# These count passes over $\Psi$ in **one dtype**, as this lab's float64 run has. In bytes
+# they depend on the dtypes of each collective. Under FSDP2's
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` the two
+# all-gathers move bf16 parameters and the reduce-scatter fp32 gradients, while DDP
+# typically all-reduces bf16 gradients; the cell after the imports prints the bytes per
+# parameter of each: the ratio is 2, not 1.5.
+#
+# **Memory per rank** (parameters + gradients + optimizer state). The ZeRO paper's mixed
+# precision keeps bf16 parameters and gradients plus an fp32 master copy and two fp32 Adam
+# moments: $(2\Psi + 2\Psi + 12\Psi)/N$ with $\Psi$ counted in parameters. FSDP2 splits it
+# differently: its sharded parameters *are* the fp32 master copy (cast to bf16 only when
+# gathered), and gradients are reduced into fp32 shards, so it holds
+# $(4\Psi + 4\Psi + 8\Psi)/N$ plus transient bf16 unsharded parameters and gradients.
+# This lab trains in **float64 with no separate master copy**, so the constants change:
 # $(8 + 8 + 16)\Psi/N = 32\Psi/N$ bytes for Adam, $(8+8+8)\Psi/N$ for SGD with momentum,
 # plus the full parameters of the unit being computed.
 
@@ -38,6 +48,7 @@
 import time
 
 import torch
+from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
 from paralab.check import claim, compare, verdict_table
@@ -56,6 +67,13 @@ NUMELS = unit_numels(model)
 UNIT_NAMES = [f"block {i}" for i in range(len(model.blocks))] + ["head"]
 print(model)
 print("parameters per unit:", dict(zip(UNIT_NAMES, NUMELS)), "total", sum(NUMELS))
+
+# %%
+# Bytes per parameter per step (ring model, large n) under MixedPrecisionPolicy(bf16 params, fp32 reduce)
+bf16, fp32 = torch.bfloat16.itemsize, torch.float32.itemsize
+zero3 = 2 * bf16 + fp32  # forward and backward all-gather of bf16 params + reduce-scatter of fp32 grads
+ddp = 2 * bf16  # all-reduce of bf16 grads = a reduce-scatter and an all-gather
+print(f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g} (one dtype: 3 passes vs 2 = 1.5)")
 
 # %% [markdown]
 # ## 1. The shard
@@ -315,8 +333,8 @@ print(verdict_table(rows, "bytes sent per rank per step, every rank vs formula")
 show(plot_traffic(TRAFFIC))
 
 # %% [markdown]
-# ZeRO-3 sends 1.5× what DDP sends (3 vs 2 passes over Ψ; a little more at 4 and 8 ranks
-# because the padding travels too); ZeRO-2-like equals DDP up to that padding.
+# In this float64 run ZeRO-3 sends 1.5× what DDP sends (3 vs 2 passes over Ψ in one
+# dtype; a little more at 4 and 8 ranks because the padding travels too); ZeRO-2-like equals DDP up to that padding.
 # HSDP 2×4 moves most of its bytes inside the shard group of 4 and only
 # $2\cdot\frac{1}{2}\cdot\Psi/4$ across replicas — the slow inter-node link in a real
 # cluster sees only a shard's worth of gradient.
@@ -329,6 +347,13 @@ show(plot_traffic(TRAFFIC))
 # (read from the storages). Formulas: parameters and gradients $8\,\Psi_{pad}/s$,
 # Adam $16\,\Psi_{pad}/s$ (SGD $8\,\Psi_{pad}/s$); gathered peak = the largest
 # unit for ZeRO-3 and HSDP, all units for ZeRO-2-like; DDP holds $8\Psi$, $8\Psi$, $16\Psi$.
+#
+# "The largest unit" holds for this hand engine only: it gathers one unit at a time,
+# with no prefetch, and measures parameters alone. FSDP2 prefetches, issuing the next
+# unit's all-gather while the current one computes (forward and backward), so its peak
+# holds about two units' parameters, and in the backward each unit's unsharded
+# gradient is a transient peak too, until its reduce-scatter. This lab does not
+# measure FSDP2's peak.
 
 # %%
 # show: paralab.fsdp.costs.memory_formula
@@ -393,8 +418,8 @@ show(plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]])
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
 print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
-print("buggy / correct first-step gradient, every nonzero element of every rank: min", ratios.min().item(),
-      "max", ratios.max().item())
+print("buggy / correct first-step gradient, every nonzero element of every rank: min", f"{ratios.min().item():.6g}",
+      "max", f"{ratios.max().item():.6g}")
 for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
     diff = max((torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item() for b, c in zip(b_runs, c_runs))
     moved = max((torch.cat(c["params"]) - p0).abs().max().item()
@@ -431,8 +456,8 @@ print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with
 #   (the heatmap follows the size of each update).
 # - With **Adam** it almost vanishes: Adam divides the first moment by the square root of
 #   the second, so a constant factor on the gradient cancels except against `eps`: the
-#   parameters differ by a few 1e-6 while they move by ~1e-1, far below what a loss curve
-#   shows. Real runs "train fine" with this bug until someone
+#   largest parameter difference printed above is orders of magnitude below the largest
+#   move, far below what a loss curve shows. Real runs "train fine" with this bug until someone
 #   changes the optimizer, `eps`, the gradient clipping threshold (clipping sees a norm
 #   `dp_shard` times too small) or the mesh shape (the factor follows `dp_shard`).
 #
@@ -448,16 +473,16 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 
 # %% [markdown]
 # ## Closing note
-#
-# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25-30 s,
-# of which the bug clinic's extra 4-rank launch is ~2-3 s.
-# Bytes per rank per step (all equal to the formula): ZeRO-3 3024 / 4680 / 5712 B at
-# 2 / 4 / 8 ranks, DDP 2016 / 3024 / 3528 B, ZeRO-2-like 2016 / 3120 / 3808 B, HSDP 2×2
-# 4032 B (1008 of them across replicas), HSDP 2×4 5200 B (520 across replicas).
-# Memory per rank with Adam (params + grads + state + gathered peak, equal to the
-# formula): DDP 8064 B at any size; ZeRO-3 4688 / 2752 / 1792 B at 2 / 4 / 8 ranks;
-# ZeRO-2-like at 8 ranks 3264 B; HSDP 2×4 2752 B.
-#
+
+# %%
+closing = ["| strategy | world | bytes sent per rank per step (= formula) |", "|---|---|---|"]
+closing += [f"| {name} | {world} | {measured:,} |" for name, rows in TRAFFIC.items() for world, (measured, _) in rows.items()]
+closing += ["", "| job (Adam) | bytes held per rank: params + grads + state + gathered peak (= formula) |", "|---|---|"]
+closing += [f"| {label} | {sum(memory.values()):,} |" for label, memory in MEMORY.items()]
+display(Markdown("Measured on this run (ledger and real tensors; sections 8 and 9 check every rank against "
+                 "the formulas):\n\n" + "\n".join(closing) + "\n\nThe run time is printed above."))
+
+# %% [markdown]
 # ## What to try
 #
 # 1. In section 2 drop the `.div_(n)` of `reduce_scatter_grads` (sum instead of mean)

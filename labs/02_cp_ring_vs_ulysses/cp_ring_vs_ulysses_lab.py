@@ -2,9 +2,23 @@
 # # Lab 02 — Context parallelism: ring attention vs Ulysses, forward and backward
 #
 # **What is split.** One sequence too long for one device: its tokens are cut into
-# `cp` shards, one per rank of the cp group. Everything per-token (MLPs, norms,
-# projections) just runs on the local shard. Attention cannot: every query must see
-# every key. Two exact answers:
+# `cp` shards, one per rank of the cp group. Per-token layers (MLPs, norms,
+# projections) run on the local shard unchanged, with three things the model around them
+# must get right:
+# - **global positions**: a rotary or learned position embedding needs each token's
+#   position in the whole sequence, not in the shard (section 1 prints the positions each
+#   rank holds, contiguous and zigzag);
+# - **the loss normalized across the cp group**: a mean over tokens must divide the sum
+#   over all shards by the global token count, not each shard's sum by its own count;
+# - **parameter gradients reduced over the cp ranks**: each rank's weight gradient
+#   covers only its tokens, so they must be summed over cp; torchtitan does it by
+#   sharding FSDP over the flattened `dp_shard × cp` group (lab 00 section 4 builds it).
+#
+# This lab checks attention alone (its dq, dk, dv belong to each rank's own tokens); no
+# lab of the suite runs a cp training step with a loss yet, so the last two are stated,
+# not shown.
+#
+# Attention cannot run on the shard alone: every query must see every key. Two exact answers:
 #
 # | | **Ring attention** | **Ulysses** |
 # |---|---|---|
@@ -14,10 +28,20 @@
 # | limit | none on heads; traffic per rank does not shrink with cp | `H % cp == 0` (and in practice the K/V head count) |
 #
 # Tensors are laid out like `scaled_dot_product_attention`: `(batch, heads, seq, head_dim)`.
-# Neither algorithm is visible to autograd (a `send` has no gradient formula, and
-# independent differentiable collectives may run in different orders on different
-# ranks), so both are `torch.autograd.Function`s whose backward is written by hand, with
-# one fixed collective order on every rank.
+#
+# **Why the backward is written by hand.** For the ring the reason is state: the backward
+# sends K/V round the ring again, with dK/dV accumulators following them home, and every
+# step needs the forward's *final* lse and `delta`; that is a send/recv schedule with
+# state across steps, which autograd cannot derive from the forward's sends (a `send` has
+# no gradient formula). For Ulysses autograd-visible collectives could work: the backward
+# of an all-to-all is the reverse all-to-all, and torch's functional collectives (funcol)
+# carry it. What goes wrong is several *independent* differentiable collectives in one
+# graph: autograd may issue their backward collectives in a different order on different
+# ranks, and the ranks then pair the wrong messages (seen on gloo with three independent
+# all_gathers of q, k, v: silently wrong gradients). One fused collective, or
+# collectives whose order the graph forces, are fine. Both algorithms here are
+# `torch.autograd.Function`s with one fixed collective order on every rank (and the
+# replicated layout's backward is not the autograd default at all: section 7 shows why).
 #
 # **Traffic, the formulas this lab checks.** Let `S` be the bytes of one rank's shard of
 # ONE of q, k, v: `S = B·H·(N/cp)·D·8` in float64. Bytes each rank *sends*:
@@ -36,17 +60,19 @@ import time
 
 import torch
 import torch.nn.functional as F
+from IPython.display import Markdown, display
 
 from paralab import viz
 from paralab.viz import show
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.cp import shard_bytes
+from paralab.cp.costs import ring_bytes, ulysses_bytes
 from paralab.cp.runs import (
     CONFIGS, PHASES, assemble, bytes_formula, bytes_sent, check_bytes, check_config, correct_and_buggy, sdpa_reference,
 )
 from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import run
-from paralab.ledger import format_table
+from paralab.ledger import format_table, sent
 from paralab.tables import text_table
 
 LAB_START = time.monotonic()
@@ -86,7 +112,13 @@ except ValueError as exc:
 # `lse' = logaddexp(lse_1, lse_2)`,  `out' = exp(lse_1 - lse')·out_1 + exp(lse_2 - lse')·out_2`.
 #
 # Both factors lie in `[0, 1]`: nothing overflows, however large the scores (that is the
-# numerically stable form; `exp(lse)` itself would overflow). The backward needs only the
+# numerically stable form; `exp(lse)` itself would overflow). One case needs a guard: a
+# query row that sees no key of either part. This lab's causal mask never makes one (a
+# query always sees its own position), but padding, or a packed-sequence mask that hides
+# a whole block from a query of another document, does: the block's partial is
+# `(0, -inf)`, and `exp(-inf - (-inf))` is NaN. `merge_partials` keeps such rows at
+# `(0, -inf)`, so later blocks still merge into them exactly
+# (`tests/test_cp_blocks.py::test_merge_stays_finite_when_a_whole_block_is_masked`). The backward needs only the
 # *final* `lse` and `delta = rowsum(dout * out)`: from them each block rebuilds its slice
 # of the full softmax, `P = exp(S_B - lse)`, and its gradients, wherever its K/V happen to be.
 
@@ -163,9 +195,12 @@ for cp in CPS:
 # *exchange* them (`all_to_all_single`), *unpack* the received blocks (block `i` came
 # from rank `i`); every layout decision sits in a pack or an unpack.
 #
-# Ulysses wants contiguous shards (after the all-to-all the sequence is in rank order)
-# and no zigzag: every rank attends over the full sequence, so the causal work is
-# balanced by construction.
+# This implementation's Ulysses takes contiguous shards: after the all-to-all it reads the
+# sequence in rank order and applies a plain causal mask to it. That is a choice of this
+# code, not of Ulysses: with zigzag shards the gathered sequence is permuted, and the mask
+# and positions must be permuted to match (as USP, the unified sequence-parallel code of
+# xDiT/yunchang, does). Zigzag buys Ulysses nothing anyway: every rank attends over the
+# full sequence, so its causal work is balanced by construction.
 #
 # **Replicated layout.** If every cp rank already holds the full q, k, v (and wants the
 # full output), no input all-to-all is needed: take your heads locally, attend, and
@@ -253,14 +288,45 @@ show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D *
 # **What to conclude.** At a fixed sequence, the ring's bytes per rank *grow* towards
 # `2×` (forward) and `4×` (backward) a full q tensor as cp grows, because every rank must
 # see every other rank's K/V; Ulysses sequence-sharded *falls* as `4(cp-1)/cp²`, because
-# each all-to-all moves only a shard. They tie at cp = 2 and Ulysses wins by `cp/2`
-# beyond. What limits Ulysses is the head count: cp must divide the number of heads (20
-# heads ran at cp = 2 and 4 and failed at 8 above), and with grouped-query attention the
-# K/V heads are fewer still. The ring has no such limit, sends to one neighbour only,
-# and overlaps each hop with a block of compute; on slow links or across nodes that
-# overlap (and the absence of an all-to-all over the whole group) is why it is used,
-# often combined with Ulysses inside a node. The replicated layout trades memory for
-# traffic: no input all-to-all, only `(cp-1)·S` out, but every rank holds the full sequence.
+# each all-to-all moves only a shard. Divide the formulas: the ring sends `cp/2` times
+# Ulysses' bytes in the forward, `cp` times in the backward (`4(cp-1)S` against
+# `4(cp-1)S/cp`) and `3cp/4` times over a training step (`6(cp-1)S` against `8(cp-1)S/cp`).
+# So they tie at cp = 2 in the forward only; over a training step the ring already sends
+# more at cp = 2. The table below evaluates the same formulas the ledger was checked
+# against:
+
+# %%
+def step_bytes(algo, layout, cp, s=1):
+    per_phase = ring_bytes(s, cp) if algo == "ring" else ulysses_bytes(s, cp, layout)
+    return {**per_phase, "step": per_phase["forward"] + per_phase["backward"]}
+
+
+ratio_rows = ["| cp | ring / Ulysses: forward | backward | step | replicated / sequence_sharded: forward | backward | step |",
+              "|---|---|---|---|---|---|---|"]
+for cp in CPS:
+    unit = cp  # any S divisible by cp keeps the integer formulas exact
+    ring, sharded, replicated = (step_bytes(a, lay, cp, unit) for a, lay in
+                                 (("ring", None), ("ulysses", "sequence_sharded"), ("ulysses", "replicated")))
+    ratio_rows.append(f"| {cp} | " + " | ".join(f"{ring[p] / sharded[p]:g}" for p in ("forward", "backward", "step"))
+                      + " | " + " | ".join(f"{replicated[p] / sharded[p]:g}" for p in ("forward", "backward", "step")) + " |")
+display(Markdown("\n".join(ratio_rows)))
+
+# %% [markdown]
+# What limits Ulysses is the head count: cp must divide the number of heads (the
+# 20-head run above shows where it fails), and with grouped-query attention the K/V heads
+# are fewer still. The ring has no such limit, sends to one neighbour only, and overlaps
+# each hop with a block of compute; on slow links or across nodes that overlap (and the
+# absence of an all-to-all over the whole group) is why it is used, often combined with
+# Ulysses inside a node.
+#
+# The **replicated** layout does not save traffic over a training step: it sends
+# `(cp-1)·S + 3(cp-1)·S = 4(cp-1)·S` against `8(cp-1)·S/cp` for sequence-sharded, `cp/2`
+# times *more* (equal only at cp = 2), and every rank holds the full sequence and runs
+# every non-attention op (MLPs, norms, projections) on it, `cp` times the same work. It
+# is the right choice only where the full sequence is on every rank anyway (the rest of
+# the model is not split over cp, e.g. a model that parallelizes only its attention) and
+# memory holds it; forward-only (inference) it also sends less than sequence-sharded
+# below cp = 4 (`(cp-1)·S` against `4(cp-1)·S/cp`), the same at cp = 4.
 
 # %% [markdown]
 # ## 7. Bug clinic: a ring backward that is only half right
@@ -335,7 +401,7 @@ show(viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H *
                            "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
                            row_label="head × head_dim", col_label="token"))
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
-print("buggy dQ / correct dQ on every rank and element: min", ratio.min().item(), "max", ratio.max().item())
+print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
 ref = sdpa_reference(FULL, causal=False)["dq"]
 verdict = compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0]
 print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict.passed,
@@ -375,19 +441,22 @@ print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict
 
 # %% [markdown]
 # ## Closing note
-#
-# Bytes sent per rank, measured by the ledger, each equal to its formula (B=2, H=24, N=48,
-# D=5, float64; section 6 prints and asserts every one of them, on every rank, causal or not):
-#
-# | cp | S | ring fwd `2(cp-1)S` | ring bwd `4(cp-1)S` | Ulysses fwd = bwd `4(cp-1)S/cp` | replicated fwd `(cp-1)S` | replicated bwd `3(cp-1)S` |
-# |---|---|---|---|---|---|---|
-# | 2 | 46 080 | 92 160 | 184 320 | 92 160 | 46 080 | 138 240 |
-# | 4 | 23 040 | 138 240 | 276 480 | 69 120 | 69 120 | 207 360 |
-# | 8 | 11 520 | 161 280 | 322 560 | 40 320 | 80 640 | 241 920 |
-#
-# Every output and gradient matched SDPA within `1e-15` relative (the bound checked is
-# `1e-12`); Ulysses matched the one-process `attention_block` bitwise. The whole lab ran
-# in about 8 s of cell time on 2 shared CPU cores (this run's time below):
+
+# %%
+closing = ["| cp | S | ring fwd `2(cp-1)S` | ring bwd `4(cp-1)S` | Ulysses fwd = bwd `4(cp-1)S/cp` "
+           "| replicated fwd `(cp-1)S` | replicated bwd `3(cp-1)S` |", "|---|---|---|---|---|---|---|"]
+for cp in CPS:
+    ledger = {name: {p: sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for p in ("forward", "backward")}
+              for name, c in series.items()}
+    cells = [ledger["ring"]["forward"], ledger["ring"]["backward"], ledger["Ulysses sequence_sharded"]["forward"],
+             ledger["Ulysses replicated"]["forward"], ledger["Ulysses replicated"]["backward"]]
+    closing.append(f"| {cp} | {shard_bytes(B, H, N, D, cp):,} | " + " | ".join(f"{c:,}" for c in cells) + " |")
+display(Markdown(
+    f"Bytes sent per rank by rank 0, as the ledger measured them (B={B}, H={H}, N={N}, D={D}, float64; "
+    "section 6 checks every one against its formula, on every rank, causal or not):\n\n" + "\n".join(closing)
+    + "\n\nEvery output and gradient matched SDPA within the checked bound (`1e-12` relative; section 5 "
+    "prints each row's error); Ulysses matched the one-process `attention_block` bitwise. The cell below "
+    "prints this run's time."))
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -419,7 +419,13 @@ print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_
 # all-to-alls, `4(cp−1)/cp·Sq` per layer, with `Sq = B·H·(S/cp)·(D/H)·8` one
 # rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.costs`).
 # So per step cp costs `layers·2(cp−1)·D / C` times the cfgp swap for ring:
-# the guidance axis is almost free next to the sequence axis.
+# in activation traffic the guidance axis is almost free next to the sequence
+# axis. That compares the swap with cp only. Under FSDP-sharded inference
+# (`dp_shard > 1`, lab 00's use-case table for VFM inference) every step also
+# all-gathers every unit's parameters on every rank, far more bytes than a
+# latent; cfgp puts two ranks on one sample, so per sample those all-gathers
+# run on twice as many ranks. The swap stays cheap; cfgp's real price there is
+# parameter traffic and the samples the world runs at once.
 
 # %%
 out4 = cp_out[4]

@@ -18,7 +18,7 @@
 # |---|---|---|
 # | 1. share costs | each rank predicts the encode cost of each of its videos | `all_gather` of the counts, then of the costs padded to the longest list (gloo cannot all-gather unequal sizes) |
 # | 2. plan | every rank runs the same pure-Python greedy planner on the same costs | none: same input, same deterministic rules, same plan |
-# | 3. exchange | owners send the planned videos to their helpers | metadata (shape, dtype: 8 int64 = 80 B) first, then the payloads, each phase one `batch_isend_irecv` |
+# | 3. exchange | owners send the planned videos to their helpers | metadata (ndim, dtype, shape: `META_LEN` = 8 int64 = 64 B) first, then the payloads, each phase one `batch_isend_irecv` |
 # | 4. encode | every rank encodes what it holds: its own kept videos and its guests | none |
 # | 5. return | helpers send each guest's latent to its owner | metadata, then payload, again batched P2P |
 #
@@ -28,8 +28,8 @@
 # **Traffic, in closed form.** A video of `T × H × W` pixels is `3THW` bytes
 # (uint8, 3 channels). Our encoder halves time, quarters height and width and
 # writes 4 float64 channels, so its latent is `8 · 4 · (T/2)(H/4)(W/4) = THW`
-# bytes: a third of the raw video. For one move, the owner sends `80 + 3THW` B
-# and receives `80 + THW` B; the helper the other way round. Sharing the costs
+# bytes: a third of the raw video. For one move, the owner sends `64 + 3THW` B
+# and receives `64 + THW` B; the helper the other way round. Sharing the costs
 # costs every rank `8(n−1)` B for the counts plus `8(n−1)·W` B for the padded
 # costs, where `W` is the most videos any rank of its group holds (0: the second
 # all-gather is skipped). A plan without moves sends **no** point-to-point
@@ -45,6 +45,7 @@ import math
 import time
 
 import torch
+from IPython.display import Markdown, display
 
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.exercises import EXERCISES
@@ -147,19 +148,33 @@ show(plot_cost_fit(pixels, seconds, slope, intercept))
 # is not laziness: if no sample of the heaviest rank fits under the gap to the
 # lightest, no single move can lower the heaviest load at all.
 #
-# Rules that make it a plan every rank agrees on:
-# - ties between ranks go to the **smallest rank label** (labels need not be
-#   `0..n−1`);
-# - ties between samples go to the **smaller cost** (fewer bytes to move), then
-#   the **smaller local index**;
+# Rules that make it a plan every rank agrees on. They are Cosmos's
+# (`plan_rebalance` in NVIDIA's cosmos-framework,
+# `cosmos_framework/model/generator/mot/vae_load_balance.py`), and the package
+# makes its moves, in its order, on every input (`tests/test_vae_lb_planner.py`
+# compares the two over thousands of random batches):
+# - ties between ranks go to the rank that comes **first in the costs dict**;
+#   every rank builds that dict in group-rank order (`share_costs`), so that is
+#   the smallest group rank (labels need not be `0..n−1`);
+# - ties between samples go to the **first in the donor's list** (`min` keeps
+#   the first of equal keys); for `{0: [768, 768, 384], 1: [], 2: []}` the
+#   second round finds the other 768 and the 384 equally good and moves the 768;
 # - a sample moves **at most once** (helpers never forward a guest), so one
 #   exchange round suffices, and `local_index` always refers to the owner's
 #   original list;
 # - `max_iterations` bounds the number of moves.
 #
-# Each move lowers the heavy load and raises the light one without crossing,
-# so the maximum never rises and the minimum never falls: the spread can only
-# shrink, and at most (number of samples) moves are made.
+# Why a tie rule at all, and why this one? Any rule works, as long as every rank
+# applies the same one to the same costs: the plan is never sent, each rank
+# computes it, and two ranks that broke one tie differently would post
+# mismatched sends and receives and hang. Cosmos's rule is simply the one its
+# `max`/`min` give for free.
+#
+# Each move strictly shrinks the gap between its two ranks. The two loads may
+# cross (for `g/2 < c < g` the light rank ends up the heavier one), but since
+# `0 < c < g` both new loads stay strictly between the old light and heavy
+# loads: the maximum never rises and the minimum never falls, so the spread can
+# only shrink, and at most (number of samples) moves are made.
 
 # %%
 # show: paralab.vae_lb.planner.Move paralab.vae_lb.planner.most_and_least_loaded paralab.vae_lb.planner.closest_fit paralab.vae_lb.planner.shrinks_gap paralab.vae_lb.planner.plan_rebalance
@@ -190,32 +205,46 @@ COUNTS = [6, 1, 0, 3, 2, 5, 0, 4]
 BATCH = [random_raw_videos(n, seed=400 + r) for r, n in enumerate(COUNTS)]
 COSTS = {r: [encode_cost(v) for v in b] for r, b in enumerate(BATCH)}
 SHAPES = {r: [tuple(v.shape[1:]) for v in b] for r, b in enumerate(BATCH)}
-bound = makespan_bound(COSTS)
+LAB_BOUND = makespan_bound(COSTS)
+LAB_ROWS = compare_strategies(COSTS)
 print(f"{len(COSTS)} ranks, {sum(COUNTS)} videos, total cost {sum(map(sum, COSTS.values())):,.0f}; "
-      f"no schedule beats makespan {bound:,.0f}\n")
+      f"no schedule beats makespan {LAB_BOUND:,.0f}\n")
 print(text_table(("strategy", "makespan", "/ bound", "spread", "videos moved", "bytes moved"),
-                 [(name, f"{makespan:,.0f}", f"{makespan / bound:.3f}", f"{spr:,.0f}", moved, f"{nbytes:,.0f}")
-                  for name, (makespan, spr, moved, nbytes) in compare_strategies(COSTS).items()], align_right=range(1, 6)))
+                 [(name, f"{makespan:,.0f}", f"{makespan / LAB_BOUND:.3f}", f"{spr:,.0f}", moved, f"{nbytes:,.0f}")
+                  for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items()], align_right=range(1, 6)))
 
-# %% [markdown]
-# On this batch the greedy plan reaches the bound with 5 moves; LPT reaches it
-# too but moves 19 of the 21 videos, because it ignores where they already are
-# (bytes moved count the raw video there and its latent back, `3THW + THW`). On other batches greedy
-# can stop above LPT (its heaviest rank ends up holding videos it may not move
-# again). Over 200 random batches of random sizes:
 
 # %%
+def reaches(name):
+    makespan, _, moved, _ = LAB_ROWS[name]
+    where = "reaches the bound" if makespan == LAB_BOUND else f"stops {makespan / LAB_BOUND - 1:.1%} above the bound"
+    return f"{where} with {moved} of the {sum(COUNTS)} videos moved"
+
+
+display(Markdown(
+    f"On this batch the greedy plan {reaches('greedy closest-fit')}; LPT {reaches('LPT')}, because it ignores "
+    "where the videos already are (bytes moved count the raw video there and its latent back, `3THW + THW`). "
+    "On other batches greedy can stop above LPT (its heaviest rank ends up holding videos it may not move "
+    "again). Over 200 random batches of random sizes:"))
+
+# %%
+MEANS = mean_over_random_batches(range(200))
 print(text_table(("strategy", "mean makespan / bound", "mean videos moved"),
-                 [(name, f"{ratio:.3f}", f"{moves:.1f}") for name, (ratio, moves) in mean_over_random_batches(range(200)).items()],
-                 align_right=(1, 2)))
+                 [(name, f"{ratio:.3f}", f"{moves:.1f}") for name, (ratio, moves) in MEANS.items()], align_right=(1, 2)))
+
+
+# %%
+def mean_row(name):
+    ratio, moves = MEANS[name]
+    return f"{ratio - 1:.1%} above the bound on average, moving {moves:.1f} videos per batch"
+
+
+display(Markdown(
+    f"Greedy closest-fit lands {mean_row('greedy closest-fit')}; LPT {mean_row('LPT')}; round-robin by size "
+    f"{mean_row('round-robin by size')}. For the lb step, where every moved video costs bandwidth twice "
+    "(there and back), few well-chosen moves win."))
 
 # %% [markdown]
-# Greedy closest-fit lands within about 2 % of the bound on average with 4 to 5
-# moves; LPT gets within 0.4 % but moves about 21 videos per batch, nearly all
-# of them; round-robin by size moves as many and is 35 % above the bound. For
-# the lb step, where every moved video costs bandwidth twice (there and back),
-# few well-chosen moves win.
-#
 # ## 5. The protocol: share, plan, exchange in two phases, encode, return
 #
 # `share_costs` makes every rank of the group learn all costs. `exchange`
@@ -320,7 +349,7 @@ print(moves_table(COSTS, plan_rebalance(COSTS), SHAPES))
 #
 # Calls and bytes sent per rank, from the ledger. Ranks 2 and 6 hold nothing:
 # they only gather costs and receive work. Every P2P byte is a metadata record
-# (80 B), a raw video (`3THW`) or a latent (`THW`).
+# (64 B), a raw video (`3THW`) or a latent (`THW`).
 
 # %%
 reports = RESULTS[(8, 8, False)]
@@ -444,17 +473,20 @@ print(verdict_table(verdicts, "bug clinic: raw uint8 pixels into the encoder"))
 
 # %% [markdown]
 # ## 10. Closing note
-#
-# On the lab's batch (8 ranks, 21 videos, lb = 8) the greedy closest-fit plan
-# makes 5 moves and brings the spread of predicted load from 119,296 to 8,320
-# and the makespan from 119,296 to 43,008, the lower bound (the largest video);
-# LPT reaches the same makespan by moving 19 of the 21 videos. Every latent
-# came back to its owner, in order, bit-identical to local encoding, at lb = 2,
-# 4 and 8 and with 2 and 4 groups in one world of 8; the ledger's bytes equal
-# the formulas on every rank. The bug clinic's raw-uint8 encode passed every
-# protocol check and failed only the latent comparison, in every element. Building and running the notebook takes 10–20 s
-# on a 2-core machine shared with other jobs, about 9 s of it inside the
-# kernel (the cell below prints this run's time).
+
+# %%
+none_makespan, none_spread, _, _ = LAB_ROWS["no balancing"]
+greedy_makespan, greedy_spread, greedy_moved, _ = LAB_ROWS["greedy closest-fit"]
+lpt_moved = LAB_ROWS["LPT"][2]
+display(Markdown(
+    f"On the lab's batch ({len(COSTS)} ranks, {sum(COUNTS)} videos, lb = 8) the greedy closest-fit plan "
+    f"makes {greedy_moved} moves and brings the spread of predicted load from {none_spread:,.0f} to "
+    f"{greedy_spread:,.0f} and the makespan from {none_makespan:,.0f} to {greedy_makespan:,.0f} "
+    f"(the lower bound is {LAB_BOUND:,.0f}); LPT moves {lpt_moved} of the {sum(COUNTS)} videos. The verdict "
+    "tables above show every latent back with its owner, in order, bit-identical to local encoding, at "
+    "lb = 2, 4 and 8 and with 2 and 4 groups in one world of 8, and the ledger's bytes equal to the formulas "
+    "on every rank. The bug clinic's raw-uint8 encode passed every protocol check and failed only the latent "
+    "comparison. The cell below prints this run's time."))
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -14,8 +14,13 @@ FSDP2 looks `dist.all_gather_single` up at call time — are counted too. Only
 the outermost call is counted: `all_gather_object` is one record, not one
 plus the `all_gather` it makes inside.
 
-Bytes follow the bandwidth-optimal (ring / direct) model, per rank, with `n`
-the group size and `S` the bytes of the tensor named:
+Bytes follow one fixed cost model, per rank, with `n` the group size and `S`
+the bytes of the tensor named: ring all-reduce, all-gather and reduce-scatter
+(bandwidth-optimal for those), direct all-to-all and point-to-point, and a
+flat tree for broadcast / scatter / reduce / gather, where the root sends or
+receives every other rank's share itself. The flat tree is simple to count,
+not bandwidth-optimal: a pipelined or tree broadcast puts far less than
+(n-1) S on the root's link.
 
 | op | bytes sent by this rank |
 |---|---|
@@ -276,6 +281,18 @@ class Ledger:
         """Bytes sent by the records whose fields equal `match` (e.g. phase="forward")."""
         return sent(self.records, **match)
 
+
+
+@contextlib.contextmanager
+def in_phase(name: str) -> Iterator[None]:
+    """Label the calls made inside the block in whichever Ledger is recording, if any.
+
+    For code that runs under a ledger it does not own: a training loop, or a
+    checkpoint's recompute inside the backward.
+    """
+    ledger = Ledger._active
+    with ledger.phase(name) if ledger is not None else contextlib.nullcontext():
+        yield
 
 
 def _rebind_p2p_ops(ops: Iterable[Any]) -> None:
