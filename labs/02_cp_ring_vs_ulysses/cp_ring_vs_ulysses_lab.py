@@ -232,6 +232,43 @@ for cp in CPS:
 # show: paralab.cp.ring._wait paralab.cp.ring._chunks paralab.cp.ring.RingAttention paralab.cp.ring.ring_attention
 
 # %% [markdown]
+# A tiny run of what was just shown: 2 ranks, 8 tokens, causal and zigzag. Each rank
+# holds 4 tokens of q, k, v, calls `ring_attention`, and backpropagates; the parent
+# reassembles the shards of the output and of dq and compares them with full SDPA (the
+# job and the check are folded; the run is the cell after them).
+
+# %% jupyter={"source_hidden": true}
+def tiny_attention(full, attention, zigzag=False, **kw):
+    """This rank's shards of q, k, v in; its shards of out and dq (after out.sum().backward()) back."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard_sequence(t, rank, world, zigzag=zigzag).clone().requires_grad_() for t in full)
+    out = attention(q, k, v, causal=True, **({"zigzag": zigzag} if zigzag else {}), **kw)
+    out.sum().backward()
+    return {"tokens": shard_sequence(torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, world,
+                                     zigzag=zigzag).flatten().tolist(), "out": out.detach(), "dq": q.grad}
+
+
+def tiny_check(name, results, zigzag):
+    full = [t.clone().requires_grad_() for t in TINY]
+    ref = F.scaled_dot_product_attention(*full, is_causal=True)
+    ref.sum().backward()
+    for rank, r in enumerate(results):
+        print(f"{name} rank {rank} holds tokens {r['tokens']}")
+    found = []
+    for key, expected in (("out", ref.detach()), ("dq", full[0].grad)):
+        got = unshard_sequence([r[key] for r in results], zigzag=zigzag)
+        found += compare(got, expected, atol=1e-12, name=f"{name}: {key} on 2 ranks = SDPA")
+    return found
+
+
+# %%
+TINY = [torch.randn(1, 4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) for _ in range(3)]
+tiny_verdicts = tiny_check("ring", run(tiny_attention, 2, TINY, ring_attention, zigzag=True), zigzag=True)
+print(verdict_table(tiny_verdicts, "a tiny ring run"))
+
+# %% [markdown]
 # ## 4. Ulysses: a sequence split becomes a head split
 #
 # `seq_to_heads` cuts the local shard's heads into `cp` groups and sends group `j` to
@@ -280,6 +317,13 @@ plt.close(fig)
 
 # %% jupyter={"source_hidden": true}
 # show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.ulysses_attention
+
+# %% [markdown]
+# The same tiny run with Ulysses (contiguous shards; 4 heads over 2 ranks):
+
+# %%
+tiny_verdicts = tiny_check("Ulysses", run(tiny_attention, 2, TINY, ulysses_attention), zigzag=False)
+print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
 
 # %% [markdown]
 # ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA

@@ -347,28 +347,6 @@ def _frames(latent: torch.Tensor, frames: int, height: int, width: int, channel:
     return latent.detach()[0, :, channel].reshape(frames, height, width)
 
 
-def plot_latent_steps(
-    trajectory: list[torch.Tensor], step_ids: list[int], frames: int, height: int, width: int, channel: int = 0
-):
-    """One row per chosen step, one column per video frame: noise (step 0) turning into the sample."""
-    fig, axes = plt.subplots(len(step_ids), frames, figsize=(1.6 * frames, 1.6 * len(step_ids)), squeeze=False)
-    lim = max(float(trajectory[s][..., channel].abs().max()) for s in step_ids)
-    for row, s in enumerate(step_ids):
-        video = _frames(trajectory[s], frames, height, width, channel)
-        for f in range(frames):
-            ax = axes[row][f]
-            ax.imshow(video[f].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if row == 0:
-                ax.set_title(f"frame {f}", fontsize=9)
-            if f == 0:
-                ax.set_ylabel(f"after step {s}" if s else "noise", fontsize=9)
-    fig.suptitle(f"latent channel {channel} during guided sampling", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 def plot_cfg_branches(
     cond_pred: torch.Tensor,
     uncond_pred: torch.Tensor,
