@@ -134,8 +134,8 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # show: paralab.cfgp.sampling.broadcast_noise paralab.cfgp.sampling.exchange_prediction paralab.cfgp.sampling.exchange_prediction_all_gather paralab.cfgp.sampling.predict_cfgp
 
 # %% [markdown]
-# `initial_latent`, which draws and broadcasts the noise, is folded: it also holds the
-# bug variant of the clinic (section 10); read it after answering the clinic.
+# `initial_latent` (draw the noise on cfgp rank 0, keep this rank's cp shard, broadcast
+# it over the cfgp group) is folded; open it after section 10's bug clinic.
 
 # %% jupyter={"source_hidden": true}
 # show: paralab.cfgp.sampling.initial_latent
