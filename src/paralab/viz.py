@@ -196,7 +196,7 @@ def plot_ring_timeline(world: int = 4) -> plt.Figure:
     arrows are the K/V hops (rank r's block moves to rank r+1 for the next step).
     A third panel sums each rank's work: the slowest rank sets the pace.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(15, 2.2 + 1.15 * world), gridspec_kw={"width_ratios": [1, 1, 0.75]})
+    fig, axes = plt.subplots(1, 3, figsize=(12, 2.0 + 0.95 * world), gridspec_kw={"width_ratios": [1, 1, 0.7]})
     for ax, zigzag in zip(axes, (False, True)):
         grid = _work_grid(world, zigzag)
         ax.imshow(grid, cmap="Blues", vmin=-0.2, vmax=2.2, aspect="auto")
@@ -204,8 +204,8 @@ def plot_ring_timeline(world: int = 4) -> plt.Figure:
             for s in range(world):
                 src = kv_source(r, s, world)
                 chunks = ",".join(str(c) for c in chunk_ids(src, world, zigzag=zigzag))
-                work = "skip" if grid[r, s] == 0 else f"work {grid[r, s]:g}"
-                ax.text(s, r, f"K/V of rank {src}\nchunks [{chunks}]\n{work}", ha="center", va="center",
+                work = "skip" if grid[r, s] == 0 else f"{grid[r, s]:g}"
+                ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center",
                         fontsize=10, color="0.55" if grid[r, s] == 0 else "black")
                 if s + 1 < world:  # the block this rank holds now is the next rank's at the next step
                     nxt = (r + 1) % world
@@ -213,17 +213,17 @@ def plot_ring_timeline(world: int = 4) -> plt.Figure:
                         ax.annotate("", xy=(s + 0.62, nxt - 0.3), xytext=(s + 0.38, r + 0.3),
                                     arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=1.3))
         ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=10)
-        ax.set_yticks(range(world), [f"rank {r}\nchunks [{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
+        ax.set_yticks(range(world), [f"rank {r}\n[{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
                                      for r in range(world)], fontsize=10)
-        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V block held at each step\n"
-                     "(red arrows: the K/V hop to the next rank; last rank -> rank 0 wraps round)", fontsize=10)
+        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V of rank, [chunks], work\n"
+                     "red arrow: K/V hop to the next rank (last -> rank 0 wraps)", fontsize=10)
     ranks = np.arange(world)
     for offset, zigzag in ((-0.2, False), (0.2, True)):
         axes[2].bar(ranks + offset, _work_grid(world, zigzag).sum(axis=1), width=0.4,
                     label="zigzag" if zigzag else "contiguous")
     axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=10)
     axes[2].set_ylabel("blocks of work per forward", fontsize=10)
-    axes[2].set_title(f"causal work per rank, cp = {world}", fontsize=10)
+    axes[2].set_title(f"causal work per rank, cp = {world}\n(slowest rank sets the pace)", fontsize=10)
     axes[2].legend(fontsize=10)
     fig.tight_layout()
     return fig
