@@ -30,16 +30,15 @@
 import logging
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from IPython.display import display
 
-from paralab import ParallelDims, fsdp_mesh
-from paralab.check import compare, verdict_table
+from paralab import ParallelDims
+from paralab.check import claim, compare, verdict_table
+from paralab.fsdp.runs import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
-from paralab.viz import plot_dp_grid, plot_rank_groups
+from paralab.viz import plot_dp_grid, plot_rank_groups, show
 
 WORLD = 8
 CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
@@ -121,9 +120,7 @@ print(f"{matching} of {len(group_verdicts)} (rank, axis) groups from the DeviceM
 # gradients down a column.
 
 # %%
-fig = plot_dp_grid(pd.dp_replicate, pd.dp_shard)
-display(fig)
-plt.close(fig)
+show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %% [markdown]
 # The overlay axes group the *same* 8 ranks again. Each panel colours every rank by
@@ -137,10 +134,8 @@ plt.close(fig)
 # gets the fastest links is a choice to make per workload, from its traffic.
 
 # %%
-fig = plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                       title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))")
-display(fig)
-plt.close(fig)
+show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
+                      title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))"))
 
 # %% [markdown]
 # ## 3. Every validation rule, firing
@@ -263,27 +258,9 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 
 
 # %%
-def fsdp2_step_counts(use_fsdp_mesh):
-    from torch.distributed.fsdp import fully_shard
-
-    from paralab.ledger import Ledger
-
-    pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes("cpu")
-    mesh = fsdp_mesh(pd) if use_fsdp_mesh else pd.dp_mesh
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).double()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    with Ledger() as ledger:
-        model(torch.randn(4, 8, dtype=torch.float64)).sum().backward()
-    return {(r.op, r.group_size) for r in ledger.records}, [(r.op, r.group_size) for r in ledger.records]
-
-
 counts = {}
 for use in (True, False):
-    _, ops = run(fsdp2_step_counts, 4, use)[0]
+    ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
     counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
     label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
     print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))
@@ -318,11 +295,10 @@ truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in grou
 buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
 clinic = compare(buggy, truth, name="buggy predict_groups")
 print("\n".join(v.describe() for v in clinic))
-fig = plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
-                        row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)")
-display(fig)
-plt.close(fig)
-verdicts += compare(torch.tensor(not clinic[0].passed), torch.tensor(True), name="the check catches the buggy prediction")
+show(plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
+                       row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)"))
+verdicts.append(claim("the check catches the buggy prediction", not clinic[0].passed,
+                      f"{clinic[0].n_diff} of {clinic[0].numel} group slots differ"))
 
 # %% [markdown]
 # **What is wrong?** Only some columns light up, and on every rank.

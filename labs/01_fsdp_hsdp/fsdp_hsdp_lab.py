@@ -47,20 +47,19 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.check import compare, verdict_table
+from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.models import make_mlp_stack
 from paralab.fsdp import runs as fsdp_runs
 from paralab.fsdp.runs import (
-    Job, STEPS, check_counts, check_params, fold, reference_first_gradient, reference_first_loss,
-    train_reference, train_reference_rank_by_rank, unit_numels,
+    MEMORY_PARTS, STEPS, Job, check_fsdp2_calls, check_memory, check_params, check_traffic, fold, fsdp2_calls,
+    reference_first_gradient, reference_first_loss, train_reference, train_reference_rank_by_rank, unit_numels,
 )
-from paralab.viz import plot_memory, plot_shard_layout, plot_traffic
+from paralab.viz import plot_memory, plot_shard_layout, plot_traffic, show
 
 LAB_START = time.monotonic()
 model = make_mlp_stack()
@@ -86,9 +85,7 @@ print(f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g}
 
 # %%
 for world, replicas in [(8, 1), (8, 2)]:
-    fig = plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES)
-    plt.show()
-    plt.close(fig)
+    show(plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES))
 
 # %% [markdown]
 # The shard is a contiguous slice of the padded flat vector. `shard_unit` keeps it as an
@@ -288,27 +285,12 @@ for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
 
 
 # %%
-def calls_per_step(records, op, group_size=None):
-    return sum(1 for r in records if r.op == op and (group_size is None or r.group_size == group_size)) // STEPS
-
-
-n_units = len(NUMELS)
 rows = []
 for label, res in RESULTS.items():
-    job = res[0]["job"]
-    if job.engine != "fsdp2":
-        continue
-    one_rank = n_units if job.mesh == "dp_mesh" else 0
-    replica = n_units if job.dp_replicate > 1 else 0
-
-    def counts(records):
-        return [calls_per_step(records, "all_gather_single"), calls_per_step(records, "reduce_scatter_single"),
-                calls_per_step(records, "all_reduce", 1), calls_per_step(records, "all_reduce", job.dp_replicate)
-                if job.dp_replicate > 1 else 0]
-
-    recs = [r["records"] for r in res]
-    print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces {counts(recs[0])}")
-    rows.append(check_counts(f"{label}", [counts(r) for r in recs], [2 * n_units, n_units, one_rank, replica]))
+    if res[0]["job"].engine == "fsdp2":
+        print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces "
+              f"{fsdp2_calls(res[0]['records'], res[0]['job'].dp_replicate)}")
+        rows.append(check_fsdp2_calls(res, len(NUMELS)))
 print(verdict_table(rows, "FSDP2 calls per step, every rank vs formula: per unit 2 gathers, 1 reduce-scatter, "
                           "1 replica all-reduce for HSDP, 1 one-rank all-reduce on the (1, n) mesh"))
 
@@ -339,19 +321,16 @@ for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
-    ops = sorted(formula)
-    measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in res]
-    rows.append(check_counts(f"{label}: {', '.join(ops)}", measured, [formula[op] for op in ops]))
+    rows.append(check_traffic(res, NUMELS))
     if job.optimizer == "adam":
-        TRAFFIC.setdefault(job.strategy, {})[world] = (sum(measured[0]), sum(formula.values()))
-        print(f"{label:<22} measured {sum(measured[0]):5d} B/step  formula {sum(formula.values()):5d} B/step  {formula}")
+        formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
+        measured = sum(per_step_sent(res[0]["records"], STEPS).values())
+        TRAFFIC.setdefault(job.strategy, {})[world] = (measured, sum(formula.values()))
+        print(f"{label:<22} measured {measured:5d} B/step  formula {sum(formula.values()):5d} B/step  {formula}")
 print(verdict_table(rows, "bytes sent per rank per step, every rank vs formula"))
 
 # %%
-fig = plot_traffic(TRAFFIC)
-plt.show()
-plt.close(fig)
+show(plot_traffic(TRAFFIC))
 
 # %% [markdown]
 # In this float64 run ZeRO-3 sends 1.5× what DDP sends (3 vs 2 passes over Ψ in one
@@ -380,26 +359,22 @@ plt.close(fig)
 # show: paralab.fsdp.costs.memory_formula
 
 # %%
-PARTS = ["params", "grads", "optimizer", "gathered peak"]
 rows, MEMORY, MEMORY_FORMULA = [], {}, {}
 for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
-    rows.append(check_counts(f"{label}: {', '.join(PARTS)}",
-                             [[r["memory"][p] for p in PARTS] for r in res], [formula[p] for p in PARTS]))
+    rows.append(check_memory(res, NUMELS))
     if job.optimizer == "adam":
+        formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
         MEMORY[label] = res[0]["memory"]
         MEMORY_FORMULA[label] = sum(formula.values())
-        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in PARTS)
+        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in MEMORY_PARTS)
               + f"  total {sum(res[0]['memory'].values()):5d}  formula {sum(formula.values()):5d}")
 print(verdict_table(rows, "bytes held per rank, every rank vs formula"))
 
 # %%
-fig = plot_memory(MEMORY, MEMORY_FORMULA)
-plt.show()
-plt.close(fig)
+show(plot_memory(MEMORY, MEMORY_FORMULA))
 
 # %% [markdown]
 # The trade is visible: ZeRO-2-like saves one all-gather per unit but holds every
@@ -436,12 +411,10 @@ def clinic_worker(jobs, bug):
 CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
 clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
 correct, buggy = ([[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1))
-fig = plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
-                        torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
-                        f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: parameters after 3 steps, buggy vs correct",
-                        row_label="rank", col_label="element of the rank's unit shards")
-plt.show()
-plt.close(fig)
+show(plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
+                       torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
+                       f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: parameters after 3 steps, buggy vs correct",
+                       row_label="rank", col_label="element of the rank's unit shards"))
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
 print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
@@ -457,8 +430,9 @@ rows = []
 for job, runs in zip(CLINIC_JOBS, zip(correct, buggy)):
     label = f"clinic: {job.label(CLINIC_WORLD)}"
     right, wrong = (fold(check_params(r, REFERENCE[job.optimizer], atol=1e-12), "") for r in runs)
-    rows += compare(torch.tensor(right.passed), torch.tensor(True), name=f"{label}, package code passes")
-    rows += compare(torch.tensor(not wrong.passed), torch.tensor(True), name=f"{label}, seeded bug caught (atol 1e-12)")
+    rows.append(claim(f"{label}, package code passes", right.passed, f"{right.n_diff} of {right.numel} elements differ"))
+    rows.append(claim(f"{label}, seeded bug caught (atol 1e-12)", not wrong.passed,
+                      f"{wrong.n_diff} of {wrong.numel} elements differ"))
 print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with Adam"))
 
 # %% [markdown]

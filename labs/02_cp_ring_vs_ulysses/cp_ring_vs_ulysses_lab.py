@@ -66,19 +66,22 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from paralab import viz
+from paralab.viz import show
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.cp import shard_bytes
 from paralab.cp.costs import ring_bytes, ulysses_bytes
-from paralab.cp.runs import CONFIGS, assemble, bytes_formula, one_process_blocks, sdpa_reference
+from paralab.cp.runs import (
+    CONFIGS, PHASES, assemble, bytes_formula, bytes_sent, check_bytes, check_config, correct_and_buggy, sdpa_reference,
+)
 from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import run
 from paralab.ledger import format_table, sent
+from paralab.tables import text_table
 
 LAB_START = time.monotonic()
 B, H, N, D = 2, 24, 48, 5  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
@@ -140,6 +143,7 @@ except ValueError as exc:
 # %% jupyter={"source_hidden": true}
 # show: paralab.cp.blocks._scores
 
+
 # %%
 g = torch.Generator().manual_seed(0)
 q1, k1, v1 = (4 * torch.randn(B, 3, 10, D, dtype=torch.float64, generator=g) for _ in range(3))  # large scores
@@ -185,12 +189,8 @@ print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
 # </details>
 
 # %%
-fig = viz.plot_ring_timeline(4)
-display(fig)
-plt.close(fig)
-fig = viz.plot_causal_ownership(4)
-display(fig)
-plt.close(fig)
+show(viz.plot_ring_timeline(4))
+show(viz.plot_causal_ownership(4))
 for cp in CPS:
     for zigzag in (False, True):
         work = [sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)) for r in range(cp)]
@@ -268,6 +268,7 @@ TINY = [torch.randn(1, 4, 8, 3, dtype=torch.float64, generator=torch.Generator()
 tiny_verdicts = tiny_check("ring", run(tiny_attention, 2, TINY, ring_attention, zigzag=True), zigzag=True)
 print(verdict_table(tiny_verdicts, "a tiny ring run"))
 
+
 # %% [markdown]
 # ## 4. Ulysses: a sequence split becomes a head split
 #
@@ -275,7 +276,10 @@ print(verdict_table(tiny_verdicts, "a tiny ring run"))
 # rank `j`; rank `j` receives its heads for every sequence shard, i.e. the full sequence
 # on `H/cp` heads. Attention per head is independent, so each rank runs ordinary
 # attention, and `heads_to_seq` (the same all-to-all, read backwards) returns the output
-# to sequence shards. The backward of an all-to-all is the reverse all-to-all.
+# to sequence shards. The backward of an all-to-all is the reverse all-to-all. Each is
+# three steps: *pack* the local tensor into `cp` blocks (block `j` for rank `j`),
+# *exchange* them (`all_to_all_single`), *unpack* the received blocks (block `i` came
+# from rank `i`); every layout decision sits in a pack or an unpack.
 #
 # This implementation's Ulysses takes contiguous shards: after the all-to-all it reads the
 # sequence in rank order and applies a plain causal mask to it. That is a choice of this
@@ -298,15 +302,19 @@ print(verdict_table(tiny_verdicts, "a tiny ring run"))
 # cp = 4 with this lab's 24 heads and 48 tokens:
 
 # %%
-fig = viz.plot_ulysses_reshape(4, H, N)
-display(fig)
-plt.close(fig)
+show(viz.plot_ulysses_reshape(4, H, N))
 
 # %% [markdown]
-# The two all-to-alls, and the attention between them:
+# The two all-to-alls, each pack → exchange → unpack, and the attention between them:
 
 # %%
-# show: paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq
+# show: paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.exchange_blocks
+
+# %% [markdown]
+# The packs and unpacks, where every layout decision sits:
+
+# %%
+# show: paralab.cp.ulysses.pack_heads paralab.cp.ulysses.unpack_heads paralab.cp.ulysses.pack_seq paralab.cp.ulysses.unpack_seq
 
 # %%
 # show: paralab.cp.ulysses.UlyssesAttention
@@ -324,6 +332,7 @@ plt.close(fig)
 # %%
 tiny_verdicts = tiny_check("Ulysses", run(tiny_attention, 2, TINY, ulysses_attention), zigzag=False)
 print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
+
 
 # %% [markdown]
 # ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA
@@ -360,11 +369,9 @@ print("heads error at cp = 4:", runs[4][0]["heads_error"])
 # on the full tensors in one process, whatever cp is, because heads never mix.
 
 # %%
-def stacked(tensors, reference, world=None, relative=True):
-    names = ("out", "dq", "dk", "dv")
-    scale = {n: reference[n].abs().max() if relative else 1 for n in names}
-    ref = {n: reference[n] if world is None else reference[n].expand(world, *reference[n].shape) for n in names}
-    return torch.stack([tensors[n] / scale[n] for n in names]), torch.stack([ref[n] / scale[n] for n in names])
+def results(cp, config):
+    """Every rank's result for one config at one cp."""
+    return [r["results"][CONFIGS.index(config)] for r in runs[cp]]
 
 
 def summarize(name, found):
@@ -374,24 +381,15 @@ def summarize(name, found):
                  f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| " + (f"{worst:.1e}" if worst else "0"))
 
 
-REFERENCE = {causal: sdpa_reference(FULL, causal) for causal in (False, True)}
-BLOCKS = {causal: one_process_blocks(FULL, causal) for causal in (False, True)}
-vs_sdpa, bitwise = {config.name: [] for config in CONFIGS}, []
-for cp in CPS:
-    for i, config in enumerate(CONFIGS):
-        got = assemble([r["results"][i] for r in runs[cp]], config)
-        world = cp if config.replicated else None
-        actual, expected = stacked(got, REFERENCE[config.causal], world)
-        vs_sdpa[config.name] += compare(actual, expected, atol=1e-12, name=f"cp={cp} {config.name} vs SDPA")
-        if config.algorithm == "ulysses":
-            actual, expected = stacked(got, BLOCKS[config.causal], world, relative=False)
-            bitwise += compare(actual, expected, name=f"cp={cp} {config.name} vs attention_block, bitwise")
-claims = [summarize(f"{name} = SDPA at cp 2, 4, 8", found) for name, found in vs_sdpa.items()]
-claims.append(summarize("every Ulysses layout = attention_block, bitwise", bitwise))
+by_config = {config.name: [v for cp in CPS for v in check_config(results(cp, config), config, FULL)] for config in CONFIGS}
+claims = [summarize(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
+          for name, found in by_config.items()]
+claims.append(summarize("every Ulysses layout = attention_block, bitwise",
+                        [v for found in by_config.values() for v in found if "bitwise" in v.path]))
 print(verdict_table(claims, "out, dq, dk, dv vs the one-process reference (relative, bound 1e-12)"))
 
 # %% jupyter={"outputs_hidden": true}
-verdicts = [v for found in vs_sdpa.values() for v in found] + bitwise
+verdicts = [v for found in by_config.values() for v in found]
 print(verdict_table(verdicts, "the detail: one row per cp and configuration"))
 
 # %% [markdown]
@@ -401,13 +399,9 @@ print(verdict_table(verdicts, "the detail: one row per cp and configuration"))
 # Per rank (in the ring every rank sends the same; in Ulysses too), bytes *sent*:
 
 # %% jupyter={"outputs_hidden": true}
-cp = 4
-print(f"cp = {cp}, ring causal zigzag, per rank:")
-print(format_table([r["results"][2]["records"] for r in runs[cp]]))
-print(f"\ncp = {cp}, Ulysses causal sequence_sharded, per rank:")
-print(format_table([r["results"][5]["records"] for r in runs[cp]]))
-print(f"\ncp = {cp}, Ulysses causal replicated, per rank:")
-print(format_table([r["results"][7]["records"] for r in runs[cp]]))
+for config in (CONFIGS[2], CONFIGS[5], CONFIGS[7]):
+    print(f"cp = 4, {config.name}, per rank:")
+    print(format_table([r["records"] for r in results(4, config)]) + "\n")
 
 
 # %% [markdown]
@@ -421,23 +415,20 @@ print(format_table([r["results"][7]["records"] for r in runs[cp]]))
 # </details>
 
 # %%
-def formula(config, cp):
-    return bytes_formula(config, (B, H, N, D), cp)
-
-
-byte_verdicts = {name: [] for name in ("ring", "Ulysses sequence_sharded", "Ulysses replicated")}
-print(f"{'cp':>2} {'S (B)':>6}  {'configuration':<34} {'forward: formula = ledger':>26} {'backward: formula = ledger':>27}")
+rows = []
 for cp in CPS:
-    for i, config in enumerate(CONFIGS):
-        want = formula(config, cp)
-        measured = torch.tensor([[sent(r["results"][i]["records"], phase=p) for r in runs[cp]] for p in ("forward", "backward")])
-        expected = torch.tensor([[want[p]] * cp for p in ("forward", "backward")])
-        family = "ring" if config.algorithm == "ring" else f"Ulysses {'replicated' if config.replicated else 'sequence_sharded'}"
-        byte_verdicts[family] += compare(measured, expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]")
-        if not config.causal:
-            continue  # causal masking changes compute, not traffic: print the causal rows only
-        print(f"{cp:>2} {shard_bytes(B, H, N, D, cp):>6}  {config.name:<34} "
-              f"{want['forward']:>12} = {int(measured[0].max()):>11} {want['backward']:>13} = {int(measured[1].max()):>11}")
+    for config in [c for c in CONFIGS if c.causal]:  # masking changes compute, not traffic: print causal rows
+        want, measured = bytes_formula(config, (B, H, N, D), cp), bytes_sent(results(cp, config))
+        rows.append((cp, shard_bytes(B, H, N, D, cp), config.name,
+                     *(x for k, p in enumerate(PHASES) for x in (want[p], int(measured[k].max())))))
+print(text_table(("cp", "S (B)", "configuration", "forward formula", "ledger", "backward formula", "ledger"), rows,
+                 align_right=(0, 1, 3, 4, 5, 6)))
+FAMILIES = ("ring", "Ulysses sequence_sharded", "Ulysses replicated")
+byte_verdicts = {name: [] for name in FAMILIES}
+for cp in CPS:
+    for config in CONFIGS:
+        family = FAMILIES[0] if config.algorithm == "ring" else FAMILIES[2 if config.replicated else 1]
+        byte_verdicts[family] += check_bytes(results(cp, config), config, (B, H, N, D))
 byte_claims = [summarize(f"{name}: ledger = formula, every rank, fwd and bwd", found)
                for name, found in byte_verdicts.items()]
 print(verdict_table(byte_claims, "\nbytes sent per rank, ledger vs closed form (exact), cp 2, 4, 8, causal or not"))
@@ -447,12 +438,10 @@ print(verdict_table([v for found in byte_verdicts.values() for v in found], "the
 
 # %%
 series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
-measured = {name: {p: [sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for cp in CPS]
-                   for p in ("forward", "backward")} for name, c in series.items()}
-formulas = {name: {p: [formula(c, cp)[p] for cp in CPS] for p in ("forward", "backward")} for name, c in series.items()}
-fig = viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8)
-display(fig)
-plt.close(fig)
+measured = {name: {p: [int(bytes_sent(results(cp, c))[k, 0]) for cp in CPS] for k, p in enumerate(PHASES)}
+            for name, c in series.items()}
+formulas = {name: {p: [bytes_formula(c, (B, H, N, D), cp)[p] for cp in CPS] for p in PHASES} for name, c in series.items()}
+show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8))
 
 # %% [markdown]
 # **What to conclude.** At a fixed sequence, the ring's bytes per rank *grow* towards
@@ -511,30 +500,18 @@ display(Markdown("\n".join(ratio_rows)))
 # and a dot marks a token whose dK is bitwise right.
 
 # %%
-def clinic_worker(full, config, bug):
-    """One config twice on the same inputs: the package's code, then with `bug()` planted in its backward."""
-    from paralab.cp.runs import cp_worker  # the package's job: the bug is planted in the package's modules
-
-    correct = cp_worker(full, [config])["results"][0]
-    return correct, cp_worker(full, [config], during_backward=bug)["results"][0]
-
-
-clinic = run(clinic_worker, 4, FULL, CONFIGS[2], ring_clinic_bug)
+clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
 correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
-fig = viz.plot_error_by_token((buggy["dk"] - correct["dk"]).transpose(-1, -2), 4, zigzag=True,
-                              title="ring attention, cp = 4, causal zigzag: dK, buggy vs correct")
-display(fig)
-plt.close(fig)
+show(viz.plot_error_by_token((buggy["dk"] - correct["dk"]).transpose(-1, -2), 4, zigzag=True,
+                             title="ring attention, cp = 4, causal zigzag: dK, buggy vs correct"))
 exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
 print("tokens whose dK is still bitwise right:", exact_tokens)
 clinic_verdicts = []
-for name in ("out", "dq", "dk", "dv"):
-    ref = REFERENCE[True][name]
-    verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item(), name=name)[0]
-    print(f"buggy ring vs SDPA, {name}: {'matches' if verdict.passed else verdict.describe()}")
-    caught = not verdict.passed if name != "out" else verdict.passed  # out must still match, gradients must not
-    clinic_verdicts += compare(torch.tensor(caught), torch.tensor(True),
-                               name=f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}")
+for name, ref in sdpa_reference(FULL, causal=True).items():
+    verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item())[0]
+    seen = "matches SDPA" if verdict.passed else f"{verdict.n_diff} of {verdict.numel} elements differ from SDPA"
+    clinic_verdicts.append(claim(f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}",
+                                 verdict.passed == (name == "out"), seen))  # out must still match, gradients not
 print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 
 # %% [markdown]
@@ -577,17 +554,15 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 
 # %%
 cp = 4
-replicated = run(clinic_worker, cp, FULL, CONFIGS[6], replicated_clinic_bug)
-fig = viz.plot_scale_scatter(replicated[1][0]["dq"], replicated[1][1]["dq"], cp,
-                             "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)")
-display(fig)
-plt.close(fig)
+replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
+show(viz.plot_scale_scatter(replicated[1][0]["dq"], replicated[1][1]["dq"], cp,
+                            "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)"))
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
 print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
-ref = REFERENCE[False]["dq"]
-caught = not compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0].passed
-print(verdict_table(compare(torch.tensor(caught), torch.tensor(True), name="clinic: reduce-scatter backward caught"),
-                    "bug clinic, second case"))
+ref = sdpa_reference(FULL, causal=False)["dq"]
+verdict = compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0]
+print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict.passed,
+                           f"{verdict.n_diff} of {verdict.numel} dq elements differ from SDPA")], "bug clinic, second case"))
 
 # %% [markdown]
 # <details><summary>Answer</summary>

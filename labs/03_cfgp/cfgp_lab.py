@@ -57,14 +57,17 @@ LAB_START = time.perf_counter()
 
 import torch
 from IPython.display import Markdown, display
-import matplotlib.pyplot as plt
 
 from paralab import ParallelDims
+from paralab.cfgp.costs import cfgp_bytes, cp_attention_bytes, latent_shard_bytes
+from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
 from paralab.check import claim, compare, verdict_table
+from paralab.exercises.lab03 import SAMPLER_BUGS
 from paralab.launch import run
-from paralab.ledger import format_table
+from paralab.ledger import format_table, received, sent
+from paralab.tables import text_table
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
-from paralab.viz import plot_cfg_branches, plot_cfgp_timeline, plot_diff_heatmap, plot_step_traffic
+from paralab.viz import plot_cfg_branches, plot_cfgp_timeline, plot_diff_heatmap, plot_step_traffic, show
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
@@ -101,6 +104,7 @@ def summarize(name, found):
 # %% jupyter={"source_hidden": true}
 # show: paralab.models.CondDenoiser
 
+
 # %%
 model = CondDenoiser(channels=4, dim=32, heads=4, text_dim=16, n_blocks=2, frames=4, height=6, width=6, seed=0)
 cond = make_text_embedding(seed=1)  # "a prompt", (1, n_text, text_dim)
@@ -133,11 +137,7 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # %%
 # show: paralab.cfgp.sampling.broadcast_noise paralab.cfgp.sampling.exchange_prediction paralab.cfgp.sampling.exchange_prediction_all_gather paralab.cfgp.sampling.predict_cfgp
 
-# %% [markdown]
-# `initial_latent` (draw the noise on cfgp rank 0, keep this rank's cp shard, broadcast
-# it over the cfgp group) is folded; open it after section 10's bug clinic.
-
-# %% jupyter={"source_hidden": true}
+# %%
 # show: paralab.cfgp.sampling.initial_latent
 
 # %% [markdown]
@@ -173,10 +173,8 @@ print("reference latent", tuple(reference.shape), reference.dtype)
 ts = timesteps(STEPS)
 with torch.no_grad():
     cond_pred, uncond_pred = predict_branches(model, trajectory[4], ts[4], cond, uncond)
-fig = plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pred, W), W,
-                        model.frames, model.height, model.width)
-display(fig)
-plt.close(fig)
+show(plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pred, W), W,
+                       model.frames, model.height, model.width))
 
 # %% [markdown]
 # ## 3. Why batching cond and uncond in one forward can change the last bits
@@ -243,14 +241,14 @@ print(f"accepted: {pd_ok}")
 # is this lab's latent, `B·S·C·8` bytes):
 
 # %%
-fig = plot_cfgp_timeline(steps=2, latent_bytes=B * S * C * 8)
-display(fig)
-plt.close(fig)
+show(plot_cfgp_timeline(steps=2, latent_bytes=B * S * C * 8))
 
 # %% [markdown]
 # One launch runs the sampler several ways (launches cost time): with the
 # point-to-point swap, with the all_gather alternative, and a broken variant
-# used in section 6. Every rank returns its final latent and its ledger records.
+# used in section 6, planted into the package's sampler for its run
+# (`SAMPLER_BUGS` in `paralab.exercises.lab03`; `paralab.cfgp.runs.sample_variants`).
+# Every rank returns its final latent and its ledger records.
 #
 # **Predict before you run.** Will the final latent of the cfgp pair equal the
 # single-process batch-1 reference *bitwise*, or only to ~1e-15?
@@ -263,18 +261,8 @@ plt.close(fig)
 # </details>
 
 # %%
-VARIANTS = {
-    "p2p": {},
-    "all_gather": {"exchange": "all_gather"},
-    "wrong_sign": {"combine": lambda c, u, w: u - w * (c - u)},
-}
-
-
-def cfgp_variants(model, cond, uncond, variants, **kw):
-    return {name: sample_on_rank(model, cond, uncond, {"cfgp": 2}, **kw, **extra) for name, extra in variants.items()}
-
-
-cfgp_out = run(cfgp_variants, 2, model, cond, uncond, VARIANTS, steps=STEPS, guidance_scale=W, seed=SEED)
+cfgp_out = run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS,
+               {"wrong_sign": SAMPLER_BUGS["wrong_sign"]}, steps=STEPS, guidance_scale=W, seed=SEED)
 print("cfgp_rank of each rank:", [r["p2p"]["cfgp_rank"] for r in cfgp_out])
 cfgp_verdicts, cfgp_claims = [], []
 for exchange in ("p2p", "all_gather"):
@@ -288,6 +276,7 @@ print(verdict_table(cfgp_claims, "cfgp = 2: the final latent vs the single-proce
 
 # %% jupyter={"outputs_hidden": true}
 print(verdict_table(cfgp_verdicts, "the detail: one row per rank"))
+
 
 # %% [markdown]
 # **Bitwise, and why.** Rank 0's forward *is* the reference's conditional
@@ -313,8 +302,8 @@ for name in ("wrong_sign",):
     print(f"{name:<14} " + "  ".join(
         f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}"
         for v in found) + f"  | rank 0 vs rank 1 max |diff| {disagree:.1e}")
-    caught = torch.tensor(sum(not v.passed for v in found) >= 1)
-    broken_verdicts += compare(caught, torch.tensor(True), name=f"check catches the {name} variant")
+    broken_verdicts.append(claim(f"check catches the {name} variant", not all(v.passed for v in found),
+                                 f"{sum(not v.passed for v in found)} of {len(found)} ranks differ"))
 print(verdict_table(broken_verdicts, "The same check fails the broken variant"))
 
 # %% [markdown]
@@ -344,25 +333,20 @@ latent_bytes = B * S * C * 8
 print(format_table([r["p2p"]["records"] for r in cfgp_out], by=("op", "group_ranks")))
 print()
 print(format_table([r["all_gather"]["records"] for r in cfgp_out], by=("op", "group_ranks")))
-ledger_verdicts, ledger_by_key = [], {}
+ledger_verdicts, ledger_by_key, rows = [], {}, []
 for rank, r in enumerate(cfgp_out):
-    measured = {
-        "p2p sent": sum(x.bytes_sent for x in r["p2p"]["records"] if x.op == "isend"),
-        "p2p received": sum(x.bytes_received for x in r["p2p"]["records"] if x.op == "irecv"),
-        "all_gather sent": sum(x.bytes_sent for x in r["all_gather"]["records"] if x.op == "all_gather"),
-        "noise broadcast sent": sum(x.bytes_sent for x in r["p2p"]["records"] if x.op == "broadcast"),
-    }
-    formula = {
-        "p2p sent": STEPS * latent_bytes,
-        "p2p received": STEPS * latent_bytes,
-        "all_gather sent": STEPS * (2 - 1) * latent_bytes,
-        "noise broadcast sent": latent_bytes if rank == 0 else 0,
-    }
+    p2p, gathered = r["p2p"]["records"], r["all_gather"]["records"]
+    measured = {"p2p sent": sent(p2p, op="isend"), "p2p received": received(p2p, op="irecv"),
+                "all_gather sent": sent(gathered, op="all_gather"), "noise broadcast sent": sent(p2p, op="broadcast")}
+    want = cfgp_bytes(model.latent_shape, STEPS, cfgp_rank=rank)
+    formula = {"p2p sent": want["cfgp swap"], "p2p received": want["cfgp swap"],
+               "all_gather sent": want["cfgp swap"], "noise broadcast sent": want["noise broadcast"]}
+    rows += [(rank, key, formula[key], measured[key]) for key in measured]
     for key in measured:
-        print(f"rank {rank} {key:<21} formula {formula[key]:>6} B   measured {measured[key]:>6} B")
         found = compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
         ledger_verdicts += found
         ledger_by_key.setdefault(key, []).extend(found)
+print(text_table(("rank", "bytes", "formula", "measured"), rows, align_right=(0, 2, 3)))
 print(verdict_table(ledger_verdicts, f"the detail: ledger vs formula per rank (steps={STEPS}, B·S·C·8 = {latent_bytes} B)"))
 
 # %%
@@ -464,12 +448,9 @@ def block_attention(q, k, v):
 reference_block = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, attention=block_attention)
 
 
-def cp_variants(model, cond, uncond, dims, **kw):
-    return {kind: sample_on_rank(model, cond, uncond, dims, cp_attention=kind, **kw) for kind in ("ring", "ulysses")}
-
-
 cp_out = {
-    world: run(cp_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
+    world: run(sample_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
+               {"ring": {"cp_attention": "ring"}, "ulysses": {"cp_attention": "ulysses"}},
                steps=STEPS, guidance_scale=W, seed=SEED, timeout=120)
     for world in (4, 8)
 }
@@ -503,7 +484,7 @@ print(verdict_table(cp_verdicts, "the detail: one row per world, attention and r
 # moves *hidden states* (width `D`, not `C`) in **every attention layer**:
 # ring sends K and V round the ring, `2(cp−1)·Sq` per layer, Ulysses does four
 # all-to-alls, `4(cp−1)/cp·Sq` per layer, with `Sq = B·H·(S/cp)·(D/H)·8` one
-# rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.traffic`).
+# rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.costs`).
 # So per step cp costs `layers·2(cp−1)·D / C` times the cfgp swap for ring:
 # in activation traffic the guidance axis is almost free next to the sequence
 # axis. That compares the swap with cp only. Under FSDP-sharded inference
@@ -517,40 +498,35 @@ print(verdict_table(cp_verdicts, "the detail: one row per world, attention and r
 out4 = cp_out[4]
 cpn = 2
 D, H, L = model.inp.out_features, model.blocks[0].heads, model.n_attention_layers
-shard_bytes = B * (S // cpn) * C * 8
-Sq = cp.shard_bytes(B, H, S, D // H, cpn)
+shard_bytes = latent_shard_bytes(model.latent_shape, cpn)
 print(format_table([r["ring"]["records"] for r in out4], by=("op", "group_ranks")))
-cp_ledger, cp_ledger_by_key = [], {}
+cp_ledger, cp_ledger_by_key, rows = [], {}, []
 for rank, r in enumerate(out4):
     cfgp_peer = (rank + 2) % 4
     ring_recs, uly_recs = r["ring"]["records"], r["ulysses"]["records"]
-    measured = {
-        "cfgp swap sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer == cfgp_peer),
-        "ring K/V sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer != cfgp_peer),
-        "ulysses a2a sent": sum(x.bytes_sent for x in uly_recs if x.op == "all_to_all_single"),
-        "noise broadcast sent": sum(x.bytes_sent for x in ring_recs if x.op == "broadcast"),
-        "latent return sent": sum(x.bytes_sent for x in ring_recs if x.op == "all_gather"),
-    }
-    formula = {
-        "cfgp swap sent": STEPS * shard_bytes,
-        "ring K/V sent": STEPS * L * cp.ring_bytes(Sq, cpn)["forward"],
-        "ulysses a2a sent": STEPS * L * cp.ulysses_bytes(Sq, cpn)["forward"],
-        "noise broadcast sent": shard_bytes if r["ring"]["cfgp_rank"] == 0 else 0,
-        "latent return sent": (cpn - 1) * shard_bytes,
-    }
+    swap = sent(ring_recs, op="isend", peer=cfgp_peer)
+    measured = {"cfgp swap sent": swap, "ring K/V sent": sent(ring_recs, op="isend") - swap,
+                "ulysses a2a sent": sent(uly_recs, op="all_to_all_single"),
+                "noise broadcast sent": sent(ring_recs, op="broadcast"),
+                "latent return sent": sent(ring_recs, op="all_gather")}
+    want = cfgp_bytes(model.latent_shape, STEPS, r["ring"]["cfgp_rank"], cpn)
+    formula = {"cfgp swap sent": want["cfgp swap"],
+               "ring K/V sent": cp_attention_bytes("ring", STEPS, L, B, H, S, D // H, cpn),
+               "ulysses a2a sent": cp_attention_bytes("ulysses", STEPS, L, B, H, S, D // H, cpn),
+               "noise broadcast sent": want["noise broadcast"], "latent return sent": want["latent return"]}
+    rows += [(key, formula[key], measured[key]) for key in measured if rank == 0]
     for key in measured:
-        if rank == 0:
-            print(f"rank 0 {key:<21} formula {formula[key]:>7} B   measured {measured[key]:>7} B")
         found = compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
         cp_ledger += found
         cp_ledger_by_key.setdefault(key, []).extend(found)
+print(text_table(("rank 0", "formula", "measured"), rows, align_right=(1, 2)))
 print(verdict_table(cp_ledger, "the detail: one row per rank and kind of traffic"))
 
 # %%
 cp_ledger_claims = [summarize(f"{key}: ledger = formula on all 4 ranks", rows) for key, rows in cp_ledger_by_key.items()]
 print(verdict_table(cp_ledger_claims, f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})"))
 per_step_cfgp = shard_bytes
-per_step_ring = L * cp.ring_bytes(Sq, cpn)["forward"]
+per_step_ring = cp_attention_bytes("ring", 1, L, B, H, S, D // H, cpn)
 print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
       f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
 
@@ -566,16 +542,15 @@ per_step = {}
 for world, out in cp_out.items():
     recs_ring, recs_uly = out[0]["ring"]["records"], out[0]["ulysses"]["records"]
     cfgp_peer = world // 2  # rank 0's cfgp peer holds the same shard of the other branch
+    swap = sent(recs_ring, op="isend", peer=cfgp_peer)
     per_step[f"cfgp=2 x cp={world // 2}"] = {
-        "cfgp swap": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer == cfgp_peer) // STEPS,
-        "cp ring attention": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer != cfgp_peer) // STEPS,
-        "cp Ulysses attention": sum(x.bytes_sent for x in recs_uly if x.op == "all_to_all_single") // STEPS,
+        "cfgp swap": swap // STEPS,
+        "cp ring attention": (sent(recs_ring, op="isend") - swap) // STEPS,
+        "cp Ulysses attention": sent(recs_uly, op="all_to_all_single") // STEPS,
     }
 for layout, row in per_step.items():
     print(f"{layout:<16} " + "  ".join(f"{k} {v:>6} B" for k, v in row.items()))
-fig = plot_step_traffic(per_step)
-display(fig)
-plt.close(fig)
+show(plot_step_traffic(per_step))
 
 # %% [markdown]
 # ## 10. Bug clinic: the videos that do not match
@@ -601,7 +576,8 @@ def clinic_noise(model, cond, uncond, seed, **kw):
     pd.build_meshes("cpu")
     shape = model.latent_shape
     return {"correct": initial_latent(shape, seed, pd), "buggy": noise_per_rank_seed(shape, seed, pd),
-            "per_rank_seed": sample_on_rank(model, cond, uncond, {"cfgp": 2}, seed=seed, noise="per_rank_seed", **kw)}
+            **sample_variants(model, cond, uncond, {"cfgp": 2}, {}, {"per_rank_seed": SAMPLER_BUGS["per_rank_seed"]},
+                              seed=seed, **kw)}
 
 
 def by_rank_and_channel(latents):
@@ -620,9 +596,7 @@ for label, ok, bug in [("initial latent", start_ok, start_bug), ("final latent",
         for r in range(2)))
 for title, ok, bug in [("initial latent: buggy vs correct", start_ok, start_bug),
                        (f"final latent after {STEPS} steps: buggy vs the reference", end_ok, end_bug)]:
-    fig = plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token")
-    display(fig)
-    plt.close(fig)
+    show(plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token"))
 
 # %% [markdown]
 # **What is wrong?** Rank 0 starts from exactly the right noise (top half of
@@ -664,12 +638,12 @@ print("per_rank_seed  " + "  ".join(
     f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}" for v in found)
     + f"  | rank 0 vs rank 1 max |diff| {float((latents[0] - latents[1]).abs().max()):.1e}")
 final_check = compare(latents, [reference, reference])
-clinic_verdicts = compare(torch.tensor(sum(not v.passed for v in found) >= 1), torch.tensor(True),
-                          name="check catches the per_rank_seed variant")
-clinic_verdicts += compare(torch.tensor(outcome.verdict == "FAIL"), torch.tensor(True),
-                           name="grader fails per-rank noise (initial_latent)")
-clinic_verdicts += compare(torch.tensor(not all(v.passed for v in final_check)), torch.tensor(True),
-                           name="final latent check fails per-rank noise")
+clinic_verdicts = [claim("check catches the per_rank_seed variant", not all(v.passed for v in found),
+                         f"{sum(not v.passed for v in found)} of {len(found)} ranks differ"),
+                   claim("grader fails per-rank noise (initial_latent)", outcome.verdict == "FAIL",
+                         f"grader says {outcome.verdict}"),
+                   claim("final latent check fails per-rank noise", not all(v.passed for v in final_check),
+                         f"{sum(not v.passed for v in final_check)} of {len(final_check)} ranks differ")]
 print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing different noise"))
 
 # %% [markdown]
@@ -718,9 +692,10 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 # 2. In section 3, change the first `Linear`'s batch from 2 to 3 or 8.
 #    Does row 0 still differ from the batch-1 result? (It depends on which
 #    kernel MKL picks for the shape.)
-# 3. Replace `predict_cfgp`'s return by `(mine, theirs)` on both ranks
-#    (forget to swap the roles on rank 1). Which check fails, and on which
-#    rank?
+# 3. Write a `predict_cfgp` that returns `(mine, theirs)` on both ranks
+#    (forget to swap the roles on rank 1), plant it like `SAMPLER_BUGS`
+#    (`planted(paralab.cfgp.sampling, predict_cfgp=...)`) and re-run
+#    section 5. Which check fails, and on which rank?
 #
 #    <details><summary>Hint</summary>Rank 1 then applies guidance with the roles swapped;
 #    both the reference check and the rank-1-vs-rank-0 check fail on rank 1.</details>
@@ -738,8 +713,9 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    layer); the swap, the noise broadcast and the latent return stay.</details>
 # 7. Run cfgp × cp with `cp_attention="ulysses"` on a denoiser with
 #    `heads=2` at cp = 4 (world 8). What does the error say?
-# 8. Give `sample` a `combine=` that computes `(1 - w)·uncond + w·cond` on
-#    cfgp rank 1 only (hint: `torch.distributed.get_rank()`). Do the two
+# 8. Plant a combine that computes `(1 - w)·uncond + w·cond` on cfgp rank 1
+#    only (hint: `torch.distributed.get_rank()`) the way `SAMPLER_BUGS` plants
+#    its bugs (`planted(paralab.cfgp.sampling, cfg_combine=...)`). Do the two
 #    ranks still agree bit for bit? With the reference?
 # 9. Make the reference use `full_attention` (SDPA) and the cp runs
 #    Ulysses: why is it no longer bitwise, although no sum was split?
