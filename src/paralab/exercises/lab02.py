@@ -5,6 +5,8 @@ clinic and tests/test_cp_dist.py import them from here, so each bug is written o
 """
 from __future__ import annotations
 
+import random
+
 import torch
 import torch.distributed as dist
 
@@ -32,6 +34,28 @@ def _partials(seed: int, q_scale: float, k2_scale: float = 1.0) -> tuple:
 def _merge_cases(rank: int, world: int) -> list[tuple]:
     """Ordinary scores, scores near 1e3 (exp overflows float64), and blocks whose lse differ by ~700."""
     return [_partials(0, 1.0), _partials(1, 4.0), _partials(2, 400.0), _partials(3, 300.0, k2_scale=0.001)]
+
+
+MERGE_KINDS = ["ordinary scores", "scores around 10", "scores near 1e3 (exp(lse) overflows)",
+               "blocks whose lse differ by ~700"]
+
+
+def _hidden_merge_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Other shapes and key splits, drawn from the grading seed, at the same three score regimes."""
+    draw = random.Random(seed)
+    cases = []
+    for q_scale, k2_scale in [(1.0, 1.0), (draw.uniform(100, 500), 1.0), (draw.uniform(200, 400), 0.001)]:
+        b, h, n, d, split = draw.randint(1, 3), draw.randint(1, 4), draw.randint(1, 9), draw.randint(2, 8), draw.randint(1, 6)
+        g = torch.Generator().manual_seed(draw.randrange(10**6))
+        q = torch.randn(b, h, n, d, dtype=torch.float64, generator=g) * q_scale
+        k, v = (torch.randn(b, h, split + 3, d, dtype=torch.float64, generator=g) for _ in range(2))
+        cases.append((*attention_block(q, k[:, :, :split], v[:, :, :split]),
+                      *attention_block(q, k[:, :, split:] * k2_scale, v[:, :, split:])))
+    return cases
+
+
+HIDDEN_MERGE_KINDS = ["another shape, ordinary scores", "another shape, scores in the hundreds",
+                      "another shape, one block's lse far below the other's"]
 
 
 def _out_and_lse(result: tuple) -> dict[str, torch.Tensor]:
@@ -77,6 +101,35 @@ def _cp_groups(world: int) -> list[tuple[dist.ProcessGroup, int]]:
         pd.build_meshes("cpu")
         groups.append((pd.cp_mesh.get_group(), cp))
     return groups
+
+
+def _group_kinds(world: int) -> list[str]:
+    return [f"the whole world as one cp group of {world}"] + (
+        ["the {0,1} and {2,3} cp groups of 2 inside 4 ranks"] if world == 4 else [])
+
+
+def _hidden_shards(rank: int, world: int, seed: int, heads_side: bool) -> list[tuple]:
+    """Shards of another shape (batch, heads and tokens per rank, head_dim drawn from the seed) per cp group."""
+    draw = random.Random(seed)
+    b, heads_per_rank, tokens_per_rank, d = draw.randint(1, 3), draw.randint(1, 3), draw.randint(1, 6), draw.randint(1, 4)
+    cases = []
+    for i, (group, cp) in enumerate(_cp_groups(world)):
+        g = torch.Generator().manual_seed(seed + 100 * i + rank)
+        shape = (b, heads_per_rank, tokens_per_rank * cp, d) if heads_side else (b, heads_per_rank * cp, tokens_per_rank, d)
+        cases.append((torch.randn(*shape, dtype=torch.float64, generator=g), group))
+    return cases
+
+
+def _hidden_seq_shard_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    return _hidden_shards(rank, world, seed, heads_side=False)
+
+
+def _hidden_head_shard_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    return _hidden_shards(rank, world, seed, heads_side=True)
+
+
+def _hidden_group_kinds(world: int) -> list[str]:
+    return [f"another shape, {kind}" for kind in _group_kinds(world)]
 
 
 def _seq_shard_cases(rank: int, world: int) -> list[tuple]:
@@ -147,6 +200,25 @@ def _ring_cases(rank: int, world: int) -> list[tuple]:
     return cases
 
 
+def _ring_kinds(world: int) -> list[str]:
+    return [f"the whole world (group=None) of {world}"] + _group_kinds(world)
+
+
+def _hidden_ring_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Blocks of another shape, drawn from the seed, on WORLD and on every cp group."""
+    draw = random.Random(seed)
+    shape = (2, draw.randint(1, 2), draw.randint(1, 4), draw.randint(1, 6), draw.randint(1, 5))
+    cases = []
+    for i, group in enumerate([None] + [group for group, _ in _cp_groups(world)]):
+        g = torch.Generator().manual_seed(seed + 100 * i + rank)
+        cases.append((torch.randn(*shape, dtype=torch.float64, generator=g), group, KV_TAG + i % 2))
+    return cases
+
+
+def _hidden_ring_kinds(world: int) -> list[str]:
+    return [f"another shape, {kind}" for kind in _ring_kinds(world)]
+
+
 def _received(result: tuple) -> torch.Tensor:
     """Wait for the hop to finish and keep the received block."""
     received, works = result
@@ -206,8 +278,12 @@ EXERCISES = [
             "log-sum-exp over both blocks, and `out`, attention over both blocks. It must stay finite for "
             "scores in the thousands (the check uses some), so never form `exp(lse)` itself."
         ),
-        hint="new_lse = logaddexp(lse, block_lse); each output is weighted by exp(its lse - new_lse)",
+        hint="return (out, new_lse) with the shapes of (out, lse): attention over the union of both key "
+             "blocks and the log-sum-exp of all their scores, finite even when scores are in the thousands",
         cases=_merge_cases,
+        kinds=lambda world: MERGE_KINDS,
+        hidden=_hidden_merge_cases,
+        hidden_kinds=lambda world: HIDDEN_MERGE_KINDS,
         world_sizes=(0,),
         points=2,
         minutes=15,
@@ -232,9 +308,13 @@ EXERCISES = [
             "`dist.all_to_all_single(output, input, group=group)` (it sends slice `j` of dim 0 to rank `j` "
             "of the group). The check runs on 2 and 4 ranks, and on two cp groups of 2 inside 4 ranks."
         ),
-        hint="reshape the heads into (cp, h/cp), move that cp dim first, all-to-all, then put the "
-             "received dim (the source rank = sequence shard) just before the tokens",
+        hint="input (b, h, n/cp, d), a contiguous sequence shard of all heads; output (b, h/cp, n, d), this "
+             "rank's heads of the whole sequence with tokens in rank order; one all_to_all_single on the group",
         cases=_seq_shard_cases,
+        kinds=_group_kinds,
+        hidden=_hidden_seq_shard_cases,
+        hidden_kinds=_hidden_group_kinds,
+        hidden_world_sizes=(3, 4),
         world_sizes=(2, 4),
         points=3,
         minutes=20,
@@ -254,9 +334,13 @@ EXERCISES = [
             "return its contiguous sequence shard of all heads, `(b, h, n/cp, d)`, heads in rank order. "
             "Ulysses uses it for the output in the forward and for dq, dk, dv in the backward."
         ),
-        hint="cut the tokens into (cp, n/cp), move that cp dim first, all-to-all, then put the "
-             "received dim (the source rank = head group) just before the heads it sent",
+        hint="input (b, h/cp, n, d), this rank's heads of the whole sequence; output (b, h, n/cp, d), its "
+             "contiguous sequence shard of all heads in rank order; the inverse of seq_to_heads",
         cases=_head_shard_cases,
+        kinds=_group_kinds,
+        hidden=_hidden_head_shard_cases,
+        hidden_kinds=_hidden_group_kinds,
+        hidden_world_sizes=(3, 4),
         world_sizes=(2, 4),
         points=2,
         minutes=15,
@@ -276,9 +360,13 @@ EXERCISES = [
             "`(received, works)`, the works of `dist.batch_isend_irecv`. Peers of a P2P op are *global* "
             "ranks. The check waits on your works, on 2 and 4 ranks and on cp groups of 2 inside 4 ranks."
         ),
-        hint="next = (my group rank + 1) % world, previous = (my group rank - 1) % world, each turned into a "
-             "global rank with dist.get_global_rank(group, ...); one isend and one irecv P2POp",
+        hint="return (received, works) at once, without waiting: received is a new tensor that will hold the "
+             "previous group member's t; works are the requests to wait on; peers of P2POp are global ranks",
         cases=_ring_cases,
+        kinds=_ring_kinds,
+        hidden=_hidden_ring_cases,
+        hidden_kinds=_hidden_ring_kinds,
+        hidden_world_sizes=(3, 4),
         world_sizes=(2, 4),
         points=2,
         minutes=15,
