@@ -13,12 +13,13 @@ import time
 import nbformat
 import pytest
 
-from paralab.exercises import for_lab
+from paralab.exercises import EXERCISES, for_lab
+from paralab.grade.submission import definition, screen, statements
 from paralab.grade.__main__ import main
 from paralab.notebooks import ROOT, show_cell, stub_package, student_notebook
 
 LAB02, LAB04 = "02_cp_ring_vs_ulysses", "04_vae_lb"
-HANG_TIMEOUT_S = 20
+HANG_TIMEOUT_S = 15
 
 
 def _notebook(path, *cells):
@@ -138,3 +139,20 @@ def test_the_grading_copy_and_the_release_hold_no_solution(tmp_path):
     kept = [c for c in release.cells if c.cell_type == "code" and any(o.get("data", {}).get("image/png")
                                                                       for o in c.get("outputs", []))]
     assert kept, "pictures that do not depend on a student's function are kept"
+
+
+@pytest.mark.parametrize("name", ["merge_partials", "seq_to_heads", "ring_pass", "cfg_combine", "plan_rebalance"])
+def test_the_screen_refuses_a_paste_and_lets_a_retyped_solution_run(name):
+    exercise = EXERCISES[name]
+    fn = exercise.target.rsplit(".", 1)[1]
+    pasted = show_cell(exercise.target)[0].split("\n", 1)[1]
+    first_argument = re.search(rf"def {fn}\(\s*(\w+)", pasted).group(1)
+    retyped = re.sub(rf"\b{first_argument}\b", f"{first_argument}_in", pasted)
+
+    def screened(code):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        return screen(definition(statements(nb), fn), exercise, fn)
+
+    assert screened(retyped) is None
+    tiny = name == "cfg_combine"  # a one-line formula: everyone writes it alike, so equal is no proof
+    assert (screened(pasted) is None) if tiny else "verbatim copy" in screened(pasted)

@@ -228,15 +228,15 @@ def stub_package(destination: Path, message: Callable[[str], str], contracts: bo
     return destination
 
 
-def _hint(function: str) -> str:
-    """The stub's message: the exercise and its contract (never the formula)."""
+def release_stub_message(function: str) -> str:
+    """The student release's stub message: the exercise and its contract (never the formula)."""
     exercise = next(e for e in EXERCISES.values() if e.target.rsplit(".", 1)[1] == function)
     return f"{exercise.name}: {exercise.hint}"
 
 
 def _names(node: ast.AST) -> set[str]:
     """Every name and attribute a piece of code reads."""
-    return ({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return ({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)})
 
 
@@ -277,7 +277,7 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
             needs[name] = set().union(*(needs.get(u, set()) for u in _names(node) - {name})) | (
                 {name} if name in exercises else set())
         if mine:
-            cell.source = contract_docstrings(stub_regions(cell.source, _hint)[0], _contracts()).rstrip()
+            cell.source = contract_docstrings(stub_regions(cell.source, release_stub_message)[0], _contracts()).rstrip()
             cell.outputs, cell.execution_count = [], None
             for fn in mine:
                 e = exercises[fn]
@@ -331,7 +331,7 @@ def write_student(out: Path, only: str | None = None) -> Path:
             raise SystemExit(f"{out} exists and is not a student release; choose another --out")
         shutil.rmtree(out)
     labs = [source.parent.name for source in lab_sources(only) if for_lab(source.parent.name)]
-    stub_package(out / "src" / "paralab", _hint, contracts=True)
+    stub_package(out / "src" / "paralab", release_stub_message, contracts=True)
     expected_dir = out / "src" / "paralab" / "exercises" / "expected"
     expected_dir.mkdir()
     for lab in labs:

@@ -25,15 +25,18 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
 import os
 import subprocess
+import symtable
 import sys
 import tempfile
+import textwrap
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -42,14 +45,16 @@ import nbformat
 import torch
 
 from paralab.exercises import EXERCISES, Exercise, for_lab
-from paralab.grade import (WITHHELD, WorldRun, case_outputs, cases_of, launch_world, learner_frames,
+from paralab.grade import (NOT_IMPLEMENTED, WITHHELD, WorldRun, case_outputs, cases_of, launch_world, learner_frames,
                            reference_world, report, score)
-from paralab.notebooks import stub_package
+from paralab.notebooks import release_stub_message, stub_package, stub_regions
 
 ALLOWED_IMPORTS = {"torch", "math", "numpy", "itertools", "functools", "collections", "dataclasses", "typing",
                    "operator", "__future__", "paralab"}
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
                    "locals", "vars", "breakpoint", "input"}
+COPY_MIN_NODES = 30
+"""A body this small (a one-line formula) is written alike by everyone: equal to the solution is no proof of a paste."""
 TARGET_NAMES = {e.target.rsplit(".", 1)[1]: e for e in EXERCISES.values()}
 _EXPECTED: dict[tuple, list] = {}
 
@@ -98,8 +103,19 @@ class Statement:
         targets = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         return targets
 
+    needed_for: set[str] = field(default_factory=set)
+    """The names the grader took this statement for (the ones it binds that the definition needs)."""
+
     def uses(self) -> set[str]:
-        return {n.id for n in ast.walk(self.node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        """The global names the statement reads when it runs or when its functions are called."""
+        table = symtable.symtable(self.text, f"<cell {self.cell}>", "exec")
+        names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+        scopes = list(table.get_children())
+        while scopes:
+            scope = scopes.pop()
+            names |= {s.get_name() for s in scope.get_symbols() if s.is_global() and s.is_referenced()}
+            scopes += scope.get_children()
+        return names
 
 
 def statements(nb: nbformat.NotebookNode) -> list[Statement]:
@@ -127,27 +143,42 @@ def definition(stmts: list[Statement], name: str) -> list[Statement] | None:
             last[bound] = i
     if name not in last:
         return None
-    needed, todo = set(), [name]
+    needed: dict[int, Statement] = {}
+    todo = [name]
     while todo:
-        index = last.get(todo.pop())
-        if index is None or index in needed:
+        wanted = todo.pop()
+        index = last.get(wanted)
+        if index is None:
             continue
-        needed.add(index)
+        if index in needed:
+            needed[index].needed_for.add(wanted)
+            continue
+        needed[index] = dataclasses.replace(stmts[index], needed_for={wanted})
         todo += sorted(stmts[index].uses() - set(dir(builtins)))
-    return [stmts[i] for i in sorted(needed)]
+    return [needed[i] for i in sorted(needed)]
 
 
-def _body_dump(fn: ast.FunctionDef) -> str:
-    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(
-        getattr(fn.body[0], "value", None), ast.Constant) and isinstance(fn.body[0].value.value, str) else fn.body
-    return ast.dump(ast.Module(body=body, type_ignores=[]))
+def _body(fn: ast.FunctionDef) -> list[ast.stmt]:
+    """The function's statements without its docstring."""
+    first = fn.body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return fn.body[1:] if has_doc else fn.body
 
 
-def _solution_dump(exercise: Exercise) -> tuple[str, int]:
-    """The package function's body (the one with the solution region) as an AST dump, and its size."""
+def _solution_body(exercise: Exercise) -> tuple[str, int]:
+    """The package function's body as an AST dump, and its number of nodes."""
     module_name, _, attr = exercise.target.rpartition(".")
-    fn = ast.parse(inspect.getsource(getattr(importlib.import_module(module_name), attr))).body[0]
-    return _body_dump(fn), sum(1 for _ in ast.walk(fn))
+    body = _body(ast.parse(inspect.getsource(getattr(importlib.import_module(module_name), attr))).body[0])
+    return ast.dump(ast.Module(body=body, type_ignores=[])), sum(1 for s in body for _ in ast.walk(s))
+
+
+def untouched(stmts: list[Statement], exercise: Exercise, name: str) -> bool:
+    """Whether the definition is still the release's stub (then there is nothing to run)."""
+    mine = next((s.node for s in stmts if isinstance(s.node, ast.FunctionDef) and s.node.name == name), None)
+    module_name, _, attr = exercise.target.rpartition(".")
+    source = inspect.getsource(getattr(importlib.import_module(module_name), attr))
+    stub = ast.parse(stub_regions(textwrap.dedent(source), release_stub_message)[0]).body[0]
+    return mine is not None and ast.dump(ast.Module(_body(mine), [])) == ast.dump(ast.Module(_body(stub), []))
 
 
 def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
@@ -155,16 +186,16 @@ def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
     for s in stmts:
         for node in ast.walk(s.node):
             where = f"cell {s.cell}, line {getattr(node, 'lineno', s.start)}"
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):  # only the names the definition needs count
+                taken = [a for a in node.names if (a.asname or a.name).split(".")[0] in s.needed_for]
+                modules = [a.name for a in taken] if isinstance(node, ast.Import) else [node.module or ""] * bool(taken)
                 for module in modules:
-                    if module.split(".")[0] not in ALLOWED_IMPORTS or node.__dict__.get("level"):
+                    if module.split(".")[0] not in ALLOWED_IMPORTS or getattr(node, "level", 0):
                         return (f"imports `{module}` ({where}); exercise code may import only "
                                 f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
-                if isinstance(node, ast.ImportFrom):
-                    for alias in node.names:
-                        if alias.name in TARGET_NAMES:
-                            return f"imports paralab's own `{alias.name}` ({where}), the solution of an exercise"
+                for alias in taken:
+                    if isinstance(node, ast.ImportFrom) and alias.name in TARGET_NAMES:
+                        return f"imports paralab's own `{alias.name}` ({where}), the solution of an exercise"
             elif isinstance(node, ast.Attribute):
                 if node.attr in TARGET_NAMES:
                     return f"uses paralab's own `{node.attr}` ({where}), the solution of an exercise"
@@ -175,8 +206,8 @@ def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
     mine = next((s.node for s in stmts if isinstance(s.node, ast.FunctionDef) and s.node.name == name), None)
     if mine is None:
         return f"`{name}` is not a function defined in the notebook (a `def {name}(...)` is expected)"
-    solution, size = _solution_dump(exercise)
-    if size >= 30 and _body_dump(mine) == solution:
+    solution, size = _solution_body(exercise)
+    if size >= COPY_MIN_NODES and ast.dump(ast.Module(body=_body(mine), type_ignores=[])) == solution:
         return f"`{name}` is a verbatim copy of paralab's solution"
     return None
 
@@ -270,6 +301,9 @@ def grade_submission(path: Path, lab: str | None, seed: int, cell_timeout: float
             row = Row(student, lab, exercise.name, 0, exercise.points, "MISSING", f"no definition of `{name}`")
         elif (refused := screen(found, exercise, name)) is not None:
             row = Row(student, lab, exercise.name, 0, exercise.points, "REFUSED", refused)
+        elif untouched(found, exercise, name):
+            row = Row(student, lab, exercise.name, 0, exercise.points, NOT_IMPLEMENTED,
+                      f"still the release's stub; hint: {exercise.hint}")
         else:
             runs = run_definition(exercise, name, found, seed, package)
             for w in runs:
