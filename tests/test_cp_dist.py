@@ -6,21 +6,16 @@ both Ulysses layouts) and returns results plus ledger records for each.
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import paralab.cp as cp
+import paralab.cp.ring as ring_module
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
-from paralab.exercises.lab02 import break_replicated_backward, break_ring_backward, break_ring_merge
+from paralab.cp.runs import CONFIGS, CPConfig, assemble, attend, bytes_formula, cp_worker, rank_inputs, sdpa_reference
+from paralab.exercises import planted
+from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import LaunchError, run
-from paralab.ledger import Ledger
-
-# (algorithm, causal, zigzag or layout)
-CONFIGS = [
-    ("ring", False, False), ("ring", True, False), ("ring", True, True), ("ring", False, True),
-    ("ulysses", False, "sequence_sharded"), ("ulysses", True, "sequence_sharded"),
-    ("ulysses", False, "replicated"), ("ulysses", True, "replicated"),
-]
+from paralab.ledger import sent
 
 
 def _shape(world):
@@ -33,122 +28,71 @@ def _tensors(world, seed=0):
     return [torch.randn(*_shape(world), dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
 
 
-def _inputs(full, config, rank, world):
-    algo, _, how = config
-    if algo == "ulysses" and how == "replicated":
-        return [t.clone() for t in full]
-    return [cp.shard_sequence(t, rank, world, zigzag=how is True) for t in full]
-
-
-def _attend(config, q, k, v):
-    algo, causal, how = config
-    if algo == "ring":
-        return cp.ring_attention(q, k, v, causal=causal, zigzag=how)
-    return cp.ulysses_attention(q, k, v, causal=causal, layout=how)
-
-
-def _worker(full, configs, patch=None):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = []
-    for config in configs:
-        q, k, v, dout = _inputs(full, config, rank, world)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        with Ledger() as led:
-            with led.phase("forward"):
-                out = _attend(config, q, k, v)
-            if patch:
-                patch()
-            with led.phase("backward"):
-                out.backward(dout)
-        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
-                        "sent": {p: led.total_sent(phase=p) for p in ("forward", "backward")}})
-    return results
-
-
-def _reference(full, causal):
-    q, k, v, dout = (t.clone().requires_grad_(i < 3) for i, t in enumerate(full))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    out.backward(dout)
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-
-
-def _per_rank_expected(ref, config, world):
-    algo, _, how = config
-    if algo == "ulysses" and how == "replicated":
-        return [ref] * world
-    return [{n: cp.shard_sequence(t, r, world, zigzag=how is True) for n, t in ref.items()} for r in range(world)]
-
-
 def _check(results, full, config, world):
     """max |diff| <= 1e-12 relative to each reference tensor's largest magnitude."""
-    expected = _per_rank_expected(_reference(full, config[1]), config, world)
-    actual = [{n: r[n] for n in ("out", "dq", "dk", "dv")} for r in results]
+    ref = sdpa_reference(full, config.causal)
+    expected = [dict(zip(ref, rank_inputs(list(ref.values()), config, r, world))) for r in range(world)]
     for name in ("out", "dq", "dk", "dv"):
         scale = max(e[name].abs().max().item() for e in expected)
-        assert_match([a[name] for a in actual], [e[name] for e in expected], atol=1e-12 * scale, name=f"{config} {name}")
+        assert_match([r[name] for r in results], [e[name] for e in expected], atol=1e-12 * scale,
+                     name=f"{config.name} {name}")
 
 
-def _formula(config, world):
-    b, h, n, d = _shape(world)
-    s = cp.shard_bytes(b, h, n, d, world)
-    algo, _, how = config
-    return cp.ring_bytes(s, world) if algo == "ring" else cp.ulysses_bytes(s, world, how)
+def _results(per_rank):
+    return [[r["results"][i] for r in per_rank] for i in range(len(per_rank[0]["results"]))]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4, 8])
 def launched(request):
     world = request.param
     full = _tensors(world)
-    return world, full, run(_worker, world, full, CONFIGS, timeout=120)
+    return world, full, _results(run(cp_worker, world, full, CONFIGS, timeout=120))
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{a}-{'causal' if c else 'full'}-{h}" for a, c, h in CONFIGS])
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
 def test_matches_sdpa_forward_and_backward(launched, index):
-    world, full, per_rank = launched
-    _check([r[index] for r in per_rank], full, CONFIGS[index], world)
+    world, full, per_config = launched
+    _check(per_config[index], full, CONFIGS[index], world)
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{a}-{'causal' if c else 'full'}-{h}" for a, c, h in CONFIGS])
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
 def test_bytes_per_rank_equal_formula(launched, index):
-    world, _, per_rank = launched
-    want = _formula(CONFIGS[index], world)
-    assert [r[index]["sent"] for r in per_rank] == [want] * world
+    world, _, per_config = launched
+    want = bytes_formula(CONFIGS[index], _shape(world), world)
+    measured = [{p: sent(r["records"], phase=p) for p in want} for r in per_config[index]]
+    assert measured == [want] * world
 
 
-@pytest.mark.parametrize("when, broken", [("forward", break_ring_merge), ("backward", break_ring_backward)])
-def test_broken_variants_are_caught(when, broken):
-    world = 2
+def _merge_bug():
+    return planted(ring_module, merge_partials=merge_without_rescaling)
+
+
+def _planted_run(full, config, forward_bug=None, backward_bug=None):
+    if forward_bug is None:
+        return cp_worker(full, [config], during_backward=backward_bug)
+    with forward_bug():
+        return cp_worker(full, [config])
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_broken_variants_are_caught(where):
+    world, config = 2, CPConfig("ring", causal=True, zigzag=True)
     full = _tensors(world, seed=1)
-    config = ("ring", True, True)
-    patch_forward = broken if when == "forward" else None
-
-    def worker(full):
-        if patch_forward:
-            patch_forward()
-        return _worker(full, [config], patch=None if patch_forward else broken)
-
-    results = [r[0] for r in run(worker, world, full)]
+    bug = {"forward_bug": _merge_bug} if where == "forward" else {"backward_bug": ring_clinic_bug}
+    results = _results(run(_planted_run, world, full, config, **bug))[0]
     with pytest.raises(CheckFailed):
         _check(results, full, config, world)
 
 
-def _replicated_grads(full, broken):
-    q, k, v = (t.clone().requires_grad_() for t in full[:3])
-    out = cp.ulysses_attention(q, k, v, layout="replicated")
-    if broken:
-        broken()
-    out.backward(full[3])
-    return torch.stack([q.grad, k.grad, v.grad])
-
-
 def test_replicated_backward_by_reduce_scatter_gives_cp_times_the_gradient():
     """The bug clinic's second case: the backward of the output all-gather must slice dout, not sum it."""
-    world = 2
+    world, config = 2, CPConfig("ulysses", causal=False, layout="replicated")
     full = _tensors(world, seed=2)
-    good = run(_replicated_grads, world, full, None)
-    bad = run(_replicated_grads, world, full, break_replicated_backward)
+    good = _results(run(_planted_run, world, full, config))[0]
+    bad = _results(run(_planted_run, world, full, config, backward_bug=replicated_clinic_bug))[0]
     for rank in range(world):
-        assert torch.equal(bad[rank], world * good[rank])
+        for name in ("dq", "dk", "dv"):
+            assert torch.equal(bad[rank][name], world * good[rank][name])
 
 
 def _heads_error(world):
@@ -182,17 +126,17 @@ def _two_rings_worker(fulls, cp_size):
     group = pd.cp_mesh.get_group() if pd.cp_enabled else None  # cp = 1 runs on a world of 1: WORLD
     rank = pd.cp_rank
     full = fulls[dist.get_rank() // cp_size]
-    out = {}
-    for algo in ("ring", "ulysses"):
-        q, k, v, dout = (cp.shard_sequence(t, rank, cp_size, zigzag=algo == "ring") for t in full)
+    out = []
+    for config in SUBGROUP_CONFIGS:
+        q, k, v, dout = rank_inputs(full, config, rank, cp_size)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        if algo == "ring":
-            o = cp.ring_attention(q, k, v, group, causal=True, zigzag=True)
-        else:
-            o = cp.ulysses_attention(q, k, v, group, causal=True)
+        o = attend(config, q, k, v, group)
         o.backward(dout)
-        out[algo] = {"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        out.append({"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad})
     return out
+
+
+SUBGROUP_CONFIGS = [CPConfig("ring", causal=True, zigzag=True), CPConfig("ulysses", causal=True)]
 
 
 @pytest.mark.parametrize("world, cp_size", [(4, 2), (1, 1)])
@@ -202,8 +146,8 @@ def test_cp_subgroups_use_their_own_peers(world, cp_size):
     per_rank = run(_two_rings_worker, world, fulls, cp_size)
     for i, full in enumerate(fulls):
         ranks = per_rank[i * cp_size:(i + 1) * cp_size]
-        ref = _reference(full, True)
-        for algo in ("ring", "ulysses"):
+        ref = sdpa_reference(full, True)
+        for c, config in enumerate(SUBGROUP_CONFIGS):
+            got = assemble([r[c] for r in ranks], config)
             for name, want in ref.items():
-                got = cp.unshard_sequence([r[algo][name] for r in ranks], zigzag=algo == "ring")
-                assert_match(got, want, atol=1e-12 * want.abs().max().item(), name=f"group {i} {algo} {name}")
+                assert_match(got[name], want, atol=1e-12 * want.abs().max().item(), name=f"group {i} {config.name} {name}")

@@ -8,8 +8,8 @@ from paralab.check import CheckFailed, assert_match, compare
 from paralab.fsdp import (
     HandFSDP, ShardOptimizer, adam_step, flat_shard, padded_size, sgd_momentum_step, unflatten, shard_unit,
 )
-from paralab.fsdp_costs import ITEMSIZE, memory_formula, traffic_formula
-from paralab.fsdp_runs import GLOBAL_BATCH, Job, check_counts, fold, mse, train_reference, unit_numels
+from paralab.fsdp.costs import ITEMSIZE, memory_formula, traffic_formula
+from paralab.fsdp.runs import GLOBAL_BATCH, Job, check_counts, fold, mse, train_reference, unit_numels
 from paralab.models import make_mlp_stack, regression_data
 
 

@@ -6,8 +6,10 @@ import sys
 import cloudpickle
 import pytest
 
-from paralab.fsdp_costs import memory_formula, per_step_sent, traffic_formula
-from paralab.fsdp_runs import (
+from paralab.exercises import planted
+from paralab.fsdp import zero
+from paralab.fsdp.costs import memory_formula, per_step_sent, traffic_formula
+from paralab.fsdp.runs import (
     STEPS, Job, check_params, reference_first_gradient, reference_first_loss, run_jobs, train_reference,
     train_reference_rank_by_rank, unit_numels,
 )
@@ -105,10 +107,8 @@ BREAKAGES = {"sum instead of mean": reduce_sum_not_mean, "no replica all-reduce"
 
 
 def _broken_run(jobs: list[Job], breakage: str) -> list[dict]:
-    import paralab.fsdp as fsdp
-
-    fsdp.reduce_scatter_grads = BREAKAGES[breakage]  # the engine's backward looks it up at call time
-    return run_jobs(jobs)
+    with planted(zero, reduce_scatter_grads=BREAKAGES[breakage]):  # the engine's backward looks it up at call time
+        return run_jobs(jobs)
 
 
 @pytest.mark.parametrize("breakage, label", [("sum instead of mean", "ZeRO-3 n=4 sgd"),

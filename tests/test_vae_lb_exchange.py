@@ -1,5 +1,4 @@
 """offload_encode on real gloo ranks: latents come home in order, compute runs where the plan says."""
-import hashlib
 import sys
 
 import cloudpickle
@@ -10,67 +9,22 @@ import torch.distributed as dist
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
 from paralab.launch import LaunchTimeout, run
-from paralab.ledger import Ledger
 from paralab.models import TinyVideoEncoder, random_raw_videos
-from paralab.vae_lb import META_BYTES, encode_cost, offload_encode, plan_rebalance
+from paralab.exercises.lab04 import raw_pixels_clinic
+from paralab.vae_lb import encode_cost, offload_encode
+from paralab.vae_lb.runs import LBRun, fingerprint, groups_of, lb_worker, reference_latents, run_checks
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need this file's worker by value
-
-
-def fingerprint(video: torch.Tensor) -> str:
-    return hashlib.sha1(video.numpy().tobytes()).hexdigest()[:16] + str(tuple(video.shape))
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need this file's workers by value
 
 
-def encode_on_ranks(batches, costs, lb, raw_trap=False):
-    """Worker: offload_encode this rank's videos; report latents, what this rank encoded, and its ledger."""
-    pd = ParallelDims(dist.get_world_size(), lb=lb)
-    pd.build_meshes("cpu")
-    group = pd.lb_mesh.get_group()
-    encoder, encoded = TinyVideoEncoder(), []
-
-    def encode_fn(video):
-        encoded.append(fingerprint(video))
-        return encoder.encode_normalized(video.to(torch.float64)) if raw_trap else encoder(video)
-
-    rank = dist.get_rank()
-    with Ledger() as led:
-        latents = offload_encode(batches[rank], costs[rank], encode_fn, group)
-    return {"latents": latents, "encoded": encoded, "records": led.records,
-            "group": dist.get_process_group_ranks(group)}
-
-
-def expected_encoder_rank(costs, groups):
-    """(owner, index) -> global rank that must encode it, from the plan each group computes."""
-    where = {(r, i): r for r, c in enumerate(costs) for i in range(len(c))}
-    for ranks in groups:
-        for m in plan_rebalance({g: costs[r] for g, r in enumerate(ranks)}):
-            where[(ranks[m.from_rank], m.local_index)] = ranks[m.to_rank]
-    return where
-
-
-def check_run(batches, costs, lb):
-    """Launch, then check latents, encode counts, encode places and P2P bytes; return the results."""
+def check_run(batches, costs, lb, bug=None):
+    """Launch, then check latents, encode counts and places, plans and bytes (`run_checks`); return the reports."""
     world = len(batches)
-    results = run(encode_on_ranks, world, batches, costs, lb, timeout=60)
-    encoder = TinyVideoEncoder()
-    assert_match([r["latents"] for r in results], [[encoder(v) for v in b] for b in batches], name="latents")
-    groups = [list(range(s, s + lb)) for s in range(0, world, lb)]
-    assert [r["group"] for r in results] == [g for g in groups for _ in g]
-    encoded_at = {}
-    for rank, result in enumerate(results):
-        for fp in result["encoded"]:
-            assert fp not in encoded_at, f"{fp} encoded twice"
-            encoded_at[fp] = rank
-    want = expected_encoder_rank(costs, groups)
-    assert encoded_at == {fingerprint(batches[o][i]): r for (o, i), r in want.items()}
-    for rank, result in enumerate(results):
-        sent = sum(r.bytes_sent for r in result["records"] if r.op == "isend")
-        moved_out = [(o, i) for (o, i), r in want.items() if o == rank and r != rank]
-        guests = [(o, i) for (o, i), r in want.items() if r == rank and o != rank]
-        formula = sum(META_BYTES + batches[o][i].nbytes for o, i in moved_out)
-        formula += sum(META_BYTES + encoder(batches[o][i]).nbytes for o, i in guests)
-        assert sent == formula, f"rank {rank}: {sent} B sent, formula {formula} B"
-    return results
+    reports = [r[0] for r in run(lb_worker, world, batches, [LBRun(lb, bug)], costs, timeout=60)]
+    assert [r["group"] for r in reports] == [g for g in groups_of(world, lb) for _ in g]
+    failed = [v.describe() for v in run_checks(reports, batches, lb, costs) if not v.passed]
+    assert not failed, "\n".join(failed)
+    return reports
 
 
 def test_latents_return_to_their_owners_in_order_lb4():
@@ -120,13 +74,11 @@ def test_every_rank_empty():
 def test_the_checks_catch_raw_uint8_and_a_wrong_order():
     batches = [random_raw_videos(n, seed=50 + r) for r, n in enumerate([3, 1])]
     costs = [[encode_cost(v) for v in b] for b in batches]
-    encoder = TinyVideoEncoder()
-    reference = [[encoder(v) for v in b] for b in batches]
-    trapped = run(encode_on_ranks, 2, batches, costs, 2, True)
+    reference = reference_latents(batches)
+    trapped = [r[0] for r in run(lb_worker, 2, batches, [LBRun(2, raw_pixels_clinic)], costs)]
     with pytest.raises(CheckFailed, match="do not match"):
         assert_match([r["latents"] for r in trapped], reference)
-    good = run(encode_on_ranks, 2, batches, costs, 2)
-    assert_match([r["latents"] for r in good], reference)
+    good = check_run(batches, costs, lb=2)
     with pytest.raises(CheckFailed):
         assert_match([good[0]["latents"][::-1], good[1]["latents"]], reference)
 

@@ -44,8 +44,8 @@ from paralab import ParallelDims, fsdp_mesh
 from paralab.check import compare, verdict_table
 from paralab.launch import run
 from paralab.models import make_mlp_stack
-from paralab import fsdp_runs
-from paralab.fsdp_runs import (
+from paralab.fsdp import runs as fsdp_runs
+from paralab.fsdp.runs import (
     Job, STEPS, check_counts, check_params, fold, reference_first_gradient, reference_first_loss,
     train_reference, train_reference_rank_by_rank, unit_numels,
 )
@@ -78,7 +78,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # to the `meta` device: the module keeps its structure, not its numbers.
 
 # %%
-# show: paralab.fsdp.padded_size paralab.fsdp.flat_shard paralab.fsdp.FlatUnit paralab.fsdp.shard_unit paralab.fsdp.unflatten
+# show: paralab.fsdp.zero.padded_size paralab.fsdp.zero.flat_shard paralab.fsdp.zero.FlatUnit paralab.fsdp.zero.shard_unit paralab.fsdp.zero.unflatten
 
 # %% [markdown]
 # ## 2. The collectives
@@ -91,7 +91,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # The mean is a sum followed by a division by $n$ (exact when $n$ is a power of two).
 
 # %%
-# show: paralab.fsdp.gather_unit_params paralab.fsdp.free_unit_params paralab.fsdp.reduce_scatter_grads
+# show: paralab.fsdp.zero.gather_unit_params paralab.fsdp.zero.free_unit_params paralab.fsdp.zero.reduce_scatter_grads
 
 # %% [markdown]
 # ## 3. A unit's forward and backward, and the engine
@@ -105,7 +105,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # The gradient returned for the `shard` input lands in `shard.grad`.
 
 # %%
-# show: paralab.fsdp.ShardedUnitFunction paralab.fsdp.HandFSDP
+# show: paralab.fsdp.zero.ShardedUnitFunction paralab.fsdp.zero.HandFSDP
 
 # %% [markdown]
 # ## 4. The sharded optimizer step
@@ -118,7 +118,7 @@ for world, replicas in [(8, 1), (8, 2)]:
 # `all_reduce_gradients` for its gradients.
 
 # %%
-# show: paralab.fsdp.sgd_momentum_step paralab.fsdp.adam_step paralab.fsdp.ShardOptimizer paralab.fsdp.all_reduce_gradients
+# show: paralab.fsdp.zero.sgd_momentum_step paralab.fsdp.zero.adam_step paralab.fsdp.zero.ShardOptimizer paralab.fsdp.zero.all_reduce_gradients
 
 # %% [markdown]
 # ## 5. Real runs: three launches
@@ -313,7 +313,7 @@ from paralab.ledger import format_table
 print(format_table([r["records"] for r in RESULTS["HSDP 2x4 adam"][:4]], by=("phase", "op", "group_size")))
 
 # %%
-# show: paralab.fsdp_costs.traffic_formula paralab.fsdp_costs.per_step_sent
+# show: paralab.fsdp.costs.traffic_formula paralab.fsdp.costs.per_step_sent
 
 # %%
 rows, TRAFFIC = [], {}
@@ -352,7 +352,7 @@ plt.close(fig)
 # unit for ZeRO-3 and HSDP, all units for ZeRO-2-like; DDP holds $8\Psi$, $8\Psi$, $16\Psi$.
 
 # %%
-# show: paralab.fsdp_costs.memory_formula
+# show: paralab.fsdp.costs.memory_formula
 
 # %%
 PARTS = ["params", "grads", "optimizer", "gathered peak"]
@@ -394,17 +394,18 @@ plt.close(fig)
 # rank, its four unit shards side by side (41 + 41 + 41 + 3 elements).
 
 # %%
+from paralab.exercises import planted
 from paralab.exercises.lab01 import hsdp_divides_twice
+from paralab.fsdp import zero
 from paralab.viz import plot_diff_heatmap
 
 
 def clinic_worker(jobs, bug):
     """The same jobs twice on the same ranks: the package's gradient reduction, then `bug` in its place."""
-    import paralab.fsdp as fsdp
-
     correct = fsdp_runs.run_jobs(jobs)
-    fsdp.reduce_scatter_grads = bug  # the engine's backward looks it up at call time
-    return correct, fsdp_runs.run_jobs(jobs)
+    with planted(zero, reduce_scatter_grads=bug):  # the engine's backward looks it up at call time
+        buggy = fsdp_runs.run_jobs(jobs)
+    return correct, buggy
 
 
 CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]

@@ -36,16 +36,16 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from IPython.display import display
 
-from paralab import ParallelDims, viz
+from paralab import viz
 from paralab.check import CheckFailed, assert_match, compare, verdict_table
-from paralab.cp import shard_bytes, ring_bytes, ulysses_bytes
-from paralab.exercises.lab02 import break_replicated_backward, break_ring_backward, merge_without_rescaling
+from paralab.cp import shard_bytes
+from paralab.cp.runs import CONFIGS, assemble, bytes_formula, one_process_blocks, sdpa_reference
+from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import run
-from paralab.ledger import Ledger, format_table
+from paralab.ledger import format_table, sent
 
 LAB_START = time.monotonic()
 B, H, N, D = 2, 24, 48, 5  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
@@ -185,59 +185,16 @@ for cp in CPS:
 # `ParallelDims(world, cp=world).cp_mesh`, under the ledger, forward and backward
 # (`out.backward(dout)` with a fixed random `dout`). The reference is the full
 # single-process `scaled_dot_product_attention` and its autograd gradients, here.
+# The configurations and the job each rank runs:
 
 # %%
-CONFIGS = [
-    ("ring", False, False), ("ring", True, False), ("ring", True, True), ("ring", False, True),
-    ("ulysses", False, "sequence_sharded"), ("ulysses", True, "sequence_sharded"),
-    ("ulysses", False, "replicated"), ("ulysses", True, "replicated"),
-]
+# show: paralab.cp.runs.CPConfig paralab.cp.runs.rank_inputs paralab.cp.runs.attend paralab.cp.runs.cp_worker
 
-
-def config_name(config):
-    algo, causal, how = config
-    layout = ("zigzag" if how else "contiguous") if algo == "ring" else how
-    return f"{algo} {'causal' if causal else 'full'} {layout}"
-
-
-def rank_inputs(full, config, rank, world):
-    algo, _, how = config
-    if algo == "ulysses" and how == "replicated":
-        return [t.clone() for t in full]
-    return [shard_sequence(t, rank, world, zigzag=how is True) for t in full]
-
-
-def cp_worker(full, configs):
-    world = dist.get_world_size()
-    pd = ParallelDims(world, cp=world)
-    pd.build_meshes("cpu")
-    group, rank = pd.cp_mesh.get_group(), pd.cp_rank
-    results = []
-    for config in configs:
-        algo, causal, how = config
-        q, k, v, dout = rank_inputs(full, config, rank, world)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        with Ledger() as led:
-            with led.phase("forward"):
-                if algo == "ring":
-                    out = ring_attention(q, k, v, group, causal=causal, zigzag=how)
-                else:
-                    out = ulysses_attention(q, k, v, group, causal=causal, layout=how)
-            with led.phase("backward"):
-                out.backward(dout)
-        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records})
-    try:  # heads must divide by cp: 20 heads fail at cp = 8 only
-        bad = torch.zeros(1, 20, 2 * world, 3, dtype=torch.float64)
-        ulysses_attention(bad, bad, bad, group)
-        heads_error = None
-    except ValueError as exc:
-        heads_error = str(exc)
-    return {"results": results, "heads_error": heads_error}
-
-
+# %%
+print("\n".join(config.name for config in CONFIGS))
 g = torch.Generator().manual_seed(1)
 FULL = [torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
-runs = {cp: run(cp_worker, cp, FULL, CONFIGS, timeout=120) for cp in CPS}
+runs = {cp: run(cp_worker, cp, FULL, CONFIGS, probe_heads=20, timeout=120) for cp in CPS}
 print("heads error at cp = 8:", runs[8][0]["heads_error"])
 print("heads error at cp = 4:", runs[4][0]["heads_error"])
 
@@ -252,29 +209,6 @@ print("heads error at cp = 4:", runs[4][0]["heads_error"])
 # on the full tensors in one process, whatever cp is, because heads never mix.
 
 # %%
-def reference_grads(causal):
-    q, k, v = (t.clone().requires_grad_() for t in FULL[:3])
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    out.backward(FULL[3])
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-
-
-def one_process_blocks(causal):
-    """The same per-head arithmetic as Ulysses, on the full tensors, in this process."""
-    q, k, v, dout = FULL
-    out, lse = attention_block(q, k, v, diagonal=causal)
-    dq, dk, dv = attention_block_backward(dout, q, k, v, lse, (dout * out).sum(-1), diagonal=causal)
-    return {"out": out, "dq": dq, "dk": dk, "dv": dv}
-
-
-def assembled(per_rank, config):
-    """The full tensors from every rank's result (replicated: all ranks stacked)."""
-    algo, _, how = config
-    if algo == "ulysses" and how == "replicated":
-        return {n: torch.stack([r[n] for r in per_rank]) for n in ("out", "dq", "dk", "dv")}
-    return {n: unshard_sequence([r[n] for r in per_rank], zigzag=how is True) for n in ("out", "dq", "dk", "dv")}
-
-
 def stacked(tensors, reference, world=None, relative=True):
     names = ("out", "dq", "dk", "dv")
     scale = {n: reference[n].abs().max() if relative else 1 for n in names}
@@ -282,19 +216,18 @@ def stacked(tensors, reference, world=None, relative=True):
     return torch.stack([tensors[n] / scale[n] for n in names]), torch.stack([ref[n] / scale[n] for n in names])
 
 
-REFERENCE = {causal: reference_grads(causal) for causal in (False, True)}
-BLOCKS = {causal: one_process_blocks(causal) for causal in (False, True)}
+REFERENCE = {causal: sdpa_reference(FULL, causal) for causal in (False, True)}
+BLOCKS = {causal: one_process_blocks(FULL, causal) for causal in (False, True)}
 verdicts = []
 for cp in CPS:
     for i, config in enumerate(CONFIGS):
-        algo, causal, how = config
-        got = assembled([r["results"][i] for r in runs[cp]], config)
-        world = cp if how == "replicated" else None
-        actual, expected = stacked(got, REFERENCE[causal], world)
-        verdicts += compare(actual, expected, atol=1e-12, name=f"cp={cp} {config_name(config)} vs SDPA")
-        if algo == "ulysses":
-            actual, expected = stacked(got, BLOCKS[causal], world, relative=False)
-            verdicts += compare(actual, expected, name=f"cp={cp} {config_name(config)} vs attention_block, bitwise")
+        got = assemble([r["results"][i] for r in runs[cp]], config)
+        world = cp if config.replicated else None
+        actual, expected = stacked(got, REFERENCE[config.causal], world)
+        verdicts += compare(actual, expected, atol=1e-12, name=f"cp={cp} {config.name} vs SDPA")
+        if config.algorithm == "ulysses":
+            actual, expected = stacked(got, BLOCKS[config.causal], world, relative=False)
+            verdicts += compare(actual, expected, name=f"cp={cp} {config.name} vs attention_block, bitwise")
 print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process reference"))
 
 # %% [markdown]
@@ -315,13 +248,7 @@ print(format_table([r["results"][7]["records"] for r in runs[cp]]))
 
 # %%
 def formula(config, cp):
-    algo, _, how = config
-    s = shard_bytes(B, H, N, D, cp)
-    return ring_bytes(s, cp) if algo == "ring" else ulysses_bytes(s, cp, how)
-
-
-def sent(records, phase):
-    return sum(r.bytes_sent for r in records if r.phase == phase)
+    return bytes_formula(config, (B, H, N, D), cp)
 
 
 byte_verdicts = []
@@ -329,18 +256,18 @@ print(f"{'cp':>2} {'S (B)':>6}  {'configuration':<34} {'forward: formula = ledge
 for cp in CPS:
     for i, config in enumerate(CONFIGS):
         want = formula(config, cp)
-        measured = torch.tensor([[sent(r["results"][i]["records"], p) for r in runs[cp]] for p in ("forward", "backward")])
+        measured = torch.tensor([[sent(r["results"][i]["records"], phase=p) for r in runs[cp]] for p in ("forward", "backward")])
         expected = torch.tensor([[want[p]] * cp for p in ("forward", "backward")])
-        byte_verdicts += compare(measured, expected, name=f"cp={cp} {config_name(config)} bytes sent [phase, rank]")
-        if not config[1]:
+        byte_verdicts += compare(measured, expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]")
+        if not config.causal:
             continue  # causal masking changes compute, not traffic: print the causal rows only
-        print(f"{cp:>2} {shard_bytes(B, H, N, D, cp):>6}  {config_name(config):<34} "
+        print(f"{cp:>2} {shard_bytes(B, H, N, D, cp):>6}  {config.name:<34} "
               f"{want['forward']:>12} = {int(measured[0].max()):>11} {want['backward']:>13} = {int(measured[1].max()):>11}")
 print(verdict_table(byte_verdicts, "\nbytes sent per rank, ledger vs closed form (exact)"))
 
 # %%
 series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
-measured = {name: {p: [sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], p) for cp in CPS]
+measured = {name: {p: [sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for cp in CPS]
                    for p in ("forward", "backward")} for name, c in series.items()}
 formulas = {name: {p: [formula(c, cp)[p] for cp in CPS] for p in ("forward", "backward")} for name, c in series.items()}
 fig = viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8)
@@ -366,30 +293,22 @@ plt.close(fig)
 # A bug seen in real ring-attention code: the forward is right, so the loss matches a
 # single-device run to the last digit, training runs, and only the gradients are wrong.
 # Below, the same zigzag causal ring runs twice on 4 real ranks, once as in the package and
-# once with a seeded bug installed between the forward and the backward
-# (`paralab.exercises.lab02.break_ring_backward`; do not read it yet). The picture is
+# once with a seeded bug planted in the backward only
+# (`paralab.exercises.lab02.ring_clinic_bug`; do not read it yet). The picture is
 # `|buggy dK - correct dK|` for batch 0, every head (rows: head × head_dim) and every
 # token (columns, in sequence order).
 
 # %%
-def clinic_worker(full, config, break_backward):
-    """The ring twice on the same inputs: correct, then with `break_backward()` installed after the forward."""
-    from paralab.cp.ring import ring_attention  # the package's ring: the bug patches the package module
+def clinic_worker(full, config, bug):
+    """One config twice on the same inputs: the package's code, then with `bug()` planted in its backward."""
+    from paralab.cp.runs import cp_worker  # the package's job: the bug is planted in the package's modules
 
-    world, rank = dist.get_world_size(), dist.get_rank()
-    results = []
-    for broken in (False, True):
-        q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(rank_inputs(full, config, rank, world)))
-        out = ring_attention(q, k, v, causal=config[1], zigzag=config[2])
-        if broken:
-            break_backward()
-        out.backward(dout)
-        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad})
-    return results
+    correct = cp_worker(full, [config])["results"][0]
+    return correct, cp_worker(full, [config], during_backward=bug)["results"][0]
 
 
-clinic = run(clinic_worker, 4, FULL, CONFIGS[2], break_ring_backward)
-correct, buggy = (assembled([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
+clinic = run(clinic_worker, 4, FULL, CONFIGS[2], ring_clinic_bug)
+correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
 fig = viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
                             buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
                             "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
@@ -442,27 +361,12 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # In the replicated Ulysses layout (section 4) the output's heads are all-gathered, and the
 # backward of that all-gather is a *slice* of `dout`. Textbooks say "the backward of an
 # all-gather is a reduce-scatter", and a reduce-scatter is what the seeded bug below uses
-# (`break_replicated_backward`). Which of the two is right here, and by how much is the
+# (`replicated_clinic_bug`). Which of the two is right here, and by how much is the
 # other off?
 
 # %%
-def replicated_clinic_worker(full, break_backward):
-    """Replicated Ulysses twice on the same full inputs: correct, then with `break_backward()` after the forward."""
-    from paralab.cp.ulysses import ulysses_attention  # the package's, which the bug patches
-
-    results = []
-    for broken in (False, True):
-        q, k, v = (t.clone().requires_grad_() for t in full[:3])
-        out = ulysses_attention(q, k, v, layout="replicated")
-        if broken:
-            break_backward()
-        out.backward(full[3])
-        results.append({"dq": q.grad, "dk": k.grad, "dv": v.grad})
-    return results
-
-
 cp = 4
-replicated = run(replicated_clinic_worker, cp, FULL, break_replicated_backward)
+replicated = run(clinic_worker, cp, FULL, CONFIGS[6], replicated_clinic_bug)
 fig = viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
                             replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
                             "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",

@@ -95,7 +95,7 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # batch-2 forward).
 
 # %%
-# show: paralab.cfgp.cfg_combine paralab.cfgp.timesteps paralab.cfgp.euler_step paralab.cfgp.draw_noise paralab.cfgp.predict_branches paralab.cfgp.predict_branches_batched
+# show: paralab.cfgp.sampling.cfg_combine paralab.cfgp.sampling.timesteps paralab.cfgp.sampling.euler_step paralab.cfgp.sampling.draw_noise paralab.cfgp.sampling.predict_branches paralab.cfgp.sampling.predict_branches_batched
 
 # %% [markdown]
 # The cfgp pieces: each rank runs its own branch and swaps the prediction
@@ -108,14 +108,17 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # their latents would drift apart by a few ulps per step.
 
 # %%
-# show: paralab.cfgp.broadcast_noise paralab.cfgp.exchange_prediction paralab.cfgp.exchange_prediction_all_gather paralab.cfgp.predict_cfgp paralab.cfgp.initial_latent
+# show: paralab.cfgp.sampling.broadcast_noise paralab.cfgp.sampling.exchange_prediction paralab.cfgp.sampling.exchange_prediction_all_gather paralab.cfgp.sampling.predict_cfgp paralab.cfgp.sampling.initial_latent
 
 # %% [markdown]
 # The loop itself is the same for every layout; only *who predicts what*
 # (`predict`) and *which part of the latent this rank holds* change.
 
 # %%
-# show: paralab.cfgp.sample paralab.cfgp.sample_on_rank
+# show: paralab.cfgp.sampling.sample
+
+# %%
+# show: paralab.cfgp.runs.sample_on_rank
 
 # %% [markdown]
 # ## 2. The single-process reference, and a picture
@@ -368,7 +371,7 @@ print(f"speed-up {t1 / t2:.2f}x (ideal 2x)")
 # | 3 | 1 (uncond) | 1 (second half) | 1 | 2 |
 
 # %%
-# show: paralab.cfgp.cp_forward_kwargs paralab.cfgp.shard_latent paralab.cfgp.gather_latent
+# show: paralab.cfgp.sampling.cp_forward_kwargs paralab.cfgp.sampling.shard_latent paralab.cfgp.sampling.gather_latent
 
 # %% [markdown]
 # **Exact or close?** Two references, both single-process with each branch at

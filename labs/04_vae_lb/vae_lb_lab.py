@@ -41,7 +41,6 @@
 # waiting for ever; we show that hang safely, with a short timeout.
 
 # %%
-import hashlib
 import math
 import random
 import time
@@ -54,14 +53,18 @@ from IPython.display import display
 from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match, compare, verdict_table
 from paralab.exercises import EXERCISES
-from paralab.exercises.lab04 import raw_pixels_as_float
+from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic
 from paralab.grade import grade
 from paralab.launch import LaunchError, run
-from paralab.ledger import Ledger, format_table
+from paralab.ledger import format_table
 from paralab.models import TinyVideoEncoder, normalize_pixels, random_raw_videos, random_video_shapes
 from paralab.vae_lb import (
-    META_BYTES, assign_lpt, assign_round_robin_by_size, assignment_from_moves, encode_cost, loads_of,
-    offload_encode, plan_rebalance, share_costs,
+    assign_lpt, assign_round_robin_by_size, assignment_from_moves, encode_cost, loads_of, offload_encode,
+    plan_rebalance,
+)
+from paralab.vae_lb.costs import exchange_bytes
+from paralab.vae_lb.runs import (
+    LBRun, global_plan, groups_of, lb_worker, measured_bytes, planned_encoder, reference_latents, run_checks,
 )
 from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads
 
@@ -99,7 +102,7 @@ print(f"normalized pixels lie in [{normalize_pixels(video).min():.3f}, {normaliz
 # the same for every video and scale every cost alike.
 
 # %%
-# show: paralab.vae_lb.encode_cost
+# show: paralab.vae_lb.costs.encode_cost
 
 # %% [markdown]
 # Measured here (one thread, best of 7 runs per video, 24 random videos up to
@@ -177,7 +180,7 @@ plt.close(fig)
 # shrink, and at most (number of samples) moves are made.
 
 # %%
-# show: paralab.vae_lb.Move paralab.vae_lb.most_and_least_loaded paralab.vae_lb.closest_fit paralab.vae_lb.shrinks_gap paralab.vae_lb.plan_rebalance
+# show: paralab.vae_lb.planner.Move paralab.vae_lb.planner.most_and_least_loaded paralab.vae_lb.planner.closest_fit paralab.vae_lb.planner.shrinks_gap paralab.vae_lb.planner.plan_rebalance
 
 
 # %%
@@ -216,7 +219,7 @@ print("\nrank 1 receives first, then becomes the heaviest and sends two of its o
 # ends. No schedule beats `max(total / ranks, largest video)`.
 
 # %%
-# show: paralab.vae_lb.assignment_from_moves paralab.vae_lb.loads_of paralab.vae_lb.assign_round_robin_by_size paralab.vae_lb.assign_lpt
+# show: paralab.vae_lb.planner.assignment_from_moves paralab.vae_lb.planner.loads_of paralab.vae_lb.planner.assign_round_robin_by_size paralab.vae_lb.planner.assign_lpt
 
 # %%
 COUNTS = [6, 1, 0, 3, 2, 5, 0, 4]
@@ -299,7 +302,7 @@ for name, (ratio, moves, count) in sums.items():
 # lb group of world 8, group rank 0 is global rank 4.
 
 # %%
-# show: paralab.vae_lb.share_costs paralab.vae_lb.global_rank paralab.vae_lb.metadata paralab.vae_lb.empty_from_metadata paralab.vae_lb.batched_p2p paralab.vae_lb.exchange
+# show: paralab.vae_lb.exchange.share_costs paralab.vae_lb.exchange.global_rank paralab.vae_lb.exchange.metadata paralab.vae_lb.exchange.empty_from_metadata paralab.vae_lb.exchange.batched_p2p paralab.vae_lb.exchange.exchange
 
 # %% [markdown]
 # The whole step. Every rank of the group calls it, with or without videos.
@@ -307,7 +310,7 @@ for name, (ratio, moves, count) in sums.items():
 # file each latent under its original local index.
 
 # %%
-# show: paralab.vae_lb.offload_encode paralab.vae_lb.return_latents
+# show: paralab.vae_lb.exchange.offload_encode paralab.vae_lb.exchange.return_latents
 
 # %% [markdown]
 # ## 6. Real runs: lb = 2, 4, 8, and several groups in one world
@@ -317,46 +320,17 @@ for name, (ratio, moves, count) in sums.items():
 # and recomputes the plan afterwards to show every rank holds the same one.
 # World 2 and 4 use the first 2 and 4 ranks' videos of the batch. One launch
 # per world size runs several lb sizes in a row (world 8: lb 8, one group;
-# lb 4, two groups; lb 2, four groups). `seeded_bug=True` is the run of the
-# bug clinic (section 9): one changed line in the encode path.
+# lb 4, two groups; lb 2, four groups). The job each rank runs is
+# `paralab.vae_lb.runs.lb_worker`; `LBRun(4, raw_pixels_clinic)` is the run of
+# the bug clinic (section 9): one decision of the encode path swapped.
 
 # %%
-def fingerprint(video):
-    return hashlib.sha1(video.numpy().tobytes()).hexdigest()[:12]
-
-
-def lb_worker(batch, jobs):
-    """On every rank: for each (lb, seeded_bug) job, offload_encode this rank's videos and report."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    encoder, reports = TinyVideoEncoder(), []
-    for lb, seeded_bug in jobs:
-        pd = ParallelDims(world, lb=lb)
-        pd.build_meshes("cpu")
-        group = pd.lb_mesh.get_group()
-        encoded = []
-
-        def encode_fn(video):
-            encoded.append(fingerprint(video))
-            if seeded_bug:  # the bug clinic's run (section 9)
-                return encoder.encode_normalized(raw_pixels_as_float(video))
-            return encoder(video)
-
-        videos = batch[rank]
-        costs = [encode_cost(v) for v in videos]
-        with Ledger() as ledger:
-            latents = offload_encode(videos, costs, encode_fn, group)
-        plan = plan_rebalance(share_costs(costs, group))
-        reports.append({"latents": latents, "encoded": encoded, "records": ledger.records, "plan": plan,
-                        "group": dist.get_process_group_ranks(group)})
-    return reports
-
-
-JOBS = {2: [(2, False)], 4: [(4, False), (2, False), (4, True)], 8: [(8, False), (4, False), (2, False)]}
-RESULTS = {}
+JOBS = {2: [LBRun(2)], 4: [LBRun(4), LBRun(2), LBRun(4, raw_pixels_clinic)], 8: [LBRun(8), LBRun(4), LBRun(2)]}
+RESULTS = {}  # (world, lb, bug clinic?) -> every rank's report
 for world, jobs in JOBS.items():
     reports = run(lb_worker, world, BATCH[:world], jobs, timeout=60)
     for k, job in enumerate(jobs):
-        RESULTS[(world, *job)] = [reports[rank][k] for rank in range(world)]
+        RESULTS[(world, job.lb, job.bug is not None)] = [reports[rank][k] for rank in range(world)]
 print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS))
 
 # %% [markdown]
@@ -375,82 +349,8 @@ print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "")
 # First the full per-tensor table for world 4, lb 4.
 
 # %%
-def groups_of(world, lb):
-    return [list(range(s, s + lb)) for s in range(0, world, lb)]
-
-
-def global_plan(batch, world, lb):
-    """The plan of every group, computed here, in global rank labels."""
-    moves = []
-    for ranks in groups_of(world, lb):
-        costs = {g: [encode_cost(v) for v in batch[r]] for g, r in enumerate(ranks)}
-        moves += [(ranks[m.from_rank], ranks[m.to_rank], m.local_index) for m in plan_rebalance(costs)]
-    return moves
-
-
-def byte_formulas(batch, world, lb):
-    """Per rank: P2P bytes sent and received, and all-gather bytes sent, from the closed forms."""
-    sent, received, gathered = [0] * world, [0] * world, [0] * world
-    for ranks in groups_of(world, lb):
-        n, most = len(ranks), max(len(batch[r]) for r in ranks)
-        for r in ranks:
-            gathered[r] = 8 * (n - 1) + 8 * (n - 1) * most
-    for owner, helper, index in global_plan(batch, world, lb):
-        t, h, w = batch[owner][index].shape[1:]
-        raw, lat = 3 * t * h * w, t * h * w
-        sent[owner] += META_BYTES + raw
-        received[helper] += META_BYTES + raw
-        sent[helper] += META_BYTES + lat
-        received[owner] += META_BYTES + lat
-    return sent, received, gathered
-
-
-def measured_bytes(reports):
-    def total(records, op, field):
-        return sum(getattr(r, field) for r in records if r.op == op)
-    return ([total(rep["records"], "isend", "bytes_sent") for rep in reports],
-            [total(rep["records"], "irecv", "bytes_received") for rep in reports],
-            [total(rep["records"], "all_gather", "bytes_sent") for rep in reports])
-
-
-def reference_latents(batch):
-    return [[encoder(v) for v in videos] for videos in batch]
-
-
-def run_checks(world, lb, seeded_bug=False):
-    """The verdicts of one run, one row per property (latents compared in one flat tensor, owner order)."""
-    reports, batch, tag = RESULTS[(world, lb, seeded_bug)], BATCH[:world], f"w{world} lb{lb}"
-    got = [z for rep in reports for z in rep["latents"]]
-    want = [z for zs in reference_latents(batch) for z in zs]
-    flat = lambda zs: torch.cat([z.flatten() for z in zs]) if zs else torch.zeros(0, dtype=torch.float64)
-    verdicts = compare(flat(got), flat(want), name=f"{tag}: latents, owner order")
-    verdicts += compare(torch.tensor([list(z.shape) for z in got]), torch.tensor([list(z.shape) for z in want]),
-                        name=f"{tag}: latent shapes")
-    encoded = [fp for rep in reports for fp in rep["encoded"]]
-    videos = [(r, i) for r in range(world) for i in range(len(batch[r]))]
-    counts = torch.tensor([encoded.count(fingerprint(batch[r][i])) for r, i in videos])
-    verdicts += compare(counts, torch.ones(len(videos), dtype=torch.int64), name=f"{tag}: each video encoded once")
-    where = {fingerprint(batch[r][i]): r for r, i in videos}
-    where.update({fingerprint(batch[o][i]): h for o, h, i in global_plan(batch, world, lb)})
-    at = {fp: rank for rank, rep in enumerate(reports) for fp in rep["encoded"]}
-    verdicts += compare(torch.tensor([at[fingerprint(batch[r][i])] for r, i in videos]),
-                        torch.tensor([where[fingerprint(batch[r][i])] for r, i in videos]),
-                        name=f"{tag}: encoded on the planned rank")
-    plans, expected = [], []
-    for rank, rep in enumerate(reports):
-        ranks = rep["group"]
-        plans += [[ranks[m.from_rank], ranks[m.to_rank], m.local_index] for m in rep["plan"]]
-        expected += [list(m) for m in global_plan(batch, world, lb) if m[0] in ranks]
-    verdicts += compare(torch.tensor(plans, dtype=torch.int64).reshape(-1, 3),
-                        torch.tensor(expected, dtype=torch.int64).reshape(-1, 3), name=f"{tag}: same plan on every rank")
-    for what, have, formula in zip(("P2P bytes sent", "P2P bytes received", "all_gather bytes sent"),
-                                   measured_bytes(reports), byte_formulas(batch, world, lb)):
-        verdicts += compare(torch.tensor(have), torch.tensor(formula), name=f"{tag}: {what} = formula")
-    return verdicts
-
-
 reports = RESULTS[(4, 4, False)]
-per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4]), name="latents")
+per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents")
 print(verdict_table(per_tensor, "world 4, lb 4: every latent against encoding its video here"))
 
 # %% [markdown]
@@ -459,9 +359,9 @@ print(verdict_table(per_tensor, "world 4, lb 4: every latent against encoding it
 
 # %%
 ALL_VERDICTS = []
-for world, lb, seeded_bug in RESULTS:
-    if not seeded_bug:
-        ALL_VERDICTS += run_checks(world, lb)
+for (world, lb, clinic), reports in RESULTS.items():
+    if not clinic:
+        ALL_VERDICTS += run_checks(reports, BATCH[:world], lb)
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
 
 # %% [markdown]
@@ -472,24 +372,19 @@ print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan,
 # each lb group, the best any plan could do.
 
 # %%
-def after_assignment(world, lb):
-    where = {(r, i): r for r in range(world) for i in range(len(BATCH[r]))}
-    where.update({(o, i): h for o, h, i in global_plan(BATCH, world, lb)})
-    return where
-
-
+RANK_COSTS = [COSTS[r] for r in sorted(COSTS)]
 for lb in (8, 4):
-    fig = plot_lb_loads(COSTS, after_assignment(8, lb), groups_of(8, lb), title=f"world 8, lb {lb}")
+    fig = plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}")
     display(fig)
     plt.close(fig)
 
 # %%
 print(f"{'run':<8} {'group':<9} {'moves':>5}  {'max before':>10}  {'max after':>9}  {'spread before':>13}  {'spread after':>12}")
-for world, lb, seeded_bug in RESULTS:
-    if seeded_bug:
+for world, lb, clinic in RESULTS:
+    if clinic:
         continue
-    after = loads_of(COSTS, after_assignment(world, lb))
-    plan = global_plan(BATCH, world, lb)
+    after = loads_of(COSTS, planned_encoder(RANK_COSTS[:world], lb))
+    plan = global_plan(RANK_COSTS[:world], lb)
     for ranks in groups_of(world, lb):
         before = {r: sum(COSTS[r]) for r in ranks}
         aft = {r: after[r] for r in ranks}
@@ -513,7 +408,7 @@ print(moves_table(COSTS, plan_rebalance(COSTS), SHAPES))
 # %%
 reports = RESULTS[(8, 8, False)]
 print(format_table([rep["records"] for rep in reports], by=("op",)))
-sent, received, gathered = byte_formulas(BATCH, 8, 8)
+sent, received, gathered = exchange_bytes(BATCH, global_plan(RANK_COSTS, 8), groups_of(8, 8))
 have_sent, have_received, have_gathered = measured_bytes(reports)
 print()
 for rank in range(8):
@@ -575,12 +470,12 @@ print(verdict_table(closing, "the data-dependent skip"))
 #
 # A real-world failure of video pipelines, seeded in one line of the encode
 # path. It already ran in section 6, in the same launch as the correct code:
-# the world-4, lb-4 job with `seeded_bug=True`, on the same 4 ranks and the
+# the world-4, lb-4 job `LBRun(4, raw_pixels_clinic)`, on the same 4 ranks and the
 # same videos. The checks of section 6, applied to that run:
 
 # %%
 CLINIC = RESULTS[(4, 4, True)]
-clinic_rows = run_checks(4, 4, seeded_bug=True)
+clinic_rows = run_checks(CLINIC, BATCH[:4], 4)
 for v in clinic_rows:
     print(f"{v.path:<40}  {'pass' if v.passed else f'FAIL: {v.n_diff} of {v.numel} elements differ'}")
 
@@ -595,7 +490,7 @@ for v in clinic_rows:
 
 # %%
 owner, index = 0, 2
-correct = reference_latents(BATCH[:4])[owner][index]
+correct = reference_latents(BATCH[:4], encoder)[owner][index]
 buggy = CLINIC[owner]["latents"][index]
 fig = plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
                         row_label="latent channel x row (14 rows each)", col_label="latent column")
@@ -631,7 +526,7 @@ print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}],
 
 # %%
 try:
-    assert_match([rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4]), name="latents")
+    assert_match([rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4], encoder), name="latents")
     latent_check_fails = False
     print("the bug was not caught?!")
 except CheckFailed as failure:

@@ -425,3 +425,380 @@ def plot_cost_fit(pixels: list[float], seconds: list[float], slope: float, inter
     ax.set_title("encode time against frames x height x width", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# =====================================================================================
+# Primer (00_collectives_primer): one picture per collective
+# =====================================================================================
+_RANK_COLORS = plt.get_cmap("tab10").colors
+
+
+def _value_grid(ax, tensors: list[torch.Tensor], origin: dict[int, int], title: str) -> None:
+    """Rows = ranks, columns = element slots; a cell takes the colour of the rank its value came from."""
+    world, width = len(tensors), max(t.numel() for t in tensors)
+    for rank, t in enumerate(tensors):
+        for slot, v in enumerate(t.tolist()):
+            v = int(v)
+            y = world - 1 - rank
+            source = origin.get(v)
+            color = "white" if source is None else _RANK_COLORS[source % len(_RANK_COLORS)]
+            ax.add_patch(plt.Rectangle((slot, y), 0.92, 0.92, facecolor=color, edgecolor="black",
+                                       linewidth=2.0 if source is None else 0.8,
+                                       alpha=1.0 if source is None else 0.55))
+            ax.text(slot + 0.46, y + 0.46, str(v), ha="center", va="center", fontsize=11,
+                    fontweight="bold" if source is None else "normal")
+    ax.set_xlim(-0.1, width)
+    ax.set_ylim(-0.1, world)
+    ax.set_aspect("equal")
+    ax.set_yticks([world - 1 - r + 0.46 for r in range(world)], [f"rank {r}" for r in range(world)], fontsize=10)
+    ax.set_xticks([s + 0.46 for s in range(width)], [str(s) for s in range(width)], fontsize=9)
+    ax.set_xlabel("element index", fontsize=9)
+    ax.tick_params(length=0)
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, fontsize=10)
+
+
+def plot_collective(op: str, before: list[torch.Tensor], after: list[torch.Tensor],
+                    before_label: str = "before", after_label: str = "after") -> Figure:
+    """What every rank holds before and after one collective, as two rank x element grids.
+
+    A value keeps the colour of the rank that held it before, so arrows are not
+    needed: the colours show where each number travelled. A white cell with a
+    bold frame holds a new value: a sum over ranks (reduce-scatter, all-reduce).
+    """
+    origin: dict[int, int] = {}
+    for rank, t in enumerate(before):
+        for v in t.tolist():
+            origin.setdefault(int(v), rank)
+    width_before = max(t.numel() for t in before)
+    width_after = max(t.numel() for t in after)
+    fig, (left, mid, right) = plt.subplots(
+        1, 3, figsize=(max(6.5, 2.8 + 0.62 * (width_before + width_after)), 0.55 * len(before) + 1.7),
+        gridspec_kw={"width_ratios": [width_before, 1.1, width_after]})
+    _value_grid(left, before, origin, before_label)
+    _value_grid(right, after, origin, after_label)
+    mid.axis("off")
+    mid.annotate("", xy=(1.0, 0.5), xytext=(0.0, 0.5), xycoords="axes fraction",
+                 arrowprops=dict(arrowstyle="-|>", linewidth=2, color="black"))
+    new_values = any(int(v) not in origin for t in after for v in t.tolist())
+    fig.suptitle(f"{op} on {len(before)} ranks\ncolour = the rank a value came from"
+                 + ("; white, bold frame = a sum over ranks" if new_values else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# =====================================================================================
+# Pictures for the axis labs, drawn from their schedules (issue 14: the missing pictures)
+# =====================================================================================
+_EVENT_STYLE = {  # kind -> (short label in the box, colour)
+    "gather": ("AG", "tab:blue"),
+    "forward": ("fwd", "0.8"),
+    "backward": ("bwd", "0.55"),
+    "free": ("free", "white"),
+    "reduce-scatter": ("RS", "tab:orange"),
+    "all-reduce": ("AR", "tab:red"),
+}
+_EVENT_NAMES = {"gather": "AG: all-gather the unit's parameters", "forward": "fwd: compute",
+                "backward": "bwd: gradient of the unit", "free": "free the gathered parameters",
+                "reduce-scatter": "RS: reduce-scatter the gradient", "all-reduce": "AR: all-reduce across replicas"}
+
+
+def _full_bytes(record) -> int:
+    """The unsharded tensor behind a ledger record: the ledger books (n-1)/n of it for AG and RS."""
+    n = record.group_size
+    return record.bytes_sent * n // (n - 1) if n > 1 else record.bytes_sent
+
+
+def fsdp_events(records) -> list[tuple[str, int, str, int]]:
+    """(phase, unit, kind, change in bytes held) in order, from one rank's ledger records of one FSDP step.
+
+    Forward: each all-gather is a unit's gather, then its forward, then its free
+    (no free when the backward gathers nothing: reshard_after_forward=False).
+    Backward, units in reverse: gather (if resharded), backward (the unit's full
+    gradient appears), free the parameters, reduce-scatter (the full gradient
+    goes), all-reduce across replicas for HSDP. This is `paralab.fsdp`'s order.
+    Records of several steps: only the first step is read.
+    """
+    first_step, seen_backward = [], False
+    for r in records:
+        seen_backward |= r.phase == "backward"
+        if seen_backward and r.phase == "forward":
+            break
+        first_step.append(r)
+    records = first_step
+    gathers = ("all_gather_into_tensor", "all_gather", "all_gather_single", "_all_gather_base")
+    sizes = [_full_bytes(r) for r in records if r.phase == "forward" and r.op in gathers]
+    backward = [r for r in records if r.phase == "backward"]
+    reshard = any(r.op in gathers for r in backward)
+    events: list[tuple[str, int, str, int]] = []
+    for unit, size in enumerate(sizes):
+        events += [("forward", unit, "gather", size), ("forward", unit, "forward", 0)]
+        if reshard:
+            events.append(("forward", unit, "free", -size))
+    unit = len(sizes)
+    for r in backward:
+        if r.op in gathers:
+            unit -= 1
+            events.append(("backward", unit, "gather", sizes[unit]))
+        elif r.op in ("reduce_scatter_tensor", "reduce_scatter", "_reduce_scatter_base"):
+            if not reshard:
+                unit -= 1
+            events += [("backward", unit, "backward", sizes[unit]), ("backward", unit, "free", -sizes[unit]),
+                       ("backward", unit, "reduce-scatter", -_full_bytes(r))]
+        elif r.op == "all_reduce":
+            events.append(("backward", unit, "all-reduce", 0))
+    return events
+
+
+def plot_fsdp_timeline(records, unit_names: list[str] | None = None, resident_bytes: int = 0) -> Figure:
+    """One FSDP step on one rank: per unit gather -> compute -> free -> reduce-scatter, and the memory it holds.
+
+    `records` are one rank's ledger records of one step, with phases "forward"
+    and "backward" (as `paralab.fsdp`'s runs record them). Top: one row per
+    unit, one box per event, in the order they happen. Bottom: the unsharded
+    bytes held (gathered parameters plus the unit's full gradient until it is
+    reduce-scattered), on top of `resident_bytes` (shards, optimizer state).
+    """
+    events = fsdp_events(records)
+    units = 1 + max(u for _, u, _, _ in events)
+    names = unit_names or [f"unit {u}" for u in range(units)]
+    forward_end = sum(1 for phase, *_ in events if phase == "forward")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(min(11.0, max(7.0, 0.32 * len(events) + 1.8)), 0.5 * units + 4.4),
+                                      sharex=True, gridspec_kw={"height_ratios": [0.5 * units + 0.9, 2.0]})
+    held, curve = 0, [0]
+    for x, (_, unit, kind, delta) in enumerate(events):
+        label, color = _EVENT_STYLE[kind]
+        y = units - 1 - unit
+        top.add_patch(plt.Rectangle((x + 0.04, y + 0.08), 0.92, 0.84, facecolor=color, edgecolor="black"))
+        top.text(x + 0.5, y + 0.5, label, ha="center", va="center", fontsize=9 if len(label) < 4 else 8,
+                 color="white" if kind in ("gather", "backward", "all-reduce") else "black")
+        held += delta
+        curve.append(held)
+    kinds = list(dict.fromkeys(kind for _, _, kind, _ in events))
+    fig.legend([plt.Rectangle((0, 0), 1, 1, facecolor=_EVENT_STYLE[k][1], edgecolor="black") for k in kinds],
+               [_EVENT_NAMES[k] for k in kinds], fontsize=9, ncol=3, loc="lower center", frameon=False)
+    for ax in (top, bottom):
+        ax.axvline(forward_end, color="black", linestyle="--", linewidth=1)
+    top.text(forward_end / 2, units + 0.15, "forward", ha="center", fontsize=10)
+    top.text((forward_end + len(events)) / 2, units + 0.15, "backward (units in reverse)", ha="center", fontsize=10)
+    top.set_ylim(0, units + 0.7)
+    top.tick_params(axis="x", length=0)
+    top.set_yticks([units - 1 - u + 0.5 for u in range(units)], names, fontsize=10)
+    for side in ("top", "right"):
+        top.spines[side].set_visible(False)
+    top.set_title("one training step on one rank: each FSDP unit's events, in order", fontsize=10)
+    kib = [c / 1024 for c in curve[1:] + curve[-1:]]  # during event k: what is held once it has happened
+    bottom.step(range(len(kib)), kib, where="post", color="black")
+    bottom.fill_between(range(len(kib)), kib, step="post", color="tab:blue", alpha=0.3)
+    bottom.set_xticks([])
+    bottom.set_ylabel("unsharded, held (KiB)", fontsize=10)
+    bottom.set_xlabel("event, in order (not to time scale)", fontsize=10)
+    bottom.set_xlim(0, len(events))
+    bottom.set_ylim(0, 1.15 * max(kib))
+    bottom.set_title(f"gathered parameters + the unit's full gradient: peak {max(kib):.2f} KiB"
+                     + (f"\non top of {resident_bytes / 1024:.2f} KiB resident (shards, optimizer state)"
+                        if resident_bytes else ""), fontsize=10)
+    bottom.tick_params(labelsize=9)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    return fig
+
+
+def plot_ulysses_reshape(cp: int, heads: int, seq: int) -> Figure:
+    """Which rank holds which (token chunk, head group) block before and after Ulysses' seq->heads all-to-all.
+
+    Before: rank r holds tokens chunk r, every head (a column). After: rank r
+    holds every token, head group r (a row). Block (t, g) travels from rank t
+    to rank g; the diagonal stays home. heads_to_seq is the same picture read
+    right to left.
+    """
+    if heads % cp or seq % cp:
+        raise ValueError(f"Ulysses needs heads ({heads}) and seq ({seq}) divisible by cp ({cp})")
+    tokens, group = seq // cp, heads // cp
+    fig, panels = plt.subplots(1, 2, figsize=(4.0 + 2.2 * cp, 1.6 + 0.75 * cp))
+    for panel, (title, holder) in zip(panels, (("before: sequence-sharded", lambda t, g: t),
+                                               ("after seq_to_heads: head-sharded", lambda t, g: g))):
+        for t in range(cp):
+            for g in range(cp):
+                rank = holder(t, g)
+                y = cp - 1 - g
+                panel.add_patch(plt.Rectangle((t, y), 0.95, 0.95, facecolor=_RANK_COLORS[rank % 10], alpha=0.55,
+                                              edgecolor="black", linewidth=2.0 if t == g else 0.8))
+                moved = "stays" if t == g else (f"from rank {t}" if holder(t, g) == g else f"to rank {g}")
+                panel.text(t + 0.47, y + 0.55, f"rank {rank}", ha="center", va="center", fontsize=10)
+                panel.text(t + 0.47, y + 0.25, moved, ha="center", va="center", fontsize=9, color="0.25")
+        panel.set_xlim(-0.05, cp)
+        panel.set_ylim(-0.05, cp)
+        panel.set_xticks([t + 0.47 for t in range(cp)],
+                         [f"tokens\n{t * tokens}-{(t + 1) * tokens - 1}" for t in range(cp)], fontsize=9)
+        panel.set_yticks([cp - 1 - g + 0.47 for g in range(cp)],
+                         [f"heads {g * group}-{(g + 1) * group - 1}" for g in range(cp)], fontsize=9)
+        panel.tick_params(length=0)
+        for side in ("top", "right", "left", "bottom"):
+            panel.spines[side].set_visible(False)
+        panel.set_title(title, fontsize=10)
+    fig.suptitle(f"Ulysses all-to-all, cp = {cp}, {heads} heads, {seq} tokens: "
+                 "each (token chunk, head group) block and the rank holding it", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _rank_cells(ax, world: int, colour_of: list[int], text_of: list[str], pairs: list[list[int]], title: str) -> None:
+    """A 2-row grid of ranks, filled by group, with a bar joining each pair (cp partners)."""
+    rows, cols = _grid_shape(world)
+    width, step_x, step_y = 1.4, 1.6, 1.45
+    where = {}
+    for rank in range(world):
+        r, c = divmod(rank, cols)
+        x, y = c * step_x, (rows - 1 - r) * step_y
+        where[rank] = (x + width / 2, y + 0.5)
+        ax.add_patch(plt.Rectangle((x, y), width, 1.0, facecolor=PALETTE[(2 * colour_of[rank] + 1) % len(PALETTE)],
+                                   edgecolor="black"))
+        ax.text(x + width / 2, y + 0.66, f"rank {rank}", ha="center", va="center", fontsize=10, fontweight="bold")
+        ax.text(x + width / 2, y + 0.3, text_of[rank], ha="center", va="center", fontsize=9)
+    for pair in pairs:
+        (x0, y0), (x1, y1) = where[pair[0]], where[pair[-1]]
+        ax.plot([x0, x1], [y0 - 0.62, y1 - 0.62], color="black", linewidth=3, solid_capstyle="round")
+    ax.set_xlim(-0.1, cols * step_x)
+    ax.set_ylim(-0.3, rows * step_y)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title, fontsize=10)
+
+
+def plot_overlay_vs_consuming(overlay: list[dict[str, list[int]]], consuming: list[dict[str, list[int]]],
+                              fsdp_axes: tuple[str, str] = ("dp_shard", "dp_shard_cp"),
+                              second_axes: tuple[str, str] = ("dp_replicate", "dp_shard"),
+                              pair_axis: str = "cp") -> Figure:
+    """The same ranks read two ways, side by side: paralab's overlay and torchtitan's consuming reading.
+
+    `overlay[rank]` and `consuming[rank]` map axis -> the ranks of that rank's
+    group (`ParallelDims.group_ranks()`, `predict_groups`; for torchtitan, its
+    mesh's sub-meshes, FSDP's being the flattened `dp_shard_cp`). Fill = the
+    FSDP group (`fsdp_axes`), text = the group on `second_axes`, black bar =
+    `pair_axis` partners.
+    """
+    world = len(overlay)
+    fig, panels = plt.subplots(1, 2, figsize=(11, 3.9))
+    for panel, groups, fsdp, second, name in ((panels[0], overlay, fsdp_axes[0], second_axes[0], "overlay (paralab)"),
+                                              (panels[1], consuming, fsdp_axes[1], second_axes[1],
+                                               "consuming (torchtitan)")):
+        ids: dict[tuple[int, ...], int] = {}
+        colour_of = [ids.setdefault(tuple(groups[r].get(fsdp, [r])), len(ids)) for r in range(world)]
+        second_ids: dict[tuple[int, ...], int] = {}
+        text_of = [f"{second.replace('replicate', 'rep')} "
+                   f"g{second_ids.setdefault(tuple(groups[r].get(second, [r])), len(second_ids))}"
+                   for r in range(world)]
+        pairs = list({tuple(groups[r][pair_axis]): None for r in range(world) if pair_axis in groups[r]})
+        _rank_cells(panel, world, colour_of, text_of, [list(p) for p in pairs],
+                    f"{name}\nfill = FSDP group ({fsdp}): {len(ids)} group{'s' if len(ids) > 1 else ''} "
+                    f"of {world // len(ids)} ranks\n"
+                    f"text = {second} group; bar = {pair_axis} pair")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return fig
+
+
+def plot_cfgp_timeline(steps: int = 2, latent_bytes: int | None = None) -> Figure:
+    """Guided sampling on a cfgp pair: each rank runs one branch, they swap, both combine and step.
+
+    Two lanes (cfgp rank 0: cond, rank 1: uncond), time to the right, `steps`
+    sampling steps; crossing arrows are the swap (one latent-sized
+    prediction each way, `latent_bytes` if given). The noise is broadcast once
+    before the first step.
+    """
+    model_w, swap_w, combine_w, euler_w, gap = 1.8, 1.2, 1.8, 1.2, 0.5
+    step_w = model_w + swap_w + combine_w + euler_w + gap
+    lanes = {0: 1.5, 1: 0.2}
+    fig, ax = plt.subplots(figsize=(min(11.0, 1.8 + 0.62 * (1.6 + steps * step_w)), 3.4))
+    ax.add_patch(plt.Rectangle((-1.6, 0.2), 1.3, 2.1, facecolor="tab:purple", alpha=0.35, edgecolor="black"))
+    ax.text(-0.95, 1.25, "broadcast\nnoise\n(rank 0's)", ha="center", va="center", fontsize=9)
+
+    def box(x: float, y: float, w: float, text: str, color: str, alpha: float = 1.0) -> None:
+        ax.add_patch(plt.Rectangle((x, y), w, 0.8, facecolor=color, alpha=alpha, edgecolor="black"))
+        ax.text(x + w / 2, y + 0.4, text, ha="center", va="center", fontsize=9)
+
+    for step in range(steps):
+        x0 = step * step_w
+        x1 = x0 + model_w + swap_w
+        for rank, y in lanes.items():
+            branch = "cond" if rank == 0 else "uncond"
+            box(x0, y, model_w, f"model\n(x, t, {branch})", "tab:blue" if rank == 0 else "tab:green", 0.45)
+            box(x1, y, combine_w, "combine\nu + w (c - u)", "0.85")
+            box(x1 + combine_w, y, euler_w, "Euler\nstep of x", "0.7")
+        for src, dst in ((0, 1), (1, 0)):
+            ax.annotate("", xy=(x1, lanes[dst] + 0.4), xytext=(x0 + model_w, lanes[src] + 0.4),
+                        arrowprops=dict(arrowstyle="-|>", color="black", linewidth=1.5))
+        label = "swap" + (f" {latent_bytes / 1024:.1f} KiB\neach way" if latent_bytes else "")
+        ax.text(x0 + model_w + swap_w / 2, 2.45, label, ha="center", va="bottom", fontsize=9)
+        ax.text(x0 + (step_w - gap) / 2, 2.95, f"step {step}", ha="center", fontsize=10, fontweight="bold")
+    ax.set_xlim(-1.8, steps * step_w)
+    ax.set_ylim(0, 3.25)
+    ax.set_yticks([lanes[0] + 0.4, lanes[1] + 0.4], ["cfgp rank 0\n(cond)", "cfgp rank 1\n(uncond)"], fontsize=10)
+    ax.set_xticks([])
+    ax.set_xlabel("time (schematic): both ranks hold the same x, and the same guided x after every step", fontsize=9)
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("cfgp: one branch per rank, one swap per step, the same combine on both", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lb_protocol(moves, world: int) -> Figure:
+    """The lb step as a sequence diagram: share -> plan -> exchange -> encode -> return, one lane per rank.
+
+    `moves` are the plan's moves (objects with `from_rank`, `to_rank`,
+    `local_index`, as `plan_rebalance` returns them); ranks are lb-group ranks.
+    Time runs downwards; arrows are messages (metadata then payload, one
+    arrow per move here).
+    """
+    moves = list(moves)
+    rows = 3 + len(moves) + 1 + len(moves) + 1
+    fig, ax = plt.subplots(figsize=(1.8 + 1.7 * world, 1.2 + 0.42 * rows))
+    xs = [1.7 * r for r in range(world)]
+    top = rows
+    for r, x in enumerate(xs):
+        ax.plot([x, x], [0, top], color="0.6", linewidth=1, zorder=0)
+        ax.text(x, top + 0.4, f"lb rank {r}", ha="center", fontsize=10, fontweight="bold")
+
+    def band(y: float, text: str, color: str) -> None:
+        ax.add_patch(plt.Rectangle((xs[0] - 0.6, y - 0.35), xs[-1] - xs[0] + 1.2, 0.7, facecolor=color, alpha=0.3,
+                                   edgecolor="black", zorder=1))
+        ax.text((xs[0] + xs[-1]) / 2, y, text, ha="center", va="center", fontsize=9, zorder=2)
+
+    def phase(y: float, text: str) -> None:
+        ax.text(xs[-1] + 0.9, y, text, ha="left", va="center", fontsize=10, fontweight="bold")
+
+    y = top - 0.8
+    band(y, "all_gather the counts, then the predicted costs: every rank knows every cost", "tab:blue")
+    phase(y, "1 share")
+    y -= 1.0
+    band(y, "plan_rebalance on every rank: the same plan, no message", "0.8")
+    phase(y, "2 plan")
+    y -= 1.0
+    phase(y - (len(moves) - 1) / 2 if moves else y, "3 exchange\n(metadata,\nthen payload)")
+    for m in moves:
+        ax.annotate("", xy=(xs[m.to_rank], y), xytext=(xs[m.from_rank], y),
+                    arrowprops=dict(arrowstyle="-|>", color="tab:orange", linewidth=2))
+        ax.text((xs[m.from_rank] + xs[m.to_rank]) / 2, y + 0.12, f"video {m.local_index} of rank {m.from_rank}",
+                ha="center", va="bottom", fontsize=9, bbox=dict(facecolor="white", edgecolor="none", pad=1))
+        y -= 1.0
+    if not moves:
+        ax.text((xs[0] + xs[-1]) / 2, y, "no move: the load was already balanced", ha="center", fontsize=9)
+        y -= 1.0
+    band(y, "encode what each rank now holds (own videos + guests)", "tab:green")
+    phase(y, "4 encode")
+    y -= 1.0
+    phase(y - (len(moves) - 1) / 2 if moves else y, "5 return\n(metadata,\nthen payload)")
+    for m in moves:
+        ax.annotate("", xy=(xs[m.from_rank], y), xytext=(xs[m.to_rank], y),
+                    arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=2))
+        ax.text((xs[m.from_rank] + xs[m.to_rank]) / 2, y + 0.12, f"latent {m.local_index} home to rank {m.from_rank}",
+                ha="center", va="bottom", fontsize=9, bbox=dict(facecolor="white", edgecolor="none", pad=1))
+        y -= 1.0
+    ax.set_xlim(xs[0] - 0.9, xs[-1] + 2.6)
+    ax.set_ylim(y + 0.3, top + 0.9)
+    ax.axis("off")
+    ax.set_title("VAE load balancing, one step (time runs down; every rank makes every collective call)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -23,7 +23,7 @@ from paralab.cp.layout import (
     unshard_sequence,
 )
 from paralab.cp.ring import ring_attention
-from paralab.cp.traffic import ring_bytes, shard_bytes, ulysses_bytes
+from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.cp.ulysses import ulysses_attention
 
 __all__ = [

@@ -116,3 +116,29 @@ def ulysses_attention(
     check_qkv(q, k, v, "ulysses_attention")
     check_heads_divisible(q.shape[1], dist.get_world_size(group))
     return UlyssesAttention.apply(q, k, v, group, causal, layout)
+
+
+def ulysses_gqa_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool = False
+) -> torch.Tensor:
+    """Ulysses forward with grouped-query attention: q has H heads, k and v have H_kv (H_kv divides H).
+
+    The all-to-all gives rank j the q heads j*H/cp ... and the K/V heads j*H_kv/cp ...;
+    those are exactly the K/V heads its q heads read when cp divides H_kv. So the K/V
+    head count, not the q head count, bounds cp. Forward only.
+    """
+    world = dist.get_world_size(group)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if k.shape != v.shape or heads % kv_heads:
+        raise ValueError(f"ulysses_gqa_forward: k, v heads = {kv_heads} must divide q heads = {heads}")
+    check_heads_divisible(heads, world)
+    if kv_heads % world:
+        raise ValueError(
+            f"ulysses_gqa_forward: K/V heads = {kv_heads} (dim 1) is not divisible by cp = {world}; "
+            "replicate K/V heads up to cp, or put the rest of cp on a ring"
+        )
+    qh, kh, vh = (seq_to_heads(t.contiguous(), group) for t in (q, k, v))
+    group_size = heads // kv_heads
+    out_heads, _ = attention_block(qh, kh.repeat_interleave(group_size, 1), vh.repeat_interleave(group_size, 1),
+                                   diagonal=causal)
+    return heads_to_seq(out_heads, group)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.fsdp import FlatUnit, padded_size, shard_unit, unflatten
 from paralab.exercises import Exercise
+from paralab.fsdp.zero import FlatUnit, padded_size, shard_unit, unflatten
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
 
@@ -173,7 +173,7 @@ EXERCISES = [
     Exercise(
         name="gather_unit_params",
         lab=LAB,
-        target="paralab.fsdp.gather_unit_params",
+        target="paralab.fsdp.zero.gather_unit_params",
         prompt=(
             "Before a unit computes, its full parameters must exist on every rank of the shard `group`. "
             "Each rank holds `unit.shard`, its equal 1/n slice of the unit's flattened parameters, zero-padded "
@@ -208,7 +208,7 @@ EXERCISES = [
     Exercise(
         name="reduce_scatter_grads",
         lab=LAB,
-        target="paralab.fsdp.reduce_scatter_grads",
+        target="paralab.fsdp.zero.reduce_scatter_grads",
         prompt=(
             "After a unit's backward every rank holds the full (padded, flat) gradient of its own slice "
             "of the batch. Return this rank's shard of the gradient *averaged over every data-parallel "

@@ -6,6 +6,7 @@ clinic and tests/test_cp_dist.py import them from here, so each bug is written o
 from __future__ import annotations
 
 import random
+from typing import ContextManager
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,7 @@ import paralab.cp.ulysses as ulysses_module
 from paralab.cp.blocks import attention_block
 from paralab.cp.ring import KV_TAG, ring_pass
 from paralab.cp.ulysses import take_heads
-from paralab.exercises import Exercise
+from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
 
 LAB = "02_cp_ring_vs_ulysses"
@@ -77,11 +78,6 @@ def merge_lse_by_max(out, lse, block_out, block_lse):
     """Bug: the merged lse is max(lse, block_lse) (drops the log(1 + exp(-|difference|)) term)."""
     new_lse = torch.maximum(lse, block_lse)
     return torch.exp(lse - new_lse).unsqueeze(-1) * out + torch.exp(block_lse - new_lse).unsqueeze(-1) * block_out, new_lse
-
-
-def break_ring_merge() -> None:
-    """Install `merge_without_rescaling` in the ring's forward."""
-    ring_module.merge_partials = merge_without_rescaling
 
 
 def merge_through_exp(out, lse, block_out, block_lse):
@@ -246,9 +242,9 @@ def ring_pass_kv_stays(t, group, tag):
     return ring_pass(t, group, tag)
 
 
-def break_ring_backward() -> None:
-    """Install `ring_pass_kv_stays` in the ring (call it between the forward and the backward)."""
-    ring_module.ring_pass = ring_pass_kv_stays
+def ring_clinic_bug() -> ContextManager:
+    """The bug clinic's ring bug, planted for a block (the clinic wraps the backward in it)."""
+    return planted(ring_module, ring_pass=ring_pass_kv_stays)
 
 
 # --------------------------------------------------------------------------- replicated Ulysses, all-gather backward
@@ -261,9 +257,9 @@ def reduce_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> to
     return mine
 
 
-def break_replicated_backward() -> None:
-    """Make the replicated Ulysses backward reduce-scatter dout (call it between the forward and the backward)."""
-    ulysses_module.take_heads = reduce_scatter_heads
+def replicated_clinic_bug() -> ContextManager:
+    """The replicated Ulysses backward reduce-scatters dout, planted for a block (the clinic wraps the backward)."""
+    return planted(ulysses_module, take_heads=reduce_scatter_heads)
 
 
 EXERCISES = [

@@ -10,7 +10,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from paralab.cfgp import initial_latent
+from paralab.cfgp.sampling import initial_latent
 from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
 
@@ -153,7 +153,7 @@ EXERCISES = [
     Exercise(
         name="exchange_prediction",
         lab=LAB,
-        target="paralab.cfgp.exchange_prediction",
+        target="paralab.cfgp.sampling.exchange_prediction",
         prompt=(
             "Each of the two ranks of a cfgp `group` holds its own branch's prediction `mine`. "
             "Swap them point to point: send `mine` to the other member of the group and return "
@@ -185,7 +185,7 @@ EXERCISES = [
     Exercise(
         name="cfg_combine",
         lab=LAB,
-        target="paralab.cfgp.cfg_combine",
+        target="paralab.cfgp.sampling.cfg_combine",
         prompt=(
             "Classifier-free guidance: from the conditional and unconditional predictions and the "
             "guidance scale `w`, return `uncond + w·(cond − uncond)`. `w = 1` gives the conditional "
@@ -214,7 +214,7 @@ EXERCISES = [
     Exercise(
         name="initial_latent",
         lab=LAB,
-        target="paralab.cfgp.initial_latent",
+        target="paralab.cfgp.sampling.initial_latent",
         prompt=(
             "The initial noise must be the same on both ranks of a cfgp pair. Write the `broadcast` "
             "path: without cfgp (`pd` None or `pd.cfgp_enabled` false) draw the noise here with "

@@ -7,14 +7,17 @@ here, so the bug is written once.
 from __future__ import annotations
 
 import random
+from typing import ContextManager
 
 import torch
 import torch.distributed as dist
 
+from paralab import models
 from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
-from paralab import vae_lb
-from paralab.vae_lb import Move, exchange
+from paralab.vae_lb import planner
+from paralab.vae_lb.exchange import exchange
+from paralab.vae_lb.planner import Move
 
 
 # ------------------------------------------------------------------ exercise 1: normalize the pixels
@@ -34,6 +37,11 @@ def _hidden_pixel_cases(rank: int, world: int, seed: int) -> list[tuple]:
 def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
     """Bug (the lab's bug clinic): the raw uint8 pixels are only cast, never normalized."""
     return video.to(torch.float64)
+
+
+def raw_pixels_clinic() -> ContextManager:
+    """The lab's bug clinic, planted for a block: the encoder is handed raw pixels cast to float."""
+    return planted(models, normalize_pixels=raw_pixels_as_float)
 
 
 def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
@@ -93,20 +101,20 @@ def _not_wider(cost, gap):
 
 def plan_ties_in_dict_order(costs, max_iterations=None):
     """Bug: breaks load ties by the dict's order, not the smallest label (ranks could disagree on the plan)."""
-    with planted(vae_lb, most_and_least_loaded=_in_dict_order):
-        return vae_lb.plan_rebalance(costs, max_iterations)
+    with planted(planner, most_and_least_loaded=_in_dict_order):
+        return planner.plan_rebalance(costs, max_iterations)
 
 
 def plan_largest_first(costs, max_iterations=None):
     """Bug: moves the heavy rank's largest sample instead of the one closest to half the gap."""
-    with planted(vae_lb, closest_fit=_largest):
-        return vae_lb.plan_rebalance(costs, max_iterations)
+    with planted(planner, closest_fit=_largest):
+        return planner.plan_rebalance(costs, max_iterations)
 
 
 def plan_gap_not_strict(costs, max_iterations=None):
     """Bug: also takes a move that leaves the gap as large as before (|g - 2c| <= g)."""
-    with planted(vae_lb, shrinks_gap=_not_wider):
-        return vae_lb.plan_rebalance(costs, max_iterations)
+    with planted(planner, shrinks_gap=_not_wider):
+        return planner.plan_rebalance(costs, max_iterations)
 
 
 # ------------------------------------------------------------------ exercise 3: the latent return path
@@ -199,7 +207,7 @@ EXERCISES = [
     Exercise(
         name="plan_rebalance",
         lab="04_vae_lb",
-        target="paralab.vae_lb.plan_rebalance",
+        target="paralab.vae_lb.planner.plan_rebalance",
         prompt=(
             "Write the greedy closest-fit planner. Start from each rank's load (the sum of its costs). "
             "Each round: take the most and the least loaded rank (`most_and_least_loaded`: ties go to "
@@ -235,7 +243,7 @@ EXERCISES = [
     Exercise(
         name="return_latents",
         lab="04_vae_lb",
-        target="paralab.vae_lb.return_latents",
+        target="paralab.vae_lb.exchange.return_latents",
         prompt=(
             "The latent return path, the mirror image of sending the videos out. This rank encoded "
             "`guest_latents[k]` for the move `incoming[k]` and must send it back to that move's owner; "

@@ -8,6 +8,9 @@ S = bytes of one rank's shard of ONE of q, k, v: batch * heads * (seq/cp) * head
 | ring | (cp-1) * 2S: K and V, cp-1 hops | (cp-1) * 2S + (cp-1) * 2S: K/V again, then dK/dV home |
 | Ulysses, sequence_sharded | 4 * (cp-1)/cp * S: q, k, v, out all-to-alls | 4 * (cp-1)/cp * S: dout, dq, dk, dv |
 | Ulysses, replicated | (cp-1) * S: all-gather of out heads | 3 * (cp-1) * S: all-gather of dq, dk, dv heads |
+| USP, cp = u * c | 4 * (u-1)/u * S all-to-all + (c-1) * 2S ring | (not built) |
+
+In USP the ring's K/V block is still S bytes: H/u heads of N/c tokens.
 """
 from __future__ import annotations
 
@@ -25,3 +28,8 @@ def ulysses_bytes(s: int, cp: int, layout: str = "sequence_sharded") -> dict[str
     if layout == "replicated":
         return {"forward": (cp - 1) * s, "backward": 3 * (cp - 1) * s}
     return {"forward": 4 * (cp - 1) * s // cp, "backward": 4 * (cp - 1) * s // cp}
+
+
+def usp_bytes(s: int, ulysses: int, ring: int) -> dict[str, int]:
+    """Forward bytes per rank of USP: Ulysses all-to-alls over `ulysses` ranks, then a ring over `ring`."""
+    return {"all_to_all": 4 * (ulysses - 1) * s // ulysses, "ring": 2 * (ring - 1) * s}

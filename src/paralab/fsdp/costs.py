@@ -7,7 +7,7 @@ of the shard-group size before they are cut, and the padding travels too.
 """
 from __future__ import annotations
 
-from paralab.fsdp import padded_size
+from paralab.fsdp.zero import padded_size
 
 ITEMSIZE = 8  # float64
 

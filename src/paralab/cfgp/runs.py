@@ -1,0 +1,43 @@
+"""Lab 03's per-rank job: build the meshes, sample under the ledger, report this rank's place.
+
+The sampler itself is `paralab.cfgp.sampling.sample`; this module runs it on
+a rank of a launch and returns what the notebook and the tests check.
+"""
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from paralab.cfgp.sampling import sample
+from paralab.ledger import Ledger
+from paralab.parallel_dims import ParallelDims
+
+
+def sample_on_rank(model, cond, uncond, dims: dict | None = None, *, repeats: int = 1, **sample_kwargs) -> dict:
+    """Worker for `paralab.launch.run`: build the meshes from `dims`, sample under a ledger.
+
+    Returns this rank's latent, the ledger records of the first run, the best
+    seconds per step over `repeats` runs (a shared CPU is noisy: the minimum is
+    the least disturbed run) and this rank's place in the mesh.
+    """
+    pd = None
+    if dims is not None:
+        pd = ParallelDims(dist.get_world_size(), enable_inference_mode=True, **dims)
+        pd.build_meshes("cpu")
+    with Ledger() as ledger:
+        latent = sample(model, cond, uncond, parallel_dims=pd, **sample_kwargs)
+    seconds = []
+    for _ in range(repeats - 1):
+        dist.barrier()
+        start = time.perf_counter()
+        sample(model, cond, uncond, parallel_dims=pd, **sample_kwargs)
+        seconds.append(time.perf_counter() - start)
+    return {
+        "latent": latent,
+        "records": ledger.records,
+        "seconds_per_step": min(seconds) / sample_kwargs["steps"] if seconds else None,
+        "rank": dist.get_rank(),
+        "cfgp_rank": pd.cfgp_rank if pd else 0,
+        "cp_rank": pd.cp_rank if pd else 0,
+    }

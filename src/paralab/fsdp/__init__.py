@@ -1,0 +1,43 @@
+"""FSDP (ZeRO-3) and HSDP by hand: the `dp_shard` and `dp_replicate` axes.
+
+- `zero`: the algorithm (flat shards, gather / free / reduce-scatter, the sharded
+  unit's forward and backward, the sharded optimizer, DDP for contrast);
+- `runs`: lab 01's per-rank training jobs, the single-process references and checks;
+- `costs`: the closed-form bytes sent and held per rank.
+
+The algorithm's names are re-exported here. A bug is planted in the module
+whose globals the real loop reads: `planted(paralab.fsdp.zero, reduce_scatter_grads=bug)`.
+"""
+from paralab.fsdp.zero import (
+    FlatUnit,
+    HandFSDP,
+    ShardedUnitFunction,
+    ShardOptimizer,
+    adam_step,
+    all_reduce_gradients,
+    flat_shard,
+    free_unit_params,
+    gather_unit_params,
+    padded_size,
+    reduce_scatter_grads,
+    sgd_momentum_step,
+    shard_unit,
+    unflatten,
+)
+
+__all__ = [
+    "FlatUnit",
+    "HandFSDP",
+    "ShardOptimizer",
+    "ShardedUnitFunction",
+    "adam_step",
+    "all_reduce_gradients",
+    "flat_shard",
+    "free_unit_params",
+    "gather_unit_params",
+    "padded_size",
+    "reduce_scatter_grads",
+    "sgd_momentum_step",
+    "shard_unit",
+    "unflatten",
+]

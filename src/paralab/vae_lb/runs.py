@@ -1,0 +1,146 @@
+"""Lab 04's experiments: the per-rank job, the plan every group should make, and the checks of a run.
+
+`lb_worker` runs `offload_encode` on every rank for several lb sizes in one
+launch and reports the latents, a fingerprint of every video the rank encoded
+(to see *where* compute ran), its ledger and the plan it computed. The notebook
+and the tests check those reports with `run_checks` against what one process
+computes here: the latents, the plan and the bytes of `costs.exchange_bytes`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
+import torch.distributed as dist
+
+from paralab.check import Verdict, compare
+from paralab.ledger import Ledger, received, sent
+from paralab.models import TinyVideoEncoder
+from paralab.parallel_dims import ParallelDims
+from paralab.vae_lb.costs import encode_cost, exchange_bytes
+from paralab.vae_lb.exchange import offload_encode, share_costs
+from paralab.vae_lb.planner import plan_rebalance
+
+Costs = list[list[float]]  # per global rank, the cost of each of its videos
+
+
+@dataclass(frozen=True)
+class LBRun:
+    """One offload_encode over lb groups of `lb` ranks; `bug()`, if given, is planted around it (a bug clinic)."""
+
+    lb: int
+    bug: Callable[[], ContextManager] | None = None
+
+
+def fingerprint(video: torch.Tensor) -> str:
+    """A short name of a video's bytes and shape: which video a rank encoded."""
+    return hashlib.sha1(video.numpy().tobytes()).hexdigest()[:12] + str(tuple(video.shape))
+
+
+def video_costs(batch: list[list[torch.Tensor]]) -> Costs:
+    return [[encode_cost(v) for v in videos] for videos in batch]
+
+
+def lb_worker(batch: list[list[torch.Tensor]], lb_runs: list[LBRun], costs: Costs | None = None) -> list[dict]:
+    """On every rank: for each run, offload_encode this rank's videos and report what happened.
+
+    `costs` defaults to `encode_cost` of each video (a test may force a plan with others).
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    costs = video_costs(batch) if costs is None else costs
+    encoder, reports = TinyVideoEncoder(), []
+    for lb_run in lb_runs:
+        pd = ParallelDims(world, lb=lb_run.lb)
+        pd.build_meshes("cpu")
+        group = pd.lb_mesh.get_group()
+        encoded: list[str] = []
+
+        def encode_fn(video: torch.Tensor) -> torch.Tensor:
+            encoded.append(fingerprint(video))
+            return encoder(video)
+
+        with Ledger() as ledger, (lb_run.bug or contextlib.nullcontext)():
+            latents = offload_encode(batch[rank], costs[rank], encode_fn, group)
+        plan = plan_rebalance(share_costs(costs[rank], group))
+        reports.append({"latents": latents, "encoded": encoded, "records": ledger.records, "plan": plan,
+                        "group": dist.get_process_group_ranks(group)})
+    return reports
+
+
+def groups_of(world: int, lb: int) -> list[list[int]]:
+    """The global ranks of each lb group (contiguous blocks of `lb`)."""
+    return [list(range(start, start + lb)) for start in range(0, world, lb)]
+
+
+def global_plan(costs: Costs, lb: int) -> list[tuple[int, int, int]]:
+    """The plan of every group, computed here: (owner, helper, local index) in global rank labels."""
+    moves = []
+    for ranks in groups_of(len(costs), lb):
+        group_costs = {g: costs[r] for g, r in enumerate(ranks)}
+        moves += [(ranks[m.from_rank], ranks[m.to_rank], m.local_index) for m in plan_rebalance(group_costs)]
+    return moves
+
+
+def planned_encoder(costs: Costs, lb: int) -> dict[tuple[int, int], int]:
+    """(owner, local index) -> the global rank that must encode it."""
+    where = {(r, i): r for r, c in enumerate(costs) for i in range(len(c))}
+    where.update({(owner, index): helper for owner, helper, index in global_plan(costs, lb)})
+    return where
+
+
+def measured_bytes(reports: list[dict]) -> tuple[list[int], list[int], list[int]]:
+    """Per rank, from its ledger: P2P bytes sent, P2P bytes received, all_gather bytes sent."""
+    return ([sent(rep["records"], op="isend") for rep in reports],
+            [received(rep["records"], op="irecv") for rep in reports],
+            [sent(rep["records"], op="all_gather") for rep in reports])
+
+
+def reference_latents(batch: list[list[torch.Tensor]], encoder: Callable | None = None) -> list[list[torch.Tensor]]:
+    """Every video encoded here, in one process, in its owner's order."""
+    encoder = encoder or TinyVideoEncoder()
+    return [[encoder(v) for v in videos] for videos in batch]
+
+
+def _flat(latents: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([z.flatten() for z in latents]) if latents else torch.zeros(0, dtype=torch.float64)
+
+
+def _shapes(latents: list[torch.Tensor]) -> torch.Tensor:
+    return torch.tensor([list(z.shape) for z in latents], dtype=torch.int64) if latents else torch.zeros(0, 4, dtype=torch.int64)
+
+
+def run_checks(reports: list[dict], batch: list[list[torch.Tensor]], lb: int, costs: Costs | None = None,
+               tag: str = "") -> list[Verdict]:
+    """The verdicts of one run, one row per property (latents compared as one flat tensor, owner order)."""
+    world = len(reports)
+    costs = video_costs(batch) if costs is None else costs
+    tag = tag or f"w{world} lb{lb}"
+    got = [z for rep in reports for z in rep["latents"]]
+    want = [z for zs in reference_latents(batch) for z in zs]
+    verdicts = compare(_flat(got), _flat(want), name=f"{tag}: latents, owner order")
+    verdicts += compare(_shapes(got), _shapes(want), name=f"{tag}: latent shapes")
+    encoded = [fp for rep in reports for fp in rep["encoded"]]
+    videos = [(r, i) for r in range(world) for i in range(len(batch[r]))]
+    counts = torch.tensor([encoded.count(fingerprint(batch[r][i])) for r, i in videos], dtype=torch.int64)
+    verdicts += compare(counts, torch.ones(len(videos), dtype=torch.int64), name=f"{tag}: each video encoded once")
+    at = {fp: rank for rank, rep in enumerate(reports) for fp in rep["encoded"]}
+    where = planned_encoder(costs, lb)
+    verdicts += compare(torch.tensor([at.get(fingerprint(batch[r][i]), -1) for r, i in videos], dtype=torch.int64),
+                        torch.tensor([where[(r, i)] for r, i in videos], dtype=torch.int64),
+                        name=f"{tag}: encoded on the planned rank")
+    plan = global_plan(costs, lb)
+    plans, expected = [], []
+    for rep in reports:
+        ranks = rep["group"]
+        plans += [[ranks[m.from_rank], ranks[m.to_rank], m.local_index] for m in rep["plan"]]
+        expected += [list(m) for m in plan if m[0] in ranks]
+    verdicts += compare(torch.tensor(plans, dtype=torch.int64).reshape(-1, 3),
+                        torch.tensor(expected, dtype=torch.int64).reshape(-1, 3), name=f"{tag}: same plan on every rank")
+    formulas = exchange_bytes(batch, plan, groups_of(world, lb))
+    for what, have, formula in zip(("P2P bytes sent", "P2P bytes received", "all_gather bytes sent"),
+                                   measured_bytes(reports), formulas):
+        verdicts += compare(torch.tensor(have), torch.tensor(formula), name=f"{tag}: {what} = formula")
+    return verdicts
