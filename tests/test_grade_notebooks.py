@@ -59,9 +59,10 @@ CHEATS_02 = [
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("submissions")
-    paster = show_cell("paralab.cp.ulysses.heads_to_seq")[0].split("\n", 1)[1]  # pasted from the lab notebook
+    paster = show_cell(EXERCISES["heads_to_seq"].target)[0].split("\n", 1)[1]  # pasted from the lab notebook
     _notebook(root / "cheater" / "cp_ring_vs_ulysses_lab.ipynb", *CHEATS_02, paster)
-    solved_two = [_retyped("paralab.models.normalize_pixels", "video"), _retyped("paralab.vae_lb.plan_rebalance", "costs")]
+    solved_two = [_retyped(EXERCISES["normalize_pixels"].target, "video"),
+                  _retyped(EXERCISES["plan_rebalance"].target, "costs")]
     stub_cells = _untouched(LAB04)
     _notebook(root / "half" / "vae_lb_lab.ipynb", *stub_cells, *solved_two)  # later definitions win
     _notebook(root / "untouched" / "vae_lb_lab.ipynb", *stub_cells)

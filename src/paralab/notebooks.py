@@ -192,11 +192,13 @@ def withhold_bugs(code: str, names: set[str]) -> str:
 
 def _bugs_no_lab_uses() -> dict[Path, set[str]]:
     """Per exercise module, the bug variants that no lab source imports (the labs' bug clinics keep theirs)."""
-    labs = "\n".join(p.read_text() for p in LABS.glob("*/*_lab.py"))
+    imported = {alias.name for path in LABS.glob("*/*_lab.py") for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paralab.exercises")
+                for alias in node.names}
     found: dict[Path, set[str]] = {}
     for exercise in EXERCISES.values():
         for _, bug, _ in exercise.bugs:
-            if not re.search(rf"\b{bug.__name__}\b", labs):
+            if bug.__name__ not in imported:
                 found.setdefault(Path(inspect.getsourcefile(bug)).resolve(), set()).add(bug.__name__)
     return found
 

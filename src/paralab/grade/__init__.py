@@ -238,13 +238,13 @@ def _how(why: str) -> str:
 
 
 def _judge_case(exercise: Exercise, w: WorldRun, c: int) -> tuple[bool, str, str]:
-    for rank, rank_results in enumerate(w.actual):
-        ok, out = rank_results[c]
-        if not ok:
-            where = "" if w.world == 0 else f"world {w.world}, rank {rank}: "
-            if w.hidden and not out.startswith(("NotImplementedError", "the result")):
-                out = out.splitlines()[0]
-            return False, where + out, _how(out)
+    failures = [(rank, out) for rank, rank_results in enumerate(w.actual) for ok, out in [rank_results[c]] if not ok]
+    if failures:  # an exception on one rank is the cause of a wrong form on another: report it first
+        rank, out = min(failures, key=lambda f: (f[1].startswith("the result has the wrong form"), f[0]))
+        where = "" if w.world == 0 else f"world {w.world}, rank {rank}: "
+        if w.hidden and not out.startswith(("NotImplementedError", "the result")):
+            out = out.splitlines()[0]
+        return False, where + out, _how(out)
     actual = [rank_results[c][1] for rank_results in w.actual]
     expected = [rank_expected[c] for rank_expected in w.expected]
     failed = [v for v in compare(actual, expected, atol=exercise.atol, rtol=exercise.rtol) if not v.passed]
