@@ -5,6 +5,7 @@
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
     python _build_nb.py --student       # the students' hand-out -> student/ and student.zip
+    python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
 The work is done by `paralab.notebooks` (how `# show:` cells and exercise stubs
 are made); this file is only its command line.
@@ -29,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the students' hand-out: labs with solutions stubbed, the stubbed package, checks")
     parser.add_argument("--out", type=Path, default=notebooks.ROOT / "student", help="folder of the hand-out")
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
+    parser.add_argument("--site", action="store_true", help="build the static site (paralab.site) into site/")
     args = parser.parse_args(argv)
+    if args.site:
+        from paralab.site import SITE, build as build_site
+        print(f"site: {SITE} ({build_site():.1f} s)")
+        return 0
     sources = notebooks.lab_sources(args.lab)
     if args.student:
         archive = notebooks.write_student(args.out, args.lab)

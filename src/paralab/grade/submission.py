@@ -82,7 +82,7 @@ def lab_of(path: Path) -> str | None:
 
 def student_of(path: Path) -> str:
     """A submission's folder names the student when the file keeps the lab's name."""
-    return path.parent.name if lab_of(path) and path.stem.endswith(("_lab", "_exercise")) else path.stem
+    return path.parent.name if lab_of(path) and path.stem.endswith("_lab") else path.stem
 
 
 @dataclass

@@ -1,0 +1,238 @@
+"""The suite as a static site: READMEs, chapters and executed notebooks -> `site/`.
+
+    python _build_nb.py --site          # -> site/ (open site/index.html through a web server)
+
+Built with mkdocs + mkdocs-material + mkdocs-jupyter, entirely offline: the
+theme's assets come with its pip package, Google fonts are switched off, and
+MathJax is served from the `jupyter-server-mathjax` pip package (copied into
+the site), never from a CDN. Notebooks are rendered as committed (outputs and
+pictures included), never re-executed here.
+
+The docs tree is generated into `build/site-docs/` from what the repository
+holds now, so a new lab folder (its README, its `NN_topic.md` chapters, its
+notebook) appears without editing this file. The tree mirrors the
+repository's layout (labs/, src/, tests/; the root README becomes about.md,
+as README.md beside the landing index.md would be dropped), so a relative link
+that works on GitHub works on the site. Each lab gets its own navigation
+section: README, then chapters, then notebook.
+
+This module is also the mkdocs hook file (`on_page_content`, `on_post_page`):
+mkdocs loads it by path, so it keeps no state and imports nothing from paralab.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "build" / "site-docs"
+SITE = ROOT / "site"
+
+CHAPTER = re.compile(r"^\d\d_.+\.md$")
+MATHJAX_PLACEHOLDER = "paralab-mathjax-placeholder.js"
+EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>')
+HEADING = re.compile(r'<h([1-3]) id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
+RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|#|/)([^)\s]+)\)")
+
+MATHJAX_CONFIG = """\
+// MathJax 2 from the jupyter-server-mathjax pip package, configured as Jupyter does: the one
+// combined config it ships, HTML-CSS output with its bundled STIX-Web fonts (no font fetch).
+// $...$ and \\(...\\) inline, $$...$$ and \\[...\\] display, as in a notebook.
+window.MathJax = {
+  config: ["TeX-AMS-MML_HTMLorMML-full.js", "Safe.js"],
+  MMLorHTML: {prefer: "HTML"},
+  tex2jax: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], displayMath: [["$$", "$$"], ["\\\\[", "\\\\]"]],
+            processEscapes: true, processEnvironments: true},
+  "HTML-CSS": {availableFonts: [], imageFont: null, preferredFont: null, webFont: "STIX-Web", font: "STIX-Web"},
+  messageStyle: "none",
+  showMathMenu: false
+};
+"""
+
+
+def lab_dirs() -> list[Path]:
+    """Every lab folder (`labs/NN_name/`) with something to read, in lab order."""
+    return sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir() and re.match(r"\d\d_", p.name) and lab_pages(p))
+
+
+def lab_pages(lab: Path) -> list[str]:
+    """One lab's pages, docs-relative, in reading order: README, chapters, notebooks."""
+    chapters = sorted(p.name for p in lab.iterdir() if CHAPTER.match(p.name))
+    notebooks = sorted(p.name for p in lab.glob("*.ipynb") if not p.name.endswith("_exercise.ipynb"))
+    readme = ["README.md"] if (lab / "README.md").exists() else []
+    return [f"labs/{lab.name}/{name}" for name in [*readme, *chapters, *notebooks]]
+
+
+def first_heading(path: Path) -> str | None:
+    """A page's `# ` heading as plain text (navigation titles cannot hold markdown)."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        lines = [line for cell in cells if cell["cell_type"] == "markdown" for line in "".join(cell["source"]).splitlines()]
+    else:
+        lines = path.read_text().splitlines()
+    heading = next((line[2:].strip() for line in lines if line.startswith("# ")), None)
+    return heading.replace("`", "") if heading else None
+
+
+def lab_nav(lab: Path) -> dict:
+    """A lab's navigation section: its README as "Overview", each chapter, then "Notebook: <name>"."""
+    entries = []
+    for page in lab_pages(lab):
+        path = ROOT / page
+        if path.name == "README.md":
+            title = "Overview"
+        elif path.suffix == ".ipynb":
+            title = "Notebook: " + path.stem
+        else:
+            title = first_heading(path) or path.stem
+        entries.append({title: page})
+    readme = lab / "README.md"
+    return {(first_heading(readme) if readme.exists() else None) or lab.name: entries}
+
+
+def landing_page() -> str:
+    """The home page: what paralab is (README's first paragraph), then labs/README.md's map
+    and reading order, its links re-rooted from labs/ to the site root."""
+    readme = (ROOT / "README.md").read_text().split("\n\n")
+    intro = next(block for block in readme[1:] if block.strip() and not block.startswith("#"))
+    labs_readme = (ROOT / "labs" / "README.md").read_text()
+    labs_readme = re.sub(r"^# .*\n", "", labs_readme, count=1)
+    labs_readme = RELATIVE_LINK.sub(lambda m: f"](labs/{m.group(1)})", labs_readme)
+    return (
+        "# paralab\n\n"
+        f"{intro}\n\n"
+        "Each lab below has a README (overview and code map), chapters that align one topic "
+        "with the production code of real engines, and its executed notebook. "
+        "The repository's own [README](about.md) has the commands and the layout.\n\n"
+        f"{labs_readme}"
+    )
+
+
+def nav() -> list:
+    """Home, the labs overview, one section per lab (README -> chapters -> notebook), the repo README."""
+    sections = [lab_nav(lab) for lab in lab_dirs()]
+    return [{"Home": "index.md"}, {"All labs": "labs/README.md"}, *sections, {"Repository README": "about.md"}]
+
+
+def mathjax_dir() -> Path:
+    """MathJax 2's files as shipped in the jupyter-server-mathjax wheel."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError as error:
+        raise SystemExit("the site needs `pip install -r requirements.txt` (jupyter-server-mathjax)") from error
+    return Path(jupyter_server_mathjax.__file__).parent / "static"
+
+
+def write_docs(docs: Path = DOCS) -> None:
+    """Generate the docs tree: the repo's markdown, notebooks and sources, plus the landing page."""
+    if docs.exists():
+        shutil.rmtree(docs)
+    (docs / "labs").mkdir(parents=True)
+    shutil.copy(ROOT / "README.md", docs / "about.md")  # README.md beside index.md would be dropped
+    shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
+    for lab in lab_dirs():
+        target = docs / "labs" / lab.name
+        target.mkdir()
+        for page in lab_pages(lab):
+            shutil.copy(ROOT / page, docs / page)
+        for source in lab.glob("*_lab.py"):
+            shutil.copy(source, target / source.name)
+    for folder in ("src/paralab", "tests"):
+        for source in (ROOT / folder).rglob("*.py"):
+            destination = docs / source.relative_to(ROOT)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, destination)
+    (docs / "index.md").write_text(landing_page())
+    assets = docs / "assets"
+    shutil.copytree(mathjax_dir(), assets / "mathjax")
+    (assets / "mathjax-config.js").write_text(MATHJAX_CONFIG)
+
+
+def mkdocs_config(docs: Path = DOCS, site: Path = SITE) -> dict:
+    """The mkdocs configuration, as a dict (written out as YAML by `build`)."""
+    return {
+        "site_name": "paralab",
+        "site_description": "Parallelism labs you can run on a laptop and trust",
+        "docs_dir": str(docs),
+        "site_dir": str(site),
+        "use_directory_urls": True,
+        "theme": {
+            "name": "material",
+            "font": False,  # no Google Fonts request: the system font stack
+            "features": ["navigation.sections", "navigation.top", "search.highlight"],
+        },
+        "plugins": [
+            "search",
+            {"mkdocs-jupyter": {
+                "include": ["*.ipynb"],  # the lab sources (*_lab.py) stay plain files
+                "execute": False,
+                "include_source": True,
+                "ignore_h1_titles": True,  # keep the navigation titles ("Notebook: ...")
+                "custom_mathjax_url": MATHJAX_PLACEHOLDER,
+                "cache_dir": str(ROOT / "build" / "mkdocs-jupyter-cache"),  # rendered notebooks, by content hash
+            }},
+        ],
+        "markdown_extensions": [
+            "tables", "admonition", "attr_list", "md_in_html", "toc",
+            "pymdownx.details", "pymdownx.superfences",
+            {"pymdownx.arithmatex": {"generic": True}},
+        ],
+        "extra_javascript": ["assets/mathjax-config.js", "assets/mathjax/MathJax.js"],
+        "hooks": [__file__],
+        "nav": nav(),
+    }
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """mkdocs hook. mkdocs-jupyter builds a notebook's table of contents from a markdown
+    conversion whose anchors drop code spans (`#6-the-mesh-to-hand` for a heading rendered
+    with id `6-fsdp_mesh-the-mesh-to-hand-fully_shard`): rebuild it from the rendered
+    headings, so every entry of the page's contents points at a heading that exists."""
+    from html import unescape
+
+    from mkdocs.structure.toc import get_toc
+
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    root: list[dict] = []
+    stack: list[dict] = []
+    for level, anchor, inner in HEADING.findall(html):
+        name = unescape(re.sub(r"<[^>]+>", "", inner)).replace("\u00b6", "").strip()
+        token = {"level": int(level), "id": anchor, "name": name, "children": []}
+        while stack and stack[-1]["level"] >= token["level"]:
+            stack.pop()
+        (stack[-1]["children"] if stack else root).append(token)
+        stack.append(token)
+    page.toc = get_toc(root)
+    return html
+
+
+def on_post_page(output: str, page, config) -> str:
+    """mkdocs hook. Notebook pages carry nbconvert's own script tags: drop the MathJax one
+    (the site loads MathJax once, from its own assets) and any script from another host
+    (mermaid from a CDN), so a page never reaches the network."""
+    output = re.sub(rf'<script[^>]*src="{re.escape(MATHJAX_PLACEHOLDER)}"[^>]*>\s*</script>', "", output)
+    return EXTERNAL_SCRIPT.sub("", output)
+
+
+def build(site: Path = SITE, docs: Path = DOCS) -> float:
+    """Generate the docs tree and run `mkdocs build --strict` (a link to a missing page fails
+    the build); returns the seconds it took."""
+    import yaml
+
+    start = time.perf_counter()
+    write_docs(docs)
+    config_file = docs.parent / "mkdocs.yml"
+    config_file.write_text(yaml.safe_dump(mkdocs_config(docs, site), sort_keys=False, allow_unicode=True))
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "--quiet", "-f", str(config_file)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"mkdocs build failed (config {config_file}):\n{result.stdout}{result.stderr}")
+    return time.perf_counter() - start

@@ -1,0 +1,186 @@
+"""The site in a real browser: build it, serve it on 127.0.0.1, open every page in headless
+Chromium (the OS package, driven by Playwright's Python API) and check what a reader sees.
+
+Checks: every internal link resolves (pages, static files, #anchors); no page asks for
+anything from another host (the site works offline) or throws a script error; every
+notebook page shows its pictures (each <img> loaded, naturalWidth > 0) and at least
+one; math is typeset by MathJax wherever a page has math; search answers. Screenshots
+of the landing page and of one notebook page go to site-screenshots/ (git-ignored); the
+test prints their paths.
+
+Skips, saying why, when the site's pip packages, Playwright or a Chromium binary are
+missing (`.ci/run` installs them); the rest of the suite does not depend on this file.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "site-screenshots"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _chromium() -> str | None:
+    explicit = os.environ.get("PARALAB_CHROMIUM")
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
+
+
+def _missing() -> str | None:
+    for module, package in [("mkdocs", "mkdocs"), ("material", "mkdocs-material"),
+                            ("mkdocs_jupyter", "mkdocs-jupyter"), ("jupyter_server_mathjax", "jupyter-server-mathjax"),
+                            ("playwright", "playwright")]:
+        if importlib.util.find_spec(module) is None:
+            return f"pip package {package} is not installed (pip install -r requirements.txt)"
+    if _chromium() is None:
+        return ("no Chromium binary: none of " + ", ".join(CHROMIUM_NAMES) + " on PATH and PARALAB_CHROMIUM unset "
+                "(apt-get install -y chromium; Playwright's own browser download needs the network)")
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+@pytest.fixture(scope="module")
+def served_site(tmp_path_factory):
+    """Build the site into a temporary folder and serve it on a free 127.0.0.1 port."""
+    from paralab import site
+
+    out = tmp_path_factory.mktemp("site")
+    seconds = site.build(site=out / "site", docs=out / "docs")
+    print(f"\nsite built in {seconds:.1f} s into {out / 'site'}")
+    handler = functools.partial(_QuietHandler, directory=str(out / "site"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _typeset(page) -> None:
+    """Wait until MathJax has finished its first pass over the page."""
+    page.wait_for_function("() => window.MathJax && window.MathJax.Hub && window.MathJax.isReady === true",
+                           timeout=20_000)
+    page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
+
+
+def test_site_in_a_real_browser(served_site):
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    from paralab.site import lab_dirs
+
+    notebooks = {f"labs/{lab.name}/{nb.stem}/" for lab in lab_dirs() for nb in lab.glob("*.ipynb")
+                 if not nb.name.endswith("_exercise.ipynb")}
+    host = urlparse(served_site).netloc
+    external: list[str] = []
+    broken: list[str] = []
+    problems: list[str] = []
+    math_pages = 0
+    start = time.perf_counter()
+    SCREENSHOTS.mkdir(exist_ok=True)
+
+    with sync_playwright() as playwright:
+        try:
+            browser = playwright.chromium.launch(executable_path=_chromium(), headless=True,
+                                                 args=["--no-sandbox", "--disable-gpu"])
+        except PlaywrightError as error:
+            pytest.skip(f"Chromium at {_chromium()} did not start: {error}")
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+
+        def only_local(route):
+            if urlparse(route.request.url).netloc in (host, ""):
+                route.continue_()
+            else:
+                external.append(route.request.url)
+                route.abort()
+
+        context.route("**/*", only_local)
+        context.on("response", lambda r: broken.append(f"{r.url} -> {r.status} (loaded by a page)")
+                   if r.status >= 400 and urlparse(r.url).netloc == host else None)
+        page = context.new_page()
+        page.on("pageerror", lambda error: problems.append(f"{page.url}: script error: {error}"))
+        queue, seen, anchors, ids = [served_site], set(), [], {}
+        while queue:
+            url = queue.pop(0)
+            if url in seen:
+                continue
+            seen.add(url)
+            if not url.endswith("/") and not url.endswith(".html"):  # a static file (.py, .png): status only
+                status = context.request.get(url).status
+                if status != 200:
+                    broken.append(f"{url} -> {status}")
+                continue
+            response = page.goto(url, wait_until="load")
+            if response is None or response.status != 200:
+                broken.append(f"{url} -> {response.status if response else 'no response'}")
+                continue
+            path = urlparse(url).path.lstrip("/")
+            _typeset(page)
+            state = page.evaluate("""() => ({
+                ids: [...document.querySelectorAll('[id]')].map(e => e.id),
+                links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+                images: [...document.querySelectorAll('.md-content img')].map(i => [i.complete && i.naturalWidth > 0, i.src.slice(0, 60)]),
+                sources: document.querySelectorAll('script[type^="math/tex"]').length + document.querySelectorAll('.arithmatex').length,
+                found: document.querySelectorAll('script[type^="math/tex"]').length,
+                rendered: document.querySelectorAll('span.MathJax, .MathJax_MathML').length,
+                errors: document.querySelectorAll('.MathJax_Error, span.MathJax merror').length,
+                raw: [...document.querySelectorAll('.arithmatex')].filter(s => !s.querySelector('span.MathJax, .MathJax_MathML')).length,
+            })""")
+            ids[url] = set(state["ids"])
+            if path in notebooks:
+                if not state["images"]:
+                    problems.append(f"{path}: a notebook page with no picture")
+                problems += [f"{path}: picture not shown ({src}...)" for ok, src in state["images"] if not ok]
+            if state["sources"]:
+                math_pages += 1
+                if state["rendered"] < state["found"] or state["found"] == 0 or state["raw"] or state["errors"]:
+                    problems.append(f"{path}: math not rendered ({state['found']} found, {state['rendered']} typeset, "
+                                    f"{state['raw']} left raw, {state['errors']} errors)")
+            if path == "":
+                page.screenshot(path=str(SCREENSHOTS / "landing.png"))
+            if path == sorted(notebooks)[-1]:
+                page.screenshot(path=str(SCREENSHOTS / "notebook.png"))
+            for link in state["links"]:
+                target, fragment = urldefrag(link)
+                if urlparse(target).netloc != host:
+                    continue
+                if fragment:
+                    anchors.append((url, target, unquote(fragment)))
+                queue.append(target)
+
+        for source, target, fragment in anchors:
+            if target in ids and fragment not in ids[target]:
+                broken.append(f"{source}: #{fragment} not found in {target}")
+
+        page.goto(served_site)
+        page.keyboard.press("/")
+        page.keyboard.type("Ulysses")  # typed: Material's search listens to key events
+        page.wait_for_selector(".md-search-result__item", timeout=20_000)
+        hits = page.locator(".md-search-result__item").count()
+        browser.close()
+
+    pages = len(seen)
+    print(f"browser: {pages} URLs opened in {time.perf_counter() - start:.1f} s; "
+          f"{len(notebooks)} notebook pages; math typeset on {math_pages} pages; search 'Ulysses': {hits} hits")
+    print(f"screenshots: {SCREENSHOTS / 'landing.png'} and {SCREENSHOTS / 'notebook.png'}")
+    assert not external, f"pages asked for other hosts (the site must work offline): {sorted(set(external))[:10]}"
+    assert not broken, "broken links:\n" + "\n".join(sorted(set(broken)))
+    assert not problems, "\n".join(problems)
+    assert notebooks <= {urlparse(u).path.lstrip("/") for u in seen}, "a notebook page is not reachable from the landing page"
+    assert math_pages > 0 and hits > 0
