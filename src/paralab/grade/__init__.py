@@ -192,6 +192,7 @@ def score(exercise: Exercise, runs: list[WorldRun]) -> Outcome:
             kinds = kinds or ["every case"]
             how = "timeout" if w.failure_verdict == "TIMEOUT" else _how(w.failure)
             why = f"world {w.world}: {w.failure}" if w.world else w.failure
+            why = why.splitlines()[0] if w.hidden else why  # a hidden case's kind, never its data
             cases += [CaseResult(w.world, kinds[i], w.hidden, False, why, how) for i in range(n)]
             continue
         n_cases = len(w.expected[0])

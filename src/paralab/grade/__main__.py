@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     with grading_copy() as package:
         for path in args.notebooks:
             start = time.monotonic()
-            student, lab, mine, reports = grade_submission(path, args.lab or lab_of(path), args.seed,
-                                                           args.timeout, package)
-            text = (f"{path}  (student {student}, lab {lab}, graded in {time.monotonic() - start:.0f} s)\n"
-                    f"{score_table(mine)}\n")
+            student, lab, mine, reports, run_s = grade_submission(path, args.lab or lab_of(path), args.seed,
+                                                                  args.timeout, package)
+            text = (f"{path}  (student {student}, lab {lab}; graded in {time.monotonic() - start:.0f} s, "
+                    f"{run_s:.0f} s of it re-running the notebook)\n{score_table(mine)}\n")
             print(text, flush=True)
             target = (args.feedback or path.parent) / f"{path.stem}.feedback.txt"
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ import symtable
 import sys
 import tempfile
 import textwrap
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,18 +281,20 @@ def expected(exercise: Exercise, world: int, hidden: bool, seed: int) -> list:
 
 
 def grade_submission(path: Path, lab: str | None, seed: int, cell_timeout: float, package: Path):
-    """(student, lab, rows, feedback lines) for one handed-in notebook."""
+    """(student, lab, rows, feedback per exercise, seconds spent re-running the notebook) for one submission."""
     student = student_of(path)
     if lab is None:
-        return student, "?", [], [f"{path}: cannot tell the lab from the file name; pass --lab"]
+        return student, "?", [], [f"{path}: cannot tell the lab from the file name; pass --lab"], 0.0
     exercises = for_lab(lab)
     why_zero = None
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - not a notebook at all
         why_zero = f"is not a readable notebook ({type(exc).__name__})"
+    started = time.monotonic()
     if why_zero is None:
         why_zero = execute_headless(nbformat.from_dict(nb), path.parent.resolve(), cell_timeout, package)
+    run_s = time.monotonic() - started
     rows, feedback = [], []
     for exercise in exercises:
         name = exercise.target.rsplit(".", 1)[1]
@@ -318,7 +321,7 @@ def grade_submission(path: Path, lab: str | None, seed: int, cell_timeout: float
             continue
         feedback.append(f"{exercise.name}: {row.verdict} — 0/{exercise.points} points\n  {row.reason}")
         rows.append(row)
-    return student, lab, rows, feedback
+    return student, lab, rows, feedback, run_s
 
 
 # --------------------------------------------------------------------------- the fresh process
