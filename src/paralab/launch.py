@@ -68,7 +68,10 @@ def _context(start_method: str) -> mp.context.BaseContext:
         raise ValueError("start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "paralab.launch"])
+        # FSDP2 imports torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead
+        ctx.set_forkserver_preload(
+            ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
+        )
     return ctx
 
 

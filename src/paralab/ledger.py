@@ -306,6 +306,15 @@ def calls(records: Iterable[Record], **match: Any) -> int:
     return sum(1 for r in records if _matches(r, match))
 
 
+def phase(name: str) -> contextlib.AbstractContextManager:
+    """Label the calls made inside the block in the ledger recording in this process, if any.
+
+    Lets library code mark its stages ("encode", "step 1", ...) without taking a
+    ledger argument: outside a `with Ledger():` block it does nothing.
+    """
+    return Ledger._active.phase(name) if Ledger._active is not None else contextlib.nullcontext()
+
+
 def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, Tally]:
     """Tally records grouped by the named `Record` fields (any of op, phase, group_ranks, group_size, peer)."""
     out: dict[tuple, Tally] = defaultdict(Tally)

@@ -267,3 +267,32 @@ def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
             for shape in random_video_shapes(count, seed, max_frames, max_side)]
+
+
+# =====================================================================================
+# Lab 06 (inference pipeline): a stand-in for a video VAE decoder
+# =====================================================================================
+class TinyVideoDecoder:
+    """Latent tokens (1, frames*height*width, C) float64 -> a (3, T*time_up, H*space_up, W*space_up) video in [-1, 1].
+
+    The mirror of `TinyVideoEncoder`: a fixed channel mix, nearest upsampling in
+    time and space, and tanh to land in the pixel range. Deterministic, so the
+    same latent gives the same bits on any rank.
+    """
+
+    def __init__(self, frames: int, height: int, width: int, latent_channels: int = 4, out_channels: int = 3,
+                 time_up: int = 2, space_up: int = 4, seed: int = 1) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.mix = torch.randn(out_channels, latent_channels, generator=generator, dtype=torch.float64)
+        self.frames, self.height, self.width = frames, height, width
+        self.time_up, self.space_up = time_up, space_up
+
+    def __call__(self, latent: torch.Tensor) -> torch.Tensor:
+        tokens, channels = latent.shape[-2:]
+        if tokens != self.frames * self.height * self.width:
+            raise ValueError(f"decoder expects {self.frames * self.height * self.width} latent tokens, got {tokens}")
+        grid = latent.reshape(self.frames, self.height, self.width, channels).permute(3, 0, 1, 2)
+        mixed = torch.einsum("oc,cthw->othw", self.mix, grid)
+        for dim, factor in ((1, self.time_up), (2, self.space_up), (3, self.space_up)):
+            mixed = mixed.repeat_interleave(factor, dim=dim)
+        return torch.tanh(mixed)
