@@ -22,6 +22,14 @@ def test_one_differing_element_is_located():
     assert "rank 0" not in message
 
 
+def test_reported_values_survive_a_change_of_cpu():
+    # two values a few ulps apart (as two BLAS kernels give) read the same at 6 significant digits
+    expected = torch.tensor([-1.208209503877947], dtype=torch.float64)
+    lines = {compare(torch.tensor([v], dtype=torch.float64), expected)[0].describe()
+             for v in (0.6323941312666288, 0.632394131266629)}
+    assert lines == {"tensor: 1 of 1 elements differ, max |diff| 1.84, first at index (0,): expected -1.20821, got 0.632394"}
+
+
 def test_tolerance_mode():
     e = torch.ones(4, dtype=torch.float64)
     a = e + 1e-13

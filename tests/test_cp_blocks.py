@@ -86,6 +86,27 @@ def test_merge_of_key_blocks_equals_attention_over_all_keys():
     assert torch.allclose(lse, torch.logsumexp(q @ k9.transpose(-2, -1) * 5 ** -0.5, -1), rtol=0, atol=1e-12)
 
 
+def test_merge_stays_finite_when_a_whole_block_is_masked():
+    """A query row that sees no key of a block (padding, packed sequences) gets the partial (0, -inf)."""
+    q, k, v = (_randn(1, 2, 4, 3, seed=s) for s in range(3))
+    seen_out, seen_lse = attention_block(q, k, v)
+    masked_out, masked_lse = torch.zeros_like(seen_out), torch.full_like(seen_lse, float("-inf"))
+    # masked on both sides: -inf - (-inf) would be NaN; the merge keeps (0, -inf)
+    out, lse = merge_partials(masked_out, masked_lse, masked_out, masked_lse)
+    assert torch.equal(out, masked_out) and torch.equal(lse, masked_lse)
+    # a masked block merged with a seen one, in either order, leaves the seen one exactly as it was
+    for pair in ((masked_out, masked_lse, seen_out, seen_lse), (seen_out, seen_lse, masked_out, masked_lse)):
+        out, lse = merge_partials(*pair)
+        assert torch.equal(out, seen_out) and torch.equal(lse, seen_lse)
+    # one row masked everywhere, the others not: the masked row stays 0, the others are untouched
+    row_lse = seen_lse.clone()
+    row_lse[..., 1] = float("-inf")
+    row_out = seen_out.clone()
+    row_out[..., 1, :] = 0
+    out, lse = merge_partials(row_out, row_lse, masked_out, masked_lse)
+    assert not out.isnan().any() and torch.equal(out, row_out) and torch.equal(lse, row_lse)
+
+
 def test_merge_without_rescaling_is_caught():
     q, k, v = (_randn(1, 2, 4, 3, seed=s) for s in range(3))
     (o1, l1), (o2, l2) = attention_block(q, k[:, :, :2], v[:, :, :2]), attention_block(q, k[:, :, 2:], v[:, :, 2:])

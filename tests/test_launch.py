@@ -89,6 +89,47 @@ def test_a_skipped_collective_times_out_instead_of_hanging():
     assert not _children_alive()
 
 
+def _listening_addresses():
+    """The local addresses of this process's listening TCP sockets, read from /proc (Linux)."""
+    import ipaddress
+
+    dist.all_reduce(torch.zeros(1))  # every pair of ranks is connected by now
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    listening = []
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(local.split(":")[0])
+                # /proc prints each 32-bit word of the address in host (little-endian) order
+                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+                listening.append(str(ipaddress.ip_address(packed)))
+    return listening
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the socket tables in /proc")
+def test_ranks_listen_on_loopback_only(monkeypatch):
+    import ipaddress
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    per_rank = run(_listening_addresses, 3, timeout=120)
+    assert all(per_rank), f"no listening socket found for some rank: {per_rank}"
+    for rank, addresses in enumerate(per_rank):
+        outside = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
+        assert not outside, f"rank {rank} listens on non-loopback addresses {outside}"
+
+
 def test_bad_arguments_give_clear_errors():
     with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
         run(_rank_and_sum, 0)

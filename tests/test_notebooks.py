@@ -1,12 +1,59 @@
-"""The committed notebooks are built from today's sources (nbval then re-runs them)."""
+"""The committed notebooks are built from today's sources and their outputs hold on any machine."""
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(ROOT.glob("labs/*/*_lab.ipynb"))
+FLOAT = re.compile(r"(?<![\w.])[-+]?(\d+)\.(\d+)(?:[eE][-+]?\d+)?")
+MAX_SIGNIFICANT = 10
 
 
 def test_committed_notebooks_are_up_to_date():
     done = subprocess.run([sys.executable, "_build_nb.py", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "up to date" in done.stdout
+
+
+def _compared_texts(cell):
+    """The text outputs nbval compares: streams, errors and text/* data (images are not compared)."""
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            yield out.text
+        elif out.output_type == "error":
+            yield "\n".join(out.get("traceback", []))
+        else:
+            yield from (v for k, v in out.get("data", {}).items() if k.startswith("text/"))
+
+
+def long_floats(nb) -> list[str]:
+    """Floats printed with more than MAX_SIGNIFICANT significant digits in compared outputs."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or cell.source.lstrip().startswith("# NBVAL_IGNORE_OUTPUT"):
+            continue
+        for text in _compared_texts(cell):
+            for match in FLOAT.finditer(text):
+                digits = (match.group(1) + match.group(2)).lstrip("0")
+                if len(digits) > MAX_SIGNIFICANT:
+                    found.append(f"cell {index}: {match.group()}")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_compared_outputs_print_no_machine_dependent_digits(path):
+    """A float's last digits differ between CPUs and BLAS kernels: print ~6 significant digits."""
+    found = long_floats(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name}: floats with more than {MAX_SIGNIFICANT} significant digits: {found[:5]}"
+
+
+def test_the_float_check_sees_a_long_float_and_spares_ignored_cells():
+    cell = nbformat.v4.new_code_cell("print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.6323941312666288\n")])
+    ignored = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(x)", outputs=cell.outputs)
+    short = nbformat.v4.new_code_cell("print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.632394, 1.1e-16\n")])
+    assert long_floats(nbformat.v4.new_notebook(cells=[cell])) == ["cell 0: 0.6323941312666288"]
+    assert long_floats(nbformat.v4.new_notebook(cells=[ignored, short])) == []

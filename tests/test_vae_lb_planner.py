@@ -67,18 +67,24 @@ def test_closest_fit_picks_the_sample_nearest_half_the_gap():
     assert plan_rebalance({0: [1.0, 4.0, 6.0, 2.0], 1: [1.0]}) == [Move(0, 1, 2)]
 
 
-def test_closest_fit_ties_go_to_the_smaller_cost_then_the_smaller_index():
-    # gap 10, half 5: 4 and 6 are equally close (both leave a gap of 2) -> the 4
-    assert plan_rebalance({0: [6.0, 4.0], 1: [0.0]})[0] == Move(0, 1, 1)
+def test_closest_fit_ties_go_to_the_first_sample_in_the_donors_list():
+    # gap 10, half 5: 6 and 4 are equally close (both leave a gap of 2) -> the first listed, the 6
+    assert plan_rebalance({0: [6.0, 4.0], 1: [0.0]})[0] == Move(0, 1, 0)
     # two equal costs: the first one
     assert plan_rebalance({0: [3.0, 3.0, 1.0], 1: []})[0] == Move(0, 1, 0)
 
 
-def test_rank_ties_go_to_the_smallest_label():
-    # 3 and 5 tie as heaviest -> 3 gives; afterwards 3 and 9 tie as lightest -> 3 would receive,
-    # but moving 2 across a gap of 2 does not shrink it, so planning stops
-    moves = plan_rebalance({5: [2.0, 2.0], 3: [2.0, 2.0], 9: []})
-    assert moves == [Move(3, 9, 0)]
+def test_cosmos_test_batch_moves_samples_0_and_1():
+    # Cosmos's own offload test: after the first 768 moves, gap 1152: the other 768 and the 384 both
+    # leave 384; the first listed (the 768, index 1) goes
+    assert plan_rebalance({0: [768.0, 768.0, 384.0], 1: [], 2: []}) == [Move(0, 1, 0), Move(0, 2, 1)]
+
+
+def test_rank_ties_go_to_the_first_rank_in_dict_order():
+    # 5 and 3 tie as heaviest -> 5 (listed first) gives to 9; then 5 and 9 tie as lightest -> 5 would
+    # receive from 3, but moving 2 across a gap of 2 does not shrink it, so planning stops
+    assert plan_rebalance({5: [2.0, 2.0], 3: [2.0, 2.0], 9: []}) == [Move(5, 9, 0)]
+    assert plan_rebalance({3: [2.0, 2.0], 5: [2.0, 2.0], 9: []}) == [Move(3, 9, 0)]
 
 
 def test_overshooting_move_is_declined():
@@ -128,11 +134,67 @@ def test_bad_costs_are_rejected_naming_rank_and_sample(bad):
         plan_rebalance({4: [1.0, bad], 2: []})
 
 
-def test_the_plan_does_not_depend_on_dict_order():
-    rng = random.Random(0)
-    costs = {r: [float(rng.randint(1, 50)) for _ in range(rng.randint(0, 6))] for r in range(6)}
-    reversed_costs = dict(reversed(list(costs.items())))
-    assert plan_rebalance(costs) == plan_rebalance(reversed_costs)
+def cosmos_plan(costs: dict[int, list[float]], max_iterations: int = 10_000) -> list[Move]:
+    """Cosmos's greedy planner, restated here in our own words so the package can be held to it.
+
+    Follows `plan_rebalance` in NVIDIA's cosmos-framework, `cosmos_framework/model/generator/mot/
+    vae_load_balance.py` (the module beside `vae_load_balance_test.py` at commit 41056465a3b6).
+    Its rule: with fewer than two ranks, no moves. Each round the heavy rank is the first rank
+    of the dict with the largest total and the light rank the first with the smallest; stop when
+    their difference d is <= 0 or the heavy rank has nothing left to give. Among the heavy rank's
+    remaining (index, cost) pairs, in list order, take the first minimizing |d - 2 * cost|; stop
+    unless |d - 2 * cost| < d. Drop that pair, move its cost, record the move. At most
+    `max_iterations` rounds.
+    """
+    if len(costs) < 2:
+        return []
+    totals = {rank: sum(values) for rank, values in costs.items()}
+    remaining = {rank: list(enumerate(values)) for rank, values in costs.items()}
+    moves = []
+    for _ in range(max_iterations):
+        heavy = light = None
+        for rank, total in totals.items():  # strict comparisons keep the first of equals
+            if heavy is None or total > totals[heavy]:
+                heavy = rank
+            if light is None or total < totals[light]:
+                light = rank
+        d = totals[heavy] - totals[light]
+        if d <= 0 or not remaining[heavy]:
+            break
+        best = None
+        for index, cost in remaining[heavy]:
+            if best is None or abs(d - 2 * cost) < abs(d - 2 * best[1]):
+                best = (index, cost)
+        index, cost = best
+        if not abs(d - 2 * cost) < d:
+            break
+        remaining[heavy] = [pair for pair in remaining[heavy] if pair[0] != index]
+        totals[heavy] -= cost
+        totals[light] += cost
+        moves.append(Move(heavy, light, index))
+    return moves
+
+
+def test_same_moves_as_cosmos_on_random_batches():
+    """Small integer costs make ties between ranks and between samples common; labels come in any order."""
+    rng = random.Random(10)
+    differ = []
+    for trial in range(3000):
+        labels = rng.sample(range(12), rng.randint(0, 6))
+        costs = {r: [float(rng.randint(0, 12)) for _ in range(rng.randint(0, 7))] for r in labels}
+        for limit in (None, 0, 1, 2, 3, rng.randint(4, 40)):
+            ours = plan_rebalance(costs, limit)
+            theirs = cosmos_plan(costs) if limit is None else cosmos_plan(costs, limit)
+            if ours != theirs:
+                differ.append((costs, limit, ours, theirs))
+    assert not differ, f"{len(differ)} plans differ from Cosmos's, first: {differ[0]}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.integers(0, 20), st.lists(st.floats(0, 1e6, allow_nan=False), max_size=8), max_size=6),
+       st.one_of(st.none(), st.integers(0, 10)))
+def test_same_moves_as_cosmos_on_float_costs(costs, limit):
+    assert plan_rebalance(costs, limit) == (cosmos_plan(costs) if limit is None else cosmos_plan(costs, limit))
 
 
 # ------------------------------------------------------------------ properties over random inputs

@@ -30,16 +30,15 @@
 import logging
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from IPython.display import display
 
-from paralab import ParallelDims, fsdp_mesh
-from paralab.check import compare, verdict_table
+from paralab import ParallelDims
+from paralab.check import claim, compare, verdict_table
+from paralab.fsdp.runs import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
-from paralab.viz import plot_dp_grid, plot_rank_groups
+from paralab.viz import plot_dp_grid, plot_rank_groups, show
 
 WORLD = 8
 CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
@@ -121,22 +120,22 @@ print(f"{matching} of {len(group_verdicts)} (rank, axis) groups from the DeviceM
 # gradients down a column.
 
 # %%
-fig = plot_dp_grid(pd.dp_replicate, pd.dp_shard)
-display(fig)
-plt.close(fig)
+show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %% [markdown]
 # The overlay axes group the *same* 8 ranks again. Each panel colours every rank by
 # its group on that axis (`g0`, `g1`, … are the groups). Note that `cp` pairs
 # neighbours (0,1), while `cfgp` pairs ranks two apart (0,2): `cp` is the last,
-# fastest-varying mesh dimension. On GPUs you want the axis with the most traffic
-# on the fastest links — here, neighbours on one node.
+# fastest-varying mesh dimension, so on GPUs cp partners sit on one node. That suits
+# cp, whose attention traffic sits inside every layer's forward and backward. It
+# does not make cp the axis with the most traffic: in training, FSDP's per-step
+# parameter all-gathers and gradient reduce-scatters over `dp_shard` are usually
+# larger, and a `dp_shard` group spans nodes as soon as it outgrows one. Which axis
+# gets the fastest links is a choice to make per workload, from its traffic.
 
 # %%
-fig = plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                       title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))")
-display(fig)
-plt.close(fig)
+show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
+                      title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))"))
 
 # %% [markdown]
 # ## 3. Every validation rule, firing
@@ -238,6 +237,12 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 # | VFM (video) training | yes | optional | optional | 1 |
 # | VFM inference | yes | forced 1 | overlay | overlay (≤ 2) |
 #
+# "Forced 1" is the workload's rule, not the descriptor's: `ParallelDims` only
+# requires inference mode for `cfgp > 1`. This lab's showcase `CONFIG` turns inference
+# mode on so that cfgp can be 2 and keeps `dp_replicate = 2` to show every axis on one
+# world of 8 ranks; it is a picture of the groupings, not a VFM inference config (that
+# would be `dp_replicate=1, dp_shard=4` with the same overlays).
+#
 # Tensor and pipeline parallelism are not part of this descriptor.
 #
 # ## 6. `fsdp_mesh`: the mesh to hand `fully_shard`
@@ -253,27 +258,9 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 
 
 # %%
-def fsdp2_step_counts(use_fsdp_mesh):
-    from torch.distributed.fsdp import fully_shard
-
-    from paralab.ledger import Ledger
-
-    pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes("cpu")
-    mesh = fsdp_mesh(pd) if use_fsdp_mesh else pd.dp_mesh
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).double()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    with Ledger() as ledger:
-        model(torch.randn(4, 8, dtype=torch.float64)).sum().backward()
-    return {(r.op, r.group_size) for r in ledger.records}, [(r.op, r.group_size) for r in ledger.records]
-
-
 counts = {}
 for use in (True, False):
-    _, ops = run(fsdp2_step_counts, 4, use)[0]
+    ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
     counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
     label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
     print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))
@@ -308,11 +295,10 @@ truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in grou
 buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
 clinic = compare(buggy, truth, name="buggy predict_groups")
 print("\n".join(v.describe() for v in clinic))
-fig = plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
-                        row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)")
-display(fig)
-plt.close(fig)
-verdicts += compare(torch.tensor(not clinic[0].passed), torch.tensor(True), name="the check catches the buggy prediction")
+show(plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
+                       row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)"))
+verdicts.append(claim("the check catches the buggy prediction", not clinic[0].passed,
+                      f"{clinic[0].n_diff} of {clinic[0].numel} group slots differ"))
 
 # %% [markdown]
 # **What is wrong?** Only some columns light up, and on every rank.
@@ -324,8 +310,8 @@ verdicts += compare(torch.tensor(not clinic[0].passed), torch.tensor(True), name
 # `(rest, cfgp, cp)`: moving one step along `cfgp` skips over a whole cp group, so
 # cfgp partners are `cp` ranks apart (`0,2`, `1,3`). Every rank has the wrong cfgp
 # partner, while all other axes are right — which is why checking one axis or one
-# rank is not enough. On GPUs the same slip would put the heavy cp traffic on the slow
-# links.
+# rank is not enough. In a real mesh the same slip would also move cp partners apart,
+# off the neighbouring ranks the layout gives them.
 #
 # </details>
 #

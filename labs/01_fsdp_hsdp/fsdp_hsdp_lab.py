@@ -27,29 +27,39 @@
 # - ZeRO-2-like: $1 + 1 = 2\,\frac{n-1}{n}\Psi$ — the same as DDP's all-reduce, $\approx 2\Psi$
 # - HSDP $r \times s$: $3\,\frac{s-1}{s}\Psi$ in the shard group plus $2\,\frac{r-1}{r}\,\frac{\Psi}{s}$ across replicas
 #
-# **Memory per rank** (parameters + gradients + optimizer state): with the usual mixed
-# precision (bf16 parameters and gradients, fp32 master copy and two fp32 Adam moments)
-# ZeRO-3 holds $(2\Psi + 2\Psi + 12\Psi)/N$ with $\Psi$ counted in parameters. This lab
-# trains in **float64 with no separate master copy**, so the constants change:
+# These count passes over $\Psi$ in **one dtype**, as this lab's float64 run has. In bytes
+# they depend on the dtypes of each collective. Under FSDP2's
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` the two
+# all-gathers move bf16 parameters and the reduce-scatter fp32 gradients, while DDP
+# typically all-reduces bf16 gradients; the cell after the imports prints the bytes per
+# parameter of each: the ratio is 2, not 1.5.
+#
+# **Memory per rank** (parameters + gradients + optimizer state). The ZeRO paper's mixed
+# precision keeps bf16 parameters and gradients plus an fp32 master copy and two fp32 Adam
+# moments: $(2\Psi + 2\Psi + 12\Psi)/N$ with $\Psi$ counted in parameters. FSDP2 splits it
+# differently: its sharded parameters *are* the fp32 master copy (cast to bf16 only when
+# gathered), and gradients are reduced into fp32 shards, so it holds
+# $(4\Psi + 4\Psi + 8\Psi)/N$ plus transient bf16 unsharded parameters and gradients.
+# This lab trains in **float64 with no separate master copy**, so the constants change:
 # $(8 + 8 + 16)\Psi/N = 32\Psi/N$ bytes for Adam, $(8+8+8)\Psi/N$ for SGD with momentum,
 # plus the full parameters of the unit being computed.
 
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
+from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.check import compare, verdict_table
+from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.models import make_mlp_stack
 from paralab.fsdp import runs as fsdp_runs
 from paralab.fsdp.runs import (
-    Job, STEPS, check_counts, check_params, fold, reference_first_gradient, reference_first_loss,
-    train_reference, train_reference_rank_by_rank, unit_numels,
+    MEMORY_PARTS, STEPS, Job, check_fsdp2_calls, check_memory, check_params, check_traffic, fold, fsdp2_calls,
+    reference_first_gradient, reference_first_loss, train_reference, train_reference_rank_by_rank, unit_numels,
 )
-from paralab.viz import plot_memory, plot_shard_layout, plot_traffic
+from paralab.viz import plot_memory, plot_shard_layout, plot_traffic, show
 
 LAB_START = time.monotonic()
 model = make_mlp_stack()
@@ -57,6 +67,13 @@ NUMELS = unit_numels(model)
 UNIT_NAMES = [f"block {i}" for i in range(len(model.blocks))] + ["head"]
 print(model)
 print("parameters per unit:", dict(zip(UNIT_NAMES, NUMELS)), "total", sum(NUMELS))
+
+# %%
+# Bytes per parameter per step (ring model, large n) under MixedPrecisionPolicy(bf16 params, fp32 reduce)
+bf16, fp32 = torch.bfloat16.itemsize, torch.float32.itemsize
+zero3 = 2 * bf16 + fp32  # forward and backward all-gather of bf16 params + reduce-scatter of fp32 grads
+ddp = 2 * bf16  # all-reduce of bf16 grads = a reduce-scatter and an all-gather
+print(f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g} (one dtype: 3 passes vs 2 = 1.5)")
 
 # %% [markdown]
 # ## 1. The shard
@@ -68,9 +85,7 @@ print("parameters per unit:", dict(zip(UNIT_NAMES, NUMELS)), "total", sum(NUMELS
 
 # %%
 for world, replicas in [(8, 1), (8, 2)]:
-    fig = plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES)
-    plt.show()
-    plt.close(fig)
+    show(plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES))
 
 # %% [markdown]
 # The shard is a contiguous slice of the padded flat vector. `shard_unit` keeps it as an
@@ -270,27 +285,12 @@ for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
 
 
 # %%
-def calls_per_step(records, op, group_size=None):
-    return sum(1 for r in records if r.op == op and (group_size is None or r.group_size == group_size)) // STEPS
-
-
-n_units = len(NUMELS)
 rows = []
 for label, res in RESULTS.items():
-    job = res[0]["job"]
-    if job.engine != "fsdp2":
-        continue
-    one_rank = n_units if job.mesh == "dp_mesh" else 0
-    replica = n_units if job.dp_replicate > 1 else 0
-
-    def counts(records):
-        return [calls_per_step(records, "all_gather_single"), calls_per_step(records, "reduce_scatter_single"),
-                calls_per_step(records, "all_reduce", 1), calls_per_step(records, "all_reduce", job.dp_replicate)
-                if job.dp_replicate > 1 else 0]
-
-    recs = [r["records"] for r in res]
-    print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces {counts(recs[0])}")
-    rows.append(check_counts(f"{label}", [counts(r) for r in recs], [2 * n_units, n_units, one_rank, replica]))
+    if res[0]["job"].engine == "fsdp2":
+        print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces "
+              f"{fsdp2_calls(res[0]['records'], res[0]['job'].dp_replicate)}")
+        rows.append(check_fsdp2_calls(res, len(NUMELS)))
 print(verdict_table(rows, "FSDP2 calls per step, every rank vs formula: per unit 2 gathers, 1 reduce-scatter, "
                           "1 replica all-reduce for HSDP, 1 one-rank all-reduce on the (1, n) mesh"))
 
@@ -321,23 +321,20 @@ for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
-    ops = sorted(formula)
-    measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in res]
-    rows.append(check_counts(f"{label}: {', '.join(ops)}", measured, [formula[op] for op in ops]))
+    rows.append(check_traffic(res, NUMELS))
     if job.optimizer == "adam":
-        TRAFFIC.setdefault(job.strategy, {})[world] = (sum(measured[0]), sum(formula.values()))
-        print(f"{label:<22} measured {sum(measured[0]):5d} B/step  formula {sum(formula.values()):5d} B/step  {formula}")
+        formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
+        measured = sum(per_step_sent(res[0]["records"], STEPS).values())
+        TRAFFIC.setdefault(job.strategy, {})[world] = (measured, sum(formula.values()))
+        print(f"{label:<22} measured {measured:5d} B/step  formula {sum(formula.values()):5d} B/step  {formula}")
 print(verdict_table(rows, "bytes sent per rank per step, every rank vs formula"))
 
 # %%
-fig = plot_traffic(TRAFFIC)
-plt.show()
-plt.close(fig)
+show(plot_traffic(TRAFFIC))
 
 # %% [markdown]
-# ZeRO-3 sends 1.5× what DDP sends (3 vs 2 passes over Ψ; a little more at 4 and 8 ranks
-# because the padding travels too); ZeRO-2-like equals DDP up to that padding.
+# In this float64 run ZeRO-3 sends 1.5× what DDP sends (3 vs 2 passes over Ψ in one
+# dtype; a little more at 4 and 8 ranks because the padding travels too); ZeRO-2-like equals DDP up to that padding.
 # HSDP 2×4 moves most of its bytes inside the shard group of 4 and only
 # $2\cdot\frac{1}{2}\cdot\Psi/4$ across replicas — the slow inter-node link in a real
 # cluster sees only a shard's worth of gradient.
@@ -350,31 +347,34 @@ plt.close(fig)
 # (read from the storages). Formulas: parameters and gradients $8\,\Psi_{pad}/s$,
 # Adam $16\,\Psi_{pad}/s$ (SGD $8\,\Psi_{pad}/s$); gathered peak = the largest
 # unit for ZeRO-3 and HSDP, all units for ZeRO-2-like; DDP holds $8\Psi$, $8\Psi$, $16\Psi$.
+#
+# "The largest unit" holds for this hand engine only: it gathers one unit at a time,
+# with no prefetch, and measures parameters alone. FSDP2 prefetches, issuing the next
+# unit's all-gather while the current one computes (forward and backward), so its peak
+# holds about two units' parameters, and in the backward each unit's unsharded
+# gradient is a transient peak too, until its reduce-scatter. This lab does not
+# measure FSDP2's peak.
 
 # %%
 # show: paralab.fsdp.costs.memory_formula
 
 # %%
-PARTS = ["params", "grads", "optimizer", "gathered peak"]
 rows, MEMORY, MEMORY_FORMULA = [], {}, {}
 for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
-    rows.append(check_counts(f"{label}: {', '.join(PARTS)}",
-                             [[r["memory"][p] for p in PARTS] for r in res], [formula[p] for p in PARTS]))
+    rows.append(check_memory(res, NUMELS))
     if job.optimizer == "adam":
+        formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
         MEMORY[label] = res[0]["memory"]
         MEMORY_FORMULA[label] = sum(formula.values())
-        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in PARTS)
+        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in MEMORY_PARTS)
               + f"  total {sum(res[0]['memory'].values()):5d}  formula {sum(formula.values()):5d}")
 print(verdict_table(rows, "bytes held per rank, every rank vs formula"))
 
 # %%
-fig = plot_memory(MEMORY, MEMORY_FORMULA)
-plt.show()
-plt.close(fig)
+show(plot_memory(MEMORY, MEMORY_FORMULA))
 
 # %% [markdown]
 # The trade is visible: ZeRO-2-like saves one all-gather per unit but holds every
@@ -411,17 +411,15 @@ def clinic_worker(jobs, bug):
 CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
 clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
 correct, buggy = ([[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1))
-fig = plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
-                        torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
-                        f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: parameters after 3 steps, buggy vs correct",
-                        row_label="rank", col_label="element of the rank's unit shards")
-plt.show()
-plt.close(fig)
+show(plot_diff_heatmap(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
+                       torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
+                       f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: parameters after 3 steps, buggy vs correct",
+                       row_label="rank", col_label="element of the rank's unit shards"))
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
 print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
-print("buggy / correct first-step gradient, every nonzero element of every rank: min", ratios.min().item(),
-      "max", ratios.max().item())
+print("buggy / correct first-step gradient, every nonzero element of every rank: min", f"{ratios.min().item():.6g}",
+      "max", f"{ratios.max().item():.6g}")
 for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
     diff = max((torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item() for b, c in zip(b_runs, c_runs))
     moved = max((torch.cat(c["params"]) - p0).abs().max().item()
@@ -432,8 +430,9 @@ rows = []
 for job, runs in zip(CLINIC_JOBS, zip(correct, buggy)):
     label = f"clinic: {job.label(CLINIC_WORLD)}"
     right, wrong = (fold(check_params(r, REFERENCE[job.optimizer], atol=1e-12), "") for r in runs)
-    rows += compare(torch.tensor(right.passed), torch.tensor(True), name=f"{label}, package code passes")
-    rows += compare(torch.tensor(not wrong.passed), torch.tensor(True), name=f"{label}, seeded bug caught (atol 1e-12)")
+    rows.append(claim(f"{label}, package code passes", right.passed, f"{right.n_diff} of {right.numel} elements differ"))
+    rows.append(claim(f"{label}, seeded bug caught (atol 1e-12)", not wrong.passed,
+                      f"{wrong.n_diff} of {wrong.numel} elements differ"))
 print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with Adam"))
 
 # %% [markdown]
@@ -457,8 +456,8 @@ print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with
 #   (the heatmap follows the size of each update).
 # - With **Adam** it almost vanishes: Adam divides the first moment by the square root of
 #   the second, so a constant factor on the gradient cancels except against `eps`: the
-#   parameters differ by a few 1e-6 while they move by ~1e-1, far below what a loss curve
-#   shows. Real runs "train fine" with this bug until someone
+#   largest parameter difference printed above is orders of magnitude below the largest
+#   move, far below what a loss curve shows. Real runs "train fine" with this bug until someone
 #   changes the optimizer, `eps`, the gradient clipping threshold (clipping sees a norm
 #   `dp_shard` times too small) or the mesh shape (the factor follows `dp_shard`).
 #
@@ -474,16 +473,16 @@ print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
 
 # %% [markdown]
 # ## Closing note
-#
-# Measured on this run (2 shared CPU cores, gloo): the whole notebook takes about 25-30 s,
-# of which the bug clinic's extra 4-rank launch is ~2-3 s.
-# Bytes per rank per step (all equal to the formula): ZeRO-3 3024 / 4680 / 5712 B at
-# 2 / 4 / 8 ranks, DDP 2016 / 3024 / 3528 B, ZeRO-2-like 2016 / 3120 / 3808 B, HSDP 2×2
-# 4032 B (1008 of them across replicas), HSDP 2×4 5200 B (520 across replicas).
-# Memory per rank with Adam (params + grads + state + gathered peak, equal to the
-# formula): DDP 8064 B at any size; ZeRO-3 4688 / 2752 / 1792 B at 2 / 4 / 8 ranks;
-# ZeRO-2-like at 8 ranks 3264 B; HSDP 2×4 2752 B.
-#
+
+# %%
+closing = ["| strategy | world | bytes sent per rank per step (= formula) |", "|---|---|---|"]
+closing += [f"| {name} | {world} | {measured:,} |" for name, rows in TRAFFIC.items() for world, (measured, _) in rows.items()]
+closing += ["", "| job (Adam) | bytes held per rank: params + grads + state + gathered peak (= formula) |", "|---|---|"]
+closing += [f"| {label} | {sum(memory.values()):,} |" for label, memory in MEMORY.items()]
+display(Markdown("Measured on this run (ledger and real tensors; sections 8 and 9 check every rank against "
+                 "the formulas):\n\n" + "\n".join(closing) + "\n\nThe run time is printed above."))
+
+# %% [markdown]
 # ## What to try
 #
 # 1. In section 2 drop the `.div_(n)` of `reduce_scatter_grads` (sum instead of mean)

@@ -49,7 +49,11 @@ class Verdict:
     """For a `claim`: what was observed, shown in place of shape and difference."""
 
     def describe(self) -> str:
-        """One line for a failure message."""
+        """One line for a failure message.
+
+        Values print at 6 significant digits: the last digits of a float differ
+        between CPUs and BLAS kernels, and a committed notebook shows this line.
+        """
         if self.observed is not None:
             return f"{self.path}: {'holds' if self.passed else 'does not hold'} ({self.observed})"
         if self.passed:
@@ -58,8 +62,16 @@ class Verdict:
             return f"{self.path}: {self.problem}"
         return (
             f"{self.path}: {self.n_diff} of {self.numel} elements differ, max |diff| {self.max_abs:.3g}, "
-            f"first at index {self.first_index}: expected {self.expected_value!r}, got {self.actual_value!r}"
+            f"first at index {self.first_index}: expected {_short(self.expected_value)}, got {_short(self.actual_value)}"
         )
+
+
+def _short(value: float | None) -> str:
+    """A float at 6 significant digits, still written as a float (1.0, not 1); others as they are."""
+    if not isinstance(value, float):
+        return repr(value)
+    text = f"{value:.6g}"
+    return text if any(c in text for c in ".en") else text + ".0"  # e: exponent; n: inf, nan
 
 
 def _join(path: str, key: Any) -> str:

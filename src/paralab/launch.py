@@ -12,7 +12,11 @@ Why it looks the way it does:
   per launch instead of ~1 s of `import torch` per rank. Elsewhere `spawn`.
   Never plain `fork`: it hangs once the parent has run a multi-threaded op.
 - Every launch gets its own `file://` rendezvous in a fresh temp dir, so
-  parallel test runs never collide on a port.
+  parallel test runs never collide on a port, and rendezvous opens no socket.
+- gloo is pinned to the loopback interface (unless the caller set
+  GLOO_SOCKET_IFNAME): the ranks all run on this machine, so they listen on
+  127.0.0.1 only, never on the LAN address the hostname may resolve to (the
+  classic macOS "gloo cannot connect" failure).
 - One pipe per rank plus the process sentinels: the parent always knows
   whether a rank returned, raised, died, or is stuck, and kills every child
   before raising. No hang outlives `timeout`.
@@ -37,6 +41,10 @@ import torch
 import torch.distributed as dist
 
 _GRACE_AFTER_ERROR_S = 5.0
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
+"""What the forkserver imports once, so every rank starts with it loaded. FSDP2 imports
+torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead.
+A lab whose ranks import something else heavy appends it before its first `run`."""
 
 
 class LaunchError(RuntimeError):
@@ -68,11 +76,13 @@ def _context(start_method: str) -> mp.context.BaseContext:
         raise ValueError("start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        # FSDP2 imports torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead
-        ctx.set_forkserver_preload(
-            ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
-        )
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
+
+
+def loopback_interface() -> str:
+    """The loopback network interface's name: `lo0` on macOS and the BSDs, `lo` on Linux."""
+    return "lo0" if sys.platform == "darwin" or "bsd" in sys.platform else "lo"
 
 
 def _pick_backend(world_size: int) -> str:
@@ -220,6 +230,7 @@ def run(
     for key in ("TORCH_DISTRIBUTED_DEBUG", "GLOO_SOCKET_IFNAME"):
         if key in os.environ:
             child_env.setdefault(key, os.environ[key])
+    child_env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
 
     with tempfile.TemporaryDirectory(prefix="paralab-rdzv-") as tmp:
         init_method = "file://" + os.path.join(tmp, "store")

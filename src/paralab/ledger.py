@@ -14,8 +14,13 @@ FSDP2 looks `dist.all_gather_single` up at call time — are counted too. Only
 the outermost call is counted: `all_gather_object` is one record, not one
 plus the `all_gather` it makes inside.
 
-Bytes follow the bandwidth-optimal (ring / direct) model, per rank, with `n`
-the group size and `S` the bytes of the tensor named:
+Bytes follow one fixed cost model, per rank, with `n` the group size and `S`
+the bytes of the tensor named: ring all-reduce, all-gather and reduce-scatter
+(bandwidth-optimal for those), direct all-to-all and point-to-point, and a
+flat tree for broadcast / scatter / reduce / gather, where the root sends or
+receives every other rank's share itself. The flat tree is simple to count,
+not bandwidth-optimal: a pipelined or tree broadcast puts far less than
+(n-1) S on the root's link.
 
 | op | bytes sent by this rank |
 |---|---|
@@ -277,6 +282,17 @@ class Ledger:
         return sent(self.records, **match)
 
 
+@contextlib.contextmanager
+def in_phase(name: str) -> Iterator[None]:
+    """Label the calls made inside the block in whichever Ledger is recording, if any.
+
+    For code that runs under a ledger it does not own: a training loop, or a
+    checkpoint's recompute inside the backward.
+    """
+    ledger = Ledger._active
+    with ledger.phase(name) if ledger is not None else contextlib.nullcontext():
+        yield
+
 
 def _rebind_p2p_ops(ops: Iterable[Any]) -> None:
     """`batch_isend_irecv` tells sends from receives by identity with `isend`: keep them in step."""
@@ -304,15 +320,6 @@ def received(records: Iterable[Record], **match: Any) -> int:
 def calls(records: Iterable[Record], **match: Any) -> int:
     """How many records match: the number of calls of that kind."""
     return sum(1 for r in records if _matches(r, match))
-
-
-def phase(name: str) -> contextlib.AbstractContextManager:
-    """Label the calls made inside the block in the ledger recording in this process, if any.
-
-    Lets library code mark its stages ("encode", "step 1", ...) without taking a
-    ledger argument: outside a `with Ledger():` block it does nothing.
-    """
-    return Ledger._active.phase(name) if Ledger._active is not None else contextlib.nullcontext()
 
 
 def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, Tally]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import hashlib
 import importlib
 import inspect
 import os
@@ -42,6 +43,9 @@ LABS = ROOT / "labs"
 SHOW_MARKER = re.compile(r"^#\s*show:\s*(.+)$")
 CHECKS_LINE = re.compile(r"^(\d+)/(\d+) passed\b", re.MULTILINE)
 CELL_TIMEOUT_S = 600
+# What JupyterLab writes for the ipykernel kernel: committing exactly this keeps
+# a notebook from being marked modified as soon as it is opened.
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
 def lab_sources(only: str | None = None) -> list[Path]:
@@ -140,9 +144,42 @@ def build(source: Path) -> nbformat.NotebookNode:
         if match:
             cell.source, defined = show_cell(match.group(1), shown)
             shown |= defined
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata.pop("jupytext", None)
+    stable_cell_ids(nb)
     return nb
+
+
+def stable_cell_ids(nb: nbformat.NotebookNode) -> None:
+    """Cell ids from each cell's content (nbformat draws random ones), so a rebuild
+    of an unchanged lab keeps them and an edit changes only the edited cell's id."""
+    seen: dict[str, int] = {}
+    for cell in nb.cells:
+        digest = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:8]
+        seen[digest] = seen.get(digest, 0) + 1
+        cell.id = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
+
+
+def strip_volatile(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop what changes on every run or machine but teaches nothing: execution
+    timestamps in each cell, and the Python patch version of the building machine.
+    Rebuilding an unchanged lab then changes only outputs that truly vary."""
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    nb.metadata.get("language_info", {}).pop("version", None)
+    return nb
+
+
+def volatile_metadata(nb: nbformat.NotebookNode) -> str | None:
+    """Why a committed notebook carries volatile or non-JupyterLab metadata, or None."""
+    for i, cell in enumerate(nb.cells):
+        if "execution" in cell.metadata:
+            return f"cell {i} carries execution timestamps"
+    if "version" in nb.metadata.get("language_info", {}):
+        return "language_info carries the building machine's Python version"
+    if nb.metadata.get("kernelspec") != KERNELSPEC:
+        return f"kernelspec is {nb.metadata.get('kernelspec')}, not {KERNELSPEC}"
+    return None
 
 
 SOLUTION_REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n", re.DOTALL | re.MULTILINE)
@@ -304,6 +341,7 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
             cell.outputs, cell.execution_count = [], None
         cells.append(cell)
     student = nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata)
+    stable_cell_ids(student)
     return student
 
 
@@ -396,7 +434,8 @@ def stale(source: Path) -> str | None:
     if any(c.cell_type == "code" and c.source.strip() and not c.get("outputs") and c.get("execution_count") is None
            for c in committed.cells):
         return "not executed (rebuild with _build_nb.py --execute)"
-    return None
+    why = volatile_metadata(committed)
+    return f"{why} (rebuild with _build_nb.py --execute)" if why else None
 
 
 def build_labs(sources: list[Path], run: bool) -> bool:
@@ -411,6 +450,6 @@ def build_labs(sources: list[Path], run: bool) -> bool:
             ok, verdict = execute(nb, source.parent)
             all_ok &= ok
             verdict = ("ok    " if ok else "FAILED ") + verdict
-        nbformat.write(nb, notebook_path(source))
+        nbformat.write(strip_volatile(nb), notebook_path(source))
         print(f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s", flush=True)
     return all_ok

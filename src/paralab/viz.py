@@ -19,6 +19,14 @@ PALETTE = plt.get_cmap("tab20").colors
 # =====================================================================================
 # Lab 00 — ParallelDims: rank grids coloured by group
 # =====================================================================================
+def show(fig: Figure) -> None:
+    """Show a figure once in the notebook and free it: the one way every lab shows a picture."""
+    from IPython.display import display
+
+    display(fig)
+    plt.close(fig)
+
+
 def _grid_shape(world_size: int) -> tuple[int, int]:
     rows = 2 if world_size >= 4 and world_size % 2 == 0 else 1
     return rows, math.ceil(world_size / rows)
@@ -187,7 +195,7 @@ def _work_grid(world: int, zigzag: bool) -> np.ndarray:
                      for r in range(world)])
 
 
-def plot_ring_timeline(world: int = 4) -> plt.Figure:
+def plot_ring_timeline(world: int = 4) -> Figure:
     """Which K/V block each rank holds at each ring step, and how much causal work it does with it.
 
     One panel per layout (contiguous, zigzag): rows = ranks, columns = steps,
@@ -220,7 +228,7 @@ def plot_ring_timeline(world: int = 4) -> plt.Figure:
     return fig
 
 
-def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> plt.Figure:
+def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> Figure:
     """The causal attention matrix, token by token, coloured by the rank that computes each score.
 
     Blank = a key in the query's future (never computed). Contiguous: the last rank
@@ -254,7 +262,7 @@ def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> plt.Figu
 
 
 def plot_cp_bytes(cps: list[int], measured: dict[str, dict[str, list[int]]],
-                  formula: dict[str, dict[str, list[int]]], full_bytes: int) -> plt.Figure:
+                  formula: dict[str, dict[str, list[int]]], full_bytes: int) -> Figure:
     """Bytes each rank sends vs cp, forward and backward: ledger (markers) over formulas (lines).
 
     `measured[name][phase]` and `formula[name][phase]` hold one value per cp; values
@@ -340,7 +348,7 @@ def plot_cfg_branches(
     return fig
 
 
-def plot_step_traffic(per_step: dict[str, dict[str, int]]):
+def plot_step_traffic(per_step: dict[str, dict[str, int]]) -> Figure:
     """Bytes one rank sends per sampling step, grouped by layout: the cfgp swap next to cp's attention traffic."""
     layouts = list(per_step)
     kinds = list(next(iter(per_step.values())))
@@ -365,7 +373,7 @@ def plot_step_traffic(per_step: dict[str, dict[str, int]]):
 # Lab 04 — VAE load balancing: predicted load per rank
 # =====================================================================================
 def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int], int], ranks: list[int],
-                   groups: list[list[int]]) -> None:
+                   groups: list[list[int]], label: str) -> None:
     """One bar per rank, one segment per sample it encodes, coloured by the sample's owner; guests hatched."""
     x_of = {rank: k for k, rank in enumerate(ranks)}
     load = {rank: 0.0 for rank in ranks}
@@ -383,7 +391,7 @@ def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int
         spreads.append(max(load[r] for r in group) - min(load[r] for r in group))
     ax.set_xticks(range(len(ranks)), [str(r) for r in ranks], fontsize=8)
     ax.set_xlabel("rank", fontsize=8)
-    ax.set_title(f"max load {max(load.values()):,.0f}, spread {max(spreads):,.0f}", fontsize=8)
+    ax.set_title(f"{label}: max load {max(load.values()):,.0f}, spread {max(spreads):,.0f}", fontsize=8)
 
 
 def plot_lb_loads(
@@ -405,8 +413,7 @@ def plot_lb_loads(
     before = {(rank, i): rank for rank in ranks for i in range(len(costs[rank]))}
     fig, panels = plt.subplots(1, 2, figsize=(1.6 + 0.9 * len(ranks), 3.0), sharey=True)
     for panel, where, name in ((panels[0], before, "before"), (panels[1], after, "after")):
-        _stacked_loads(panel, costs, where, ranks, groups)
-        panel.set_title(f"{name}: " + panel.get_title(), fontsize=8)
+        _stacked_loads(panel, costs, where, ranks, groups, name)
     panels[0].set_ylabel("predicted cost (frames x height x width)", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
@@ -862,5 +869,60 @@ def plot_pipeline_memory(measured: dict[str, dict[str, int]], formula: dict[str,
     ax.set_ylabel("parameter bytes held by one rank")
     ax.set_title("reshard_after_forward: parameters kept gathered between steps, or not", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+# =====================================================================================
+# Lab 05 — training composition: who loads which tokens, bytes per group and phase.
+# =====================================================================================
+def plot_token_ownership(samples: list[int], positions: list[list[int]], tokens: int, title: str = "") -> Figure:
+    """Rows = ranks, columns = global token positions; a cell is coloured by the sample the rank holds there."""
+    grid = np.full((len(samples), tokens), np.nan)
+    for rank, (sample, held) in enumerate(zip(samples, positions)):
+        grid[rank, held] = sample
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.35 * len(samples)))
+    n_colors = max(samples) + 1
+    cmap = plt.matplotlib.colors.ListedColormap([PALETTE[2 * (i % 10)] for i in range(n_colors)])
+    ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=n_colors - 0.5, aspect="auto", interpolation="nearest")
+    for rank, sample in enumerate(samples):
+        ax.text(positions[rank][len(positions[rank]) // 2], rank, f"sample {sample}", ha="center", va="center", fontsize=8)
+    ax.set_yticks(range(len(samples)), [f"rank {r}" for r in range(len(samples))])
+    ax.set_xlabel("global token position")
+    ax.set_title(title or "which sample and which tokens each rank holds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int]]]) -> Figure:
+    """Per configuration, one bar per group stacked by phase (ledger); black ticks = the formula's running total.
+
+    table: {configuration: {(group, phase): (measured, formula)}}.
+    """
+    groups = sorted({g for cells in table.values() for g, _ in cells}, key=["dp_shard", "dp_replicate", "cp"].index)
+    phases = ["forward", "backward", "recompute"]
+    colors = {"forward": PALETTE[0], "backward": PALETTE[2], "recompute": PALETTE[6]}
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    for c, cells in enumerate(table.values()):
+        for g, group in enumerate(groups):
+            x = c + (g - (len(groups) - 1) / 2) * width
+            bottom, formula_top = 0, 0
+            for p in phases:
+                measured, formula = cells.get((group, p), (0, 0))
+                ax.bar(x, measured, width * 0.9, bottom=bottom, color=colors[p], edgecolor="white")
+                bottom += measured
+                formula_top += formula
+                if formula:
+                    ax.plot([x - width * 0.4, x + width * 0.4], [formula_top] * 2, "k-", lw=1.5)
+            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=7)
+    handles = [plt.matplotlib.patches.Patch(color=colors[p], label=p) for p in phases]
+    handles.append(plt.matplotlib.lines.Line2D([], [], color="k", label="formula (running total)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    top = max(sum(cells.get((g, p), (0, 0))[0] for p in phases) for cells in table.values() for g in groups)
+    ax.set_ylim(0, top * 1.3)
+    ax.set_xticks(range(len(table)), list(table), fontsize=8)
+    ax.set_ylabel("bytes sent per rank per step")
+    ax.set_title("One training step: bytes per group and phase (ledger) vs the closed form", fontsize=10)
     fig.tight_layout()
     return fig

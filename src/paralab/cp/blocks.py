@@ -49,10 +49,16 @@ def merge_partials(
     is a softmax-weighted average normalized over its own keys; renormalizing it
     over the union multiplies it by exp(its lse - lse'), a number in [0, 1],
     so nothing overflows however large the scores are.
+
+    A query row that sees no key in either part (padding, or a packed-sequence
+    mask that hides a whole block from it) has lse = -inf on both sides, and
+    -inf - (-inf) is NaN. Such a partial is (0, -inf); its rows merge to
+    (0, -inf), finite, so later blocks still merge into them exactly.
     """
     ### BEGIN SOLUTION
     new_lse = torch.logaddexp(lse, block_lse)
-    out = torch.exp(lse - new_lse).unsqueeze(-1) * out + torch.exp(block_lse - new_lse).unsqueeze(-1) * block_out
+    finite = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)  # both weights then exp(-inf) = 0
+    out = torch.exp(lse - finite).unsqueeze(-1) * out + torch.exp(block_lse - finite).unsqueeze(-1) * block_out
     ### END SOLUTION
     return out, new_lse
 

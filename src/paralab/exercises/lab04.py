@@ -15,8 +15,10 @@ import torch.distributed as dist
 from paralab import models
 from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
+from paralab.vae_lb import protocol
 from paralab.vae_lb import planner
-from paralab.vae_lb.exchange import exchange
+from paralab.vae_lb import runs
+from paralab.vae_lb.protocol import exchange
 from paralab.vae_lb.planner import Move
 
 
@@ -44,6 +46,18 @@ def raw_pixels_clinic() -> ContextManager:
     return planted(models, normalize_pixels=raw_pixels_as_float)
 
 
+def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
+    """Bug (the lab's section 8): a rank with nothing to encode skips the collectives, and its peers hang."""
+    if not videos:
+        return []
+    return protocol.offload_encode(videos, costs, encode_fn, group)
+
+
+def skip_when_empty() -> ContextManager:
+    """Plant `offload_encode_skipping_empty` where `vae_lb.runs.lb_worker` looks up `offload_encode`."""
+    return planted(runs, offload_encode=offload_encode_skipping_empty)
+
+
 def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
     """Bug: scales to [0, 1] (the image-classifier habit) instead of the VAE's [-1, 1]."""
     return video.to(torch.float64) / 255.0
@@ -53,19 +67,22 @@ def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
 PLANNER_CASES = [
     ({0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}, None),        # case 0: the lab's small example
     ({3: [5.0, 1.0, 9.0, 2.0], 7: [], 10: [4.0, 4.0]}, None),  # case 1: rank labels 3, 7, 10
-    ({10: [2.0, 4.0], 3: [2.0, 4.0], 7: []}, None),        # case 2: tie 3 vs 10, labels not in sorted order
+    ({10: [2.0, 4.0], 3: [2.0, 4.0], 7: []}, None),        # case 2: tie 10 vs 3: the first in dict order gives
     ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, None),  # case 3: ties
     ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, 2),     # case 4: max_iterations=2
     ({0: [4.0], 1: []}, None),                              # case 5: the only move leaves the gap as it is
     ({5: [10.0, 3.0, 3.0], 2: [1.0]}, 0),                   # case 6: max_iterations=0
     ({0: [], 1: [8.0, 7.0], 2: [6.0], 3: [12.0, 5.0]}, None),  # case 7: rank 0's guest must not move on
     ({0: [2.0, 2.0], 1: [4.0]}, None),                      # case 8: balanced already
+    ({0: [30.0, 14.0, 8.0], 1: [36.0]}, None),              # case 9: nearest the whole gap is not nearest half of it
+    ({0: [768.0, 768.0, 384.0], 1: [], 2: []}, None),       # case 10: Cosmos's test batch; a tie between samples
 ]
 
 
-PLANNER_KINDS = ["the lab's small example", "rank labels 3, 7, 10", "a load tie, labels not in sorted order",
+PLANNER_KINDS = ["the lab's small example", "rank labels 3, 7, 10", "a load tie: the first rank in dict order gives",
                  "ties between candidate samples", "max_iterations=2", "the only move leaves the gap as it is",
-                 "max_iterations=0", "a guest must not move on", "balanced already"]
+                 "max_iterations=0", "a guest must not move on", "balanced already",
+                 "nearest the whole gap is not nearest half of it", "Cosmos's test batch, a tie between samples"]
 
 
 def _planner_cases(rank: int, world: int) -> list[tuple]:
@@ -88,20 +105,20 @@ def moves_as_rows(moves: list[Move]) -> torch.Tensor:
 
 
 def _largest(candidates, gap):
-    return max(candidates, key=lambda item: (item[0], -item[1]))
+    return max(candidates, key=lambda item: item[1])
 
 
-def _in_dict_order(loads):
-    return max(loads, key=loads.get), min(loads, key=loads.get)
+def _closest_to_whole_gap(candidates, gap):
+    return min(candidates, key=lambda item: abs(gap - item[1]))
 
 
 def _not_wider(cost, gap):
     return abs(gap - 2 * cost) <= gap
 
 
-def plan_ties_in_dict_order(costs, max_iterations=None):
-    """Bug: breaks load ties by the dict's order, not the smallest label (ranks could disagree on the plan)."""
-    with planted(planner, most_and_least_loaded=_in_dict_order):
+def plan_fit_to_whole_gap(costs, max_iterations=None):
+    """Bug: moves the sample closest to the whole gap, which overshoots: it swaps heavy and light."""
+    with planted(planner, closest_fit=_closest_to_whole_gap):
         return planner.plan_rebalance(costs, max_iterations)
 
 
@@ -209,18 +226,20 @@ EXERCISES = [
         lab="04_vae_lb",
         target="paralab.vae_lb.planner.plan_rebalance",
         prompt=(
-            "Write the greedy closest-fit planner. Start from each rank's load (the sum of its costs). "
-            "Each round: take the most and the least loaded rank (`most_and_least_loaded`: ties go to "
-            "the smallest label; labels need not be 0..n-1); among the heavy rank's samples that have "
-            "not moved yet, pick the one whose cost is closest to half their gap (`closest_fit`: ties to "
-            "the smaller cost, then the smaller index); take it only if it strictly shrinks the gap "
-            "(`shrinks_gap`), else stop. A sample moves at most once, and a received sample never moves "
-            "on. Stop after `max_iterations` moves (None: no limit beyond the number of samples). Return "
-            "the moves in order. The check compares your plan, as (from, to, index) rows, on 9 cases "
-            "(numbered from 0): the lab's small example; labels 3, 7, 10; a tie between ranks 10 and 3 "
-            "given in that dict order; ties between samples; the same with `max_iterations=2`; a move "
-            "that would leave the gap unchanged; `max_iterations=0`; a guest that must not move on; a "
-            "balanced batch."
+            "Write the greedy closest-fit planner (Cosmos's rule, move for move). Start from each rank's "
+            "load (the sum of its costs). Each round: take the most and the least loaded rank "
+            "(`most_and_least_loaded`: a tie goes to the rank that comes first in the dict, which every "
+            "rank builds in rank order; labels need not be 0..n-1); among the heavy rank's samples that "
+            "have not moved yet, pick the one whose move leaves the smallest gap, |gap - 2 * cost| "
+            "(`closest_fit`: a tie goes to the first in the donor's list); take it only if it strictly "
+            "shrinks the gap (`shrinks_gap`), else stop. A sample moves at most once, and a received "
+            "sample never moves on. Stop after `max_iterations` moves (None: no limit beyond the number "
+            "of samples). Return the moves in order. The check compares your plan, as (from, to, index) "
+            "rows, on 11 cases (numbered from 0): the lab's small example; labels 3, 7, 10; a tie "
+            "between ranks 10 and 3 given in that dict order; ties between samples; the same with "
+            "`max_iterations=2`; a move that would leave the gap unchanged; `max_iterations=0`; a guest "
+            "that must not move on; a balanced batch; a sample near the whole gap that is not the best "
+            "fit; Cosmos's own test batch."
         ),
         hint="return the list of Moves the greedy planner described above makes, in order; it stops as "
              "soon as no move strictly shrinks the gap between the most and least loaded ranks",
@@ -236,14 +255,14 @@ EXERCISES = [
              "case 4: 1 of 6 elements differ, max |diff| 2, first at index (1, 2): expected 1, got 3"),
             ("takes a move that does not strictly shrink the gap", plan_gap_not_strict,
              "case 5: shape (1, 3), expected (0, 3)"),
-            ("breaks load ties by dict order instead of the smallest label", plan_ties_in_dict_order,
-             "case 2: 2 of 6 elements differ, max |diff| 7, first at index (0, 0): expected 3, got 10"),
+            ("moves the sample closest to the whole gap instead of half the gap", plan_fit_to_whole_gap,
+             "case 2: shape (1, 3), expected (2, 3)"),
         ],
     ),
     Exercise(
         name="return_latents",
         lab="04_vae_lb",
-        target="paralab.vae_lb.exchange.return_latents",
+        target="paralab.vae_lb.protocol.return_latents",
         prompt=(
             "The latent return path, the mirror image of sending the videos out. This rank encoded "
             "`guest_latents[k]` for the move `incoming[k]` and must send it back to that move's owner; "

@@ -196,7 +196,7 @@ def score(exercise: Exercise, runs: list[WorldRun]) -> Outcome:
             cases += [CaseResult(w.world, kinds[i], w.hidden, False, why, how) for i in range(n)]
             continue
         n_cases = len(w.expected[0])
-        kinds = kinds or [f"case {i}" for i in range(n_cases)]
+        kinds = (kinds or []) + [f"case {i}" for i in range(len(kinds or []), n_cases)]
         for c in range(n_cases):
             cases.append(CaseResult(w.world, kinds[c], w.hidden, *_judge_case(exercise, w, c)))
     passed = sum(c.passed for c in cases)

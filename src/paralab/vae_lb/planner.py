@@ -28,20 +28,24 @@ def _check_costs(costs: dict[int, list[float]]) -> None:
 
 
 def most_and_least_loaded(loads: dict[int, float]) -> tuple[int, int]:
-    """The heaviest and the lightest rank; ties go to the smallest rank label, so every rank agrees."""
-    ranks = sorted(loads)
-    heavy = max(ranks, key=lambda r: loads[r])  # max/min keep the first of equal keys
-    light = min(ranks, key=lambda r: loads[r])
+    """The heaviest and the lightest rank; a tie goes to the rank that comes first in `loads`.
+
+    That is Cosmos's rule (its planner takes `max`/`min` over the costs dict).
+    Every rank builds the dict in group-rank order (`share_costs`), so every
+    rank breaks the tie the same way. Any rule would do, as long as all agree.
+    """
+    heavy = max(loads, key=loads.__getitem__)  # max/min keep the first of equal keys
+    light = min(loads, key=loads.__getitem__)
     return heavy, light
 
 
-def closest_fit(candidates: list[tuple[float, int]], gap: float) -> tuple[float, int]:
-    """The (cost, local_index) whose cost is closest to half the gap.
+def closest_fit(candidates: list[tuple[int, float]], gap: float) -> tuple[int, float]:
+    """The (local_index, cost) whose move leaves the smallest gap, |gap - 2 * cost|.
 
     Moving cost c turns the gap g into |g - 2c|, smallest when c is nearest g/2.
-    Ties: the smaller cost (fewer bytes to move), then the smaller index.
+    A tie goes to the first candidate, i.e. the donor's earliest sample (Cosmos's rule).
     """
-    return min(candidates, key=lambda item: (abs(item[0] - gap / 2), item[0], item[1]))
+    return min(candidates, key=lambda item: abs(gap - 2 * item[1]))
 
 
 def shrinks_gap(cost: float, gap: float) -> bool:
@@ -56,14 +60,15 @@ def plan_rebalance(costs: dict[int, list[float]], max_iterations: int | None = N
     rank's not-yet-moved sample whose cost best fits half their gap, if that
     strictly shrinks the gap; otherwise planning stops. A sample moves at most
     once (a helper never forwards a guest), so the plan needs a single round
-    of exchange. Deterministic: same `costs` in, same moves out, on every rank.
+    of exchange. Makes the same moves as Cosmos's `plan_rebalance`, ties
+    included. Deterministic: same `costs` in, same moves out, on every rank.
     """
     if max_iterations is not None and max_iterations < 0:
         raise ValueError(f"lb planner: max_iterations must be >= 0 or None, got {max_iterations}")
     _check_costs(costs)
     ### BEGIN SOLUTION
     loads = {rank: float(sum(values)) for rank, values in costs.items()}
-    movable = {rank: [(float(c), i) for i, c in enumerate(values)] for rank, values in costs.items()}
+    movable = {rank: list(enumerate(map(float, values))) for rank, values in costs.items()}
     limit = sum(len(v) for v in costs.values()) if max_iterations is None else max_iterations
     moves: list[Move] = []
     while len(moves) < limit and len(loads) >= 2:
@@ -71,10 +76,10 @@ def plan_rebalance(costs: dict[int, list[float]], max_iterations: int | None = N
         gap = loads[heavy] - loads[light]
         if gap <= 0 or not movable[heavy]:
             break
-        cost, index = closest_fit(movable[heavy], gap)
+        index, cost = closest_fit(movable[heavy], gap)
         if not shrinks_gap(cost, gap):
             break
-        movable[heavy].remove((cost, index))
+        movable[heavy].remove((index, cost))
         loads[heavy] -= cost
         loads[light] += cost
         moves.append(Move(heavy, light, index))
@@ -115,7 +120,7 @@ def assign_round_robin_by_size(costs: dict[int, list[float]]) -> Assignment:
 
 def assign_lpt(costs: dict[int, list[float]]) -> Assignment:
     """Baseline: longest processing time first, each sample to the currently least loaded rank."""
-    loads = {rank: 0.0 for rank in costs}
+    loads = {rank: 0.0 for rank in sorted(costs)}
     where: Assignment = {}
     for owner, index in _largest_first(costs):
         _, light = most_and_least_loaded(loads)
