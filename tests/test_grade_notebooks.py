@@ -48,8 +48,8 @@ CHEATS_02 = [
     "import paralab.grade\nparalab.grade.grade = lambda *a, **k: None\n\ndef check(name, fn):\n"
     "    print(f'{name}: PASS — 3/3 points')\n",
     "from paralab.exercises import EXERCISES\nfor e in EXERCISES.values():\n    e.world_sizes = ()\n",
-    # seq_to_heads: the package's own, imported
-    "from paralab.cp.ulysses import seq_to_heads",
+    # pack_heads: the package's own, imported
+    "from paralab.cp.ulysses import pack_heads",
     # ring_pass: the package's own, called through its module
     "import paralab.cp.ring as ring_module\n\ndef ring_pass(t, group, tag):\n"
     "    return ring_module.ring_pass(t, group, tag)\n",
@@ -59,7 +59,7 @@ CHEATS_02 = [
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("submissions")
-    paster = show_cell(EXERCISES["heads_to_seq"].target)[0].split("\n", 1)[1]  # pasted from the lab notebook
+    paster = show_cell(EXERCISES["pack_seq"].target)[0].split("\n", 1)[1]  # pasted from the lab notebook
     _notebook(root / "cheater" / "cp_ring_vs_ulysses_lab.ipynb", *CHEATS_02, paster)
     solved_two = [_retyped(EXERCISES["normalize_pixels"].target, "video"),
                   _retyped(EXERCISES["plan_rebalance"].target, "costs")]
@@ -80,8 +80,9 @@ def test_every_cheat_scores_zero_with_its_reason(graded):
     assert code == 1
     expected = {
         "merge_partials": ("not implemented yet", "hint"),
-        "seq_to_heads": ("REFUSED", "imports paralab's own `seq_to_heads`"),
-        "heads_to_seq": ("REFUSED", "verbatim copy of paralab's solution"),
+        "pack_heads": ("REFUSED", "imports paralab's own `pack_heads`"),
+        "pack_seq": ("REFUSED", "verbatim copy of paralab's solution"),
+        "unpack_heads": ("MISSING", "no definition of `unpack_heads`"),
         "ring_pass": ("REFUSED", "uses paralab's own `ring_pass`"),
     }
     for exercise, (verdict, reason) in expected.items():
@@ -116,7 +117,8 @@ def test_csv_has_one_row_per_student_and_exercise_plus_totals(graded):
     _, rows, root, _ = graded
     with (root / "scores.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == len(rows) == (4 + 1) + 3 * (3 + 1)  # lab 02: 4 exercises + total; 3 lab-04 notebooks
+    n02 = len(for_lab(LAB02))
+    assert len(table) == len(rows) == (n02 + 1) + 3 * (3 + 1)  # lab 02's exercises + total; 3 lab-04 notebooks
     assert all(r["student"] in {"cheater", "half", "untouched", "sleeper"} for r in table)
 
 
@@ -129,11 +131,12 @@ def test_the_grading_copy_and_the_release_hold_no_solution(tmp_path):
     text = "\n".join(c.source for c in release.cells)
     assert "### BEGIN SOLUTION" not in text
     assert "logaddexp" not in "\n".join(c.source for c in release.cells if "def merge_partials" in c.source)
-    assert sum(c.cell_type == "markdown" for c in release.cells) == sum(c.cell_type == "markdown" for c in lab.cells) + 4
+    prompts = len(for_lab(LAB02))
+    assert sum(c.cell_type == "markdown" for c in release.cells) == sum(c.cell_type == "markdown" for c in lab.cells) + prompts
     for exercise in for_lab(LAB02):
         fn = exercise.target.rsplit(".", 1)[1]
         at = next(i for i, c in enumerate(release.cells) if f"def {fn}(" in c.source)
-        checks = [c.source for c in release.cells[at + 1:at + 3]]
+        checks = [c.source for c in release.cells[at + 1:at + 1 + prompts]]
         assert any(f'check("{exercise.name}", {fn})' in c for c in checks), checks
     needs = [c for c in release.cells if c.cell_type == "code" and "# Runs your" in c.source]
     assert needs and all(not c.outputs for c in needs)
@@ -142,7 +145,7 @@ def test_the_grading_copy_and_the_release_hold_no_solution(tmp_path):
     assert kept, "pictures that do not depend on a student's function are kept"
 
 
-@pytest.mark.parametrize("name", ["merge_partials", "seq_to_heads", "ring_pass", "cfg_combine", "plan_rebalance"])
+@pytest.mark.parametrize("name", ["merge_partials", "pack_heads", "ring_pass", "cfg_combine", "plan_rebalance"])
 def test_the_screen_refuses_a_paste_and_lets_a_retyped_solution_run(name):
     exercise = EXERCISES[name]
     fn = exercise.target.rsplit(".", 1)[1]
