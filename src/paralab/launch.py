@@ -41,6 +41,10 @@ import torch
 import torch.distributed as dist
 
 _GRACE_AFTER_ERROR_S = 5.0
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
+"""What the forkserver imports once, so every rank starts with it loaded. FSDP2 imports
+torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead.
+A lab whose ranks import something else heavy appends it before its first `run`."""
 
 
 class LaunchError(RuntimeError):
@@ -72,10 +76,7 @@ def _context(start_method: str) -> mp.context.BaseContext:
         raise ValueError("start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        # FSDP2 imports torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead
-        ctx.set_forkserver_preload(
-            ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
-        )
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
 
 

@@ -283,6 +283,18 @@ class Ledger:
 
 
 
+@contextlib.contextmanager
+def in_phase(name: str) -> Iterator[None]:
+    """Label the calls made inside the block in whichever Ledger is recording, if any.
+
+    For code that runs under a ledger it does not own: a training loop, or a
+    checkpoint's recompute inside the backward.
+    """
+    ledger = Ledger._active
+    with ledger.phase(name) if ledger is not None else contextlib.nullcontext():
+        yield
+
+
 def _rebind_p2p_ops(ops: Iterable[Any]) -> None:
     """`batch_isend_irecv` tells sends from receives by identity with `isend`: keep them in step."""
     for p2p in ops:

@@ -1,0 +1,536 @@
+# %% [markdown]
+# # Lab 05 — Training composition: CP, activation checkpointing, compile and FSDP in one step
+#
+# Labs 00–02 proved one axis at a time. A real video-model trainer runs them **together on
+# the same ranks**: every rank is at once in a dp group (FSDP/HSDP shards the weights) and in
+# a cp group (its sample's sequence is split), and the model is wrapped four times, in a
+# fixed order: **apply_cp → apply_ac → apply_compile → apply_fsdp**.
+#
+# **Learning goals.** After this lab you can
+# 1. say which sample and which tokens each rank loads (`rest = rank // (cfgp·cp)`), and why
+#    the plain local mean loss gives the right gradient with no extra cp all-reduce;
+# 2. read the four `apply_*` functions and say what each wraps;
+# 3. predict the bytes one training step sends per group (dp_shard, dp_replicate, cp) and
+#    phase (forward, backward, recompute), and what activation checkpointing adds;
+# 4. say which wrong wrapping order breaks this model, how, and why it would in Cosmos;
+# 5. call a method other than `forward` on an FSDP model (`register_fsdp_forward_method`).
+#
+# **Prerequisites.** Lab 00 (the overlay descriptor), lab 01 (FSDP2 `fully_shard`), lab 02
+# (ring and Ulysses attention, their hand-written backward).
+#
+# **What is checked.** Parameters after 3 optimizer steps (SGD and Adam), element by element
+# in float64, against one process training on the whole global batch: 4 ranks (dp_shard 4,
+# cp 2, ring), 8 ranks (dp_replicate 2 × dp_shard 4, cp 2, ring), 8 ranks (dp_shard 8, cp 4,
+# Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1), each with AC
+# none / full / selective, and compiled once. Every byte of every step against its closed form.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+from paralab import launch, viz
+from paralab.check import claim, compare, verdict_table
+from paralab.exercises import planted
+from paralab.exercises.lab05 import sample_by_global_rank
+from paralab.launch import run
+from paralab.parallel_dims import ParallelDims
+from paralab.tables import text_table
+from paralab.train import apply_ac, apply_compile, reference, runs
+from paralab.train.costs import measured_step_bytes, step_bytes
+from paralab.train.model import SHAPE, SequenceShard, build_model
+from paralab.train.runs import (compile_report, generate_demo, local_losses, make_sample, run_in_order,
+                                run_titan, run_variants, sample_index)
+
+LAB_START = time.monotonic()
+torch.set_num_threads(1)  # this process shares the CPU with the ranks: tiny tensors, no thread spinning
+launch.FORKSERVER_PRELOAD.append("paralab.train")  # ranks start with this lab's package imported
+print(SHAPE)
+
+# %% [markdown]
+# ## 1. The model, and which tokens each rank holds
+#
+# A small DiT-like denoiser in float64: embed the noisy latent tokens, add a learned
+# **position** row for each token's *global* position and a noise-level embedding, then 2
+# blocks of (norm → multi-head attention → residual, norm → MLP → residual), a head, and the
+# MSE against the noise. Only `Block.attention` ever looks at other tokens: it is the seam
+# that context parallelism replaces. `DiT.shard` (a `SequenceShard`) says which tokens this
+# rank holds; positions come from the same shard, so a cp rank knows where its tokens sit.
+
+# %%
+# show: paralab.train.model.SequenceShard paralab.train.model.Block paralab.train.model.loss_of
+
+# %% [markdown]
+# **Which sample a rank loads** follows the overlay (lab 00): the cp partners of a sample are
+# consecutive ranks, `rest = rank // (cfgp·cp)` numbers the groups, so the global batch has
+# `world / (cfgp·cp)` samples (× the micro-batch, 1 here) and every cp partner loads the same
+# sample and keeps its shard of the tokens.
+
+# %%
+# show: paralab.train.runs.sample_index paralab.train.runs.make_sample
+
+# %% [markdown]
+# **Predict.** 8 ranks, dp_replicate 2 × dp_shard 4, cp 2. How many samples in the global
+# batch? Which sample and which token positions does rank 5 hold?
+#
+# <details><summary>Answer</summary>
+#
+# 8 / 2 = 4 samples. Rank 5: `rest = 5 // 2 = 2`, sample 2; it is cp rank 1 of its pair, so it
+# holds the second half of the tokens, positions 16–31 (with the causal ring, zigzag: chunks 1
+# and 2 of 4, positions 8–23). The picture below shows every rank.
+# </details>
+
+# %%
+def ownership(world, dims, *, zigzag=False, loader=sample_index):
+    pd = ParallelDims(world, **dims)
+    shards = [SequenceShard(r % pd.cp, pd.cp, zigzag) for r in range(world)]
+    return [loader(r, pd) for r in range(world)], [s.positions(SHAPE["tokens"]).tolist() for s in shards]
+
+
+fig = viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=2)), SHAPE["tokens"],
+                               "8 ranks, dp_replicate 2 x dp_shard 4, cp 2: sample and tokens per rank")
+display(fig)
+plt.close(fig)
+
+# %% [markdown]
+# **Why the gradient still comes out right.** A sample's loss `ℓ_s` is the mean over its `N`
+# tokens. Each of its `cp` partners computes the plain mean over its own `N/cp` tokens, so the
+# partners' losses sum to `cp·ℓ_s`. FSDP (lab 01) *averages* gradients over all ranks of the
+# dp mesh, and in the overlay reading the dp mesh is the whole world
+# (`dp_replicate × dp_shard = world`), cp partners included:
+#
+# `(1/world) Σ_ranks ∇L_r = (1/world) Σ_samples cp·∇ℓ_s = (1/B) Σ_samples ∇ℓ_s`,  with `B = world/cp`.
+#
+# So the parameter gradient is **summed over cp partners** (each holds a different part of the
+# same sample's loss, and the ring/Ulysses backward already sent each partner the gradient of
+# the keys and values it owns) and **averaged over samples** — by one FSDP reduce-scatter,
+# with no extra cp all-reduce. The first check below: the average over ranks of the cp-local
+# losses equals the mean over samples computed by one process.
+
+# %% [markdown]
+# ## 2. The four steps, in Cosmos's order
+#
+# - `apply_cp` swaps every block's attention for lab 02's ring or Ulysses over the cp group
+#   (the same `autograd.Function`s, with their hand-written backward) and sets the model's
+#   `SequenceShard` (zigzag for the causal ring).
+# - `apply_ac` wraps with real `torch.utils.checkpoint` (non-reentrant, through torch's
+#   `checkpoint_wrapper`, as torchtitan and Cosmos do). **full**: each block; its backward
+#   re-runs the block's forward, the attention's collectives included. **selective**: a
+#   *region split* — the norm+qkv region and the MLP are checkpointed, the attention is not, so
+#   its output is saved and the recompute sends nothing. Why not torch's selective policy
+#   (`create_selective_checkpoint_contexts`, which Cosmos feeds op-name MUST_SAVE/RECOMPUTE
+#   lists; torchtitan's `_op_sac_save_list` saves the SDPA ops and the functional
+#   `reduce_scatter_tensor`)? The policy sees ATen ops; our ring and Ulysses are Python
+#   `autograd.Function`s that call `torch.distributed` themselves, so a policy cannot mark "the
+#   CP attention" as saved (it would need the attention registered as one custom op). The region
+#   split states the same decision — save the attention, recompute the rest — in plain modules.
+#   The wrapper's `context_fn` labels the recompute in the ledger as its own phase.
+# - `apply_compile`: `torch.compile` per block with the `aot_eager` backend (AOTAutograd traces
+#   forward and backward graphs, runs them eagerly: no C++ compiler needed on this CPU).
+# - `apply_fsdp`: FSDP2 `fully_shard` on every block, then the root, on `fsdp_mesh` (2-D only
+#   when dp_replicate > 1, lab 01's trap).
+
+# %%
+# show: paralab.train.parallelism.CPAttention paralab.train.parallelism.apply_cp paralab.train.parallelism._recompute_labelled paralab.train.parallelism.checkpointed paralab.train.parallelism.apply_ac paralab.train.parallelism.apply_compile paralab.train.parallelism.shard_on paralab.train.parallelism.apply_fsdp paralab.train.parallelism.parallelize
+
+# %% [markdown]
+# A tiny run, in this process: what sits in `model.blocks[0]` after each wrapper (no ranks
+# needed; `torch.compile` compiles lazily, at the first call).
+
+# %%
+for ac in ("none", "full", "selective"):
+    model = apply_compile(apply_ac(build_model(), ac), True)
+    block = model.blocks[0]
+    inner = getattr(block, "_orig_mod", block)
+    print(f"ac={ac:<9} blocks[0]: {type(block).__name__} -> {type(inner).__name__}; "
+          f"qkv: {type(getattr(inner, '_checkpoint_wrapped_module', inner).qkv).__name__}")
+
+# %% [markdown]
+# And the training loop every rank runs: `train` builds the model, calls `parallelize`, loads
+# its sample, and steps; `full_parameters` all-gathers the FSDP shards so every rank returns
+# the same full tensors.
+
+# %%
+# show: paralab.train.runs.training_loop paralab.train.runs.train paralab.train.runs.reference
+
+# %% [markdown]
+# ## 3. Real runs: one launch per world size
+#
+# Each launch runs every training of this lab in sequence inside the ranks (each one a
+# fresh model, the meshes built once): the 6 checks (AC none/full/selective × SGD/Adam) per
+# configuration under the ledger, a compiled causal run, torchtitan's reading, the wrong orders
+# of section 6, the FSDP `generate` of section 7 and the bug clinic of section 8.
+
+# %% jupyter={"source_hidden": true}
+AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
+CONFIGS = {
+    "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
+    "8 ranks: dp_replicate 2 x dp_shard 4, cp 2, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=2), dict(attention="ring")),
+    "8 ranks: dp_shard 8, cp 4, Ulysses": (8, dict(dp_shard=8, cp=4), dict(attention="ulysses")),
+    "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (8, dict(dp_replicate=2, dp_shard=4, cp=1), dict(attention="ring")),
+}
+COMPILED = dict(attention="ring", compile=True, causal=True)
+WRONG_ORDERS = {  # one step moved in front of CP; the variant exercises the wrapper that moved
+    "FSDP before CP": (("fsdp", "cp", "ac", "compile"), dict(ac="full")),
+    "compile before CP": (("compile", "cp", "ac", "fsdp"), dict(compile=True, causal=True)),
+    "AC before CP": (("ac", "cp", "compile", "fsdp"), dict(ac="full")),
+}
+DIMS4 = CONFIGS["4 ranks: dp_shard 4, cp 2, ring"][1]
+
+
+def jobs_of(world):
+    jobs = [(name, dims, dict(base, ac=ac, optimizer=opt)) for name, (w, dims, base) in CONFIGS.items() if w == world
+            for ac in AC_MODES for opt in OPTIMIZERS]
+    return jobs + ([("compiled", DIMS4, COMPILED)] if world == 4 else [])
+
+
+def world_job(world):
+    """Everything this world size runs, in one launch."""
+    out = {"checks": run_variants([(dims, v) for _, dims, v in jobs_of(world)], ledger=True)}
+    if world == 4:
+        out["compiled"] = compile_report()
+        out["losses"] = local_losses(DIMS4)
+        out["titan"] = run_titan(1, 2, dict(attention="ring"))
+        out["orders"] = {name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()}
+        out["generate"] = generate_demo(dict(dp_shard=4))
+        with planted(runs, sample_index=sample_by_global_rank):
+            out["clinic"] = run_variants([(DIMS4, {})])[0]["params"]
+    else:
+        out["titan"] = run_titan(2, 2, dict(attention="ring"))
+    return out
+
+
+RESULTS = {world: run(world_job, world, world, timeout=600) for world in (4, 8)}
+
+# %% [markdown]
+# ### 3a. The loss normalization, on real ranks
+#
+# The cp-local loss of each rank at the initial parameters, the sample it loaded and its
+# global positions; then the claim: the average over ranks equals one process's mean over the
+# global batch.
+
+# %%
+losses = [r["losses"] for r in RESULTS[4]]
+print(text_table(["rank", "sample", "global positions", "cp-local loss"],
+                 [[rank, l["sample"], f"{l['positions'][0]}..{l['positions'][-1]}", f"{l['loss']:.6g}"]
+                  for rank, l in enumerate(losses)]))
+one_process = runs.loss_of(build_model(), *(torch.cat(p) for p in zip(*(make_sample(0, 0, i) for i in range(2))))).item()
+average = sum(l["loss"] for l in losses) / len(losses)
+print(f"\naverage over ranks {average:.6g}, one process on the global batch {one_process:.6g}")
+loss_verdicts = [
+    claim("cp partners load the same sample", losses[0]["sample"] == losses[1]["sample"] != losses[2]["sample"],
+          f"samples {[l['sample'] for l in losses]}"),
+    claim("average of cp-local losses = mean over samples", abs(average - one_process) <= 1e-14 * one_process,
+          "equal within 1e-14 relative"),
+]
+print(verdict_table(loss_verdicts, "loss normalization"))
+
+# %% [markdown]
+# ### 3b. Parameters after 3 steps vs one process on the global batch
+#
+# One row per configuration and AC mode; each row folds both optimizers, every parameter and
+# every rank (all ranks must return the same full tensors), element by element within 1e-12.
+
+# %% jupyter={"source_hidden": true}
+REFERENCES = {}
+
+
+def reference_for(samples, variant):
+    key = (samples, variant.get("optimizer", "sgd"), variant.get("causal", False))
+    if key not in REFERENCES:
+        REFERENCES[key] = reference(samples=samples, optimizer=key[1], causal=key[2])
+    return REFERENCES[key]
+
+
+def folded(name, verdicts):
+    """Many tensor verdicts as one row: all pass, and the largest difference."""
+    worst = max(v.max_abs for v in verdicts)
+    diff = "0 (bitwise)" if worst == 0 else f"{worst:.1e}"
+    return claim(name, all(v.passed for v in verdicts), f"max |diff| {diff} over {len(verdicts)} tensors")
+
+
+def param_verdicts(per_rank_params, dims, variant):
+    """Every rank's full parameters vs one process on the world/cp samples of the global batch."""
+    world = len(per_rank_params)
+    return compare(per_rank_params, [reference_for(world // dims["cp"], variant)] * world, atol=1e-12)
+
+
+def row_label(name, variant):
+    return "4 ranks: compiled (aot_eager), causal ring" if variant.get("compile") else f"{name}, ac={variant['ac']}"
+
+
+# %%
+by_row = {}
+for world in (4, 8):
+    for i, (name, dims, variant) in enumerate(jobs_of(world)):
+        by_row.setdefault(row_label(name, variant), []).extend(
+            param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant))
+param_rows = [folded(label + ("" if "compiled" in label else ", sgd+adam"), verdicts) for label, verdicts in by_row.items()]
+print(verdict_table(param_rows, "parameters after 3 steps vs one process (float64, within 1e-12)"))
+
+# %% [markdown]
+# ### 3c. torchtitan's reading of the same ranks
+#
+# torchtitan *consumes* ranks: `dp_replicate × dp_shard × cp = world`, so on these ranks its
+# dp_shard is `world / (dp_replicate·cp)`, and FSDP shards over the flattened `dp_shard_cp`
+# mesh (`("dp_replicate", "dp_shard_cp")`, or `("dp_shard_cp",)` without replicas; newer
+# torchtitan calls the same flattened mesh `fsdp`).
+# `run_titan` builds that 3-D mesh, takes the cp group from it, loads the sample of its dp
+# coordinate, and shards on the flattened mesh. The flattened group is the same set of ranks as
+# the overlay's dp group, in the same order, so the parameters should not differ by a bit.
+
+# %%
+# show: paralab.train.runs.titan_meshes paralab.train.runs.run_titan
+
+# %%
+titan_verdicts = []
+for world, job in ((4, 0), (8, 0)):
+    titan = RESULTS[world][0]["titan"]
+    same = compare([r["titan"]["params"] for r in RESULTS[world]], [r["checks"][job]["params"] for r in RESULTS[world]])
+    print(f"{world} ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}")
+    titan_verdicts.append(folded(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same))
+print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
+
+# %% [markdown]
+# ## 4. What crosses the wire in one step, by group and phase
+#
+# The closed form (`paralab.train.costs`; `n` = dp_shard, `r` = dp_replicate, `L` = 2 blocks,
+# `B_u` = one rank's padded FSDP shard of unit `u` in bytes, `S` = one rank's shard of one of
+# q, k, v):
+#
+# | group | forward | backward | recompute |
+# |---|---|---|---|
+# | dp_shard | `Σ_u (n-1)·B_u` (all-gather every unit) | `Σ_blocks (n-1)·B_u + Σ_u (n-1)·B_u` (re-gather the blocks, reduce-scatter every gradient) | 0 |
+# | dp_replicate | 0 | `Σ_u 2(r-1)/r·B_u` (all-reduce of gradient shards) | 0 |
+# | cp | `L ×` attention forward (ring `2(cp-1)S`, Ulysses `4(cp-1)S/cp`) | `L ×` attention backward | full AC: `L ×` attention forward again |
+#
+# **Predict.** Turning on *full* AC: which cells change, and by how much? And *selective*?
+#
+# <details><summary>Answer</summary>
+#
+# Full AC adds one cell: cp / recompute = the cp forward bytes again, because re-running a
+# block re-runs its ring (or Ulysses) forward, sends included. dp traffic does not change: the
+# block's parameters are already gathered for its backward when the recompute runs. Selective
+# AC saves the attention output, so nothing is sent twice: its row equals AC none.
+# </details>
+
+# %%
+# show: paralab.train.costs.shard_bytes_of_unit paralab.train.costs.step_bytes
+
+# %%
+def byte_cells(world, job):
+    name, dims, variant = jobs_of(world)[job]
+    pd = ParallelDims(world, **dims)
+    formula = step_bytes(pd.dp_shard, pd.dp_replicate, pd.cp, attention=variant["attention"], ac=variant.get("ac", "none"))
+    measured = [measured_step_bytes(r["checks"][job]["records"], rank, pd, steps=3) for rank, r in enumerate(RESULTS[world])]
+    return formula, measured
+
+
+byte_verdicts, pictured = [], {}
+for world in (4, 8):
+    for job, (name, dims, variant) in enumerate(jobs_of(world)):
+        formula, measured = byte_cells(world, job)
+        ok = all(m == formula for m in measured)
+        byte_verdicts.append((name, variant, ok))
+        attention = f" {variant['attention']}" if dims["cp"] > 1 else ""
+        short = f"{world}r{' HSDP' if dims.get('dp_replicate') else ''} cp{dims['cp']}{attention} ac={variant.get('ac', 'none')}"
+        if variant.get("optimizer", "sgd") == "sgd" and not variant.get("compile") and (world == 4 or variant.get("ac") == "full"):
+            pictured[short] = {cell: (measured[0][cell], formula[cell]) for cell in formula}
+rows = [[config, group, *(f"{cells[group, p][0]} = {cells[group, p][1]}" for p in ("forward", "backward", "recompute"))]
+        for config, cells in pictured.items() for group in ("dp_shard", "dp_replicate", "cp")
+        if any(cells[group, p][1] for p in ("forward", "backward", "recompute"))]
+print("bytes sent per rank per step, ledger = formula (rank 0; every rank is checked)")
+print(text_table(["configuration", "group", "forward", "backward", "recompute"], rows))
+fig = viz.plot_group_phase_bytes(pictured)
+display(fig)
+plt.close(fig)
+
+# %%
+ledger_rows = []
+for name in dict.fromkeys(n for n, v, _ in byte_verdicts if not v.get("compile")):
+    for ac in AC_MODES:
+        oks = [ok for n, v, ok in byte_verdicts if n == name and v.get("ac", "none") == ac and not v.get("compile")]
+        ledger_rows.append(claim(f"{name}, ac={ac}", all(oks), f"{sum(oks)}/{len(oks)} runs, every rank, every cell"))
+compiled_ok = [ok for _, v, ok in byte_verdicts if v.get("compile")]
+ledger_rows.append(claim("4 ranks: compiled causal ring", all(compiled_ok), "every rank, every cell"))
+print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per step"))
+
+# %% [markdown]
+# ## 5. What `torch.compile` captured
+#
+# The compiled run above traced each block with Dynamo. Our ring attention calls
+# `torch.distributed` point-to-point ops from Python; Dynamo does not compile those (P2P
+# compilation is off by default), so it **breaks the graph** around them, runs them eagerly, and
+# compiles the pieces in between. The result is still correct (section 3b). The counters of
+# rank 0, after its compiled training:
+
+# %%
+compiled = RESULTS[4][0]["compiled"]
+print(f"graphs compiled: {compiled['graphs']}")
+print(text_table(["graph break reason", "count"], [[reason, n] for reason, n in compiled["breaks"].items()]))
+
+# %% [markdown]
+# ## 6. Why the order: each wrong order, run for real
+#
+# Each wrong order moves one step in front of CP (`planted(parallelism, ORDER=...)` swaps the
+# order `parallelize` follows) and trains with the wrapper that moved switched on.
+#
+# **Predict.** Which of these break this model, and how: an error, a silently wrong result, or
+# nothing?
+
+# %%
+orders = {name: [r["orders"][name] for r in RESULTS[4]] for name in WRONG_ORDERS}
+order_rows, order_verdicts = [], []
+for name, per_rank in orders.items():
+    order, variant = WRONG_ORDERS[name]
+    if per_rank[0]["error"]:
+        outcome = f"error: {per_rank[0]['error']}"
+    else:
+        same = all(v.passed for v in param_verdicts([r["params"] for r in per_rank], DIMS4, variant))
+        outcome = "no difference: parameters match" if same else "SILENTLY WRONG: parameters differ (caught by the check)"
+    order_rows.append([name, " -> ".join(order), outcome])
+print(text_table(["wrong order", "applied", "what happened"], order_rows))
+order_verdicts = [
+    claim("FSDP before CP: harmless here", "no difference" in order_rows[0][2], order_rows[0][2]),
+    claim("compile before CP: harmless here", "no difference" in order_rows[1][2], order_rows[1][2]),
+    claim("AC before CP: silently wrong, caught", "SILENTLY WRONG" in order_rows[2][2], order_rows[2][2]),
+]
+print(verdict_table(order_verdicts, "wrong orders"))
+
+# %% [markdown]
+# <details><summary>Answer, and what makes order matter in Cosmos and torchtitan</summary>
+#
+# - **AC before CP is silently wrong.** `apply_ac("full")` replaces `model.blocks[i]` by a
+#   `CheckpointWrapper`; `apply_cp` then sets `.attention` on that wrapper, which registers a
+#   new submodule *on the wrapper*. The wrapped block still calls its local attention: each rank
+#   attends only over its own half of the tokens. Nothing fails, the loss is plausible, and only
+#   the element-wise check sees it.
+# - **compile before CP makes no difference here.** `torch.compile(block)` returns an
+#   `OptimizedModule` whose `__setattr__` forwards to the original module, and it compiles
+#   lazily, at the first call — after CP is in place. Had the block been called once before
+#   `apply_cp` (a warm-up, a shape probe), Dynamo would have traced local attention and would
+#   only recompile if its guards notice the swapped module.
+# - **FSDP before CP makes no difference here.** FSDP2's `fully_shard` does not wrap: it
+#   swaps the module's class in place and hooks it, so the attention swap and the new
+#   `SequenceShard` land on the same objects.
+#
+# In the real code the order is a contract because CP is not a plain attribute swap there.
+# torchtitan's `parallelize_llama` (`torchtitan/models/llama3/infra/parallelize.py`,
+# pytorch/torchtitan @ 018740b) installs CP first, on each `block.attention.inner_attention`
+# (`apply_cp_to_attention_module`; in `torchtitan/distributed/context_parallel.py` @ 2fc04c6
+# this is `parallelize_module` with a `_ContextParallel` plan: module hooks and DTensor
+# dispatch), then AC, then compile ("after AC wrapping and before FSDP"), then FSDP on the
+# flattened dp_shard·cp mesh. A compile before CP could trace the attention without those hooks;
+# FSDP's unshard/reshard hooks must sit outside the code they gather for, so FSDP is last.
+# Cosmos-RL's Qwen2.5-VL `parallelize` (`cosmos_rl/policy/model/qwen2_5_vl/parallelize.py`,
+# vinjn/cosmos-rl @ 1d7bbfa) actually applies **AC before CP** — and gets away with it, because
+# its `apply_cp` assigns `transformer_block.self_attn.attn_func`: it reaches *through*
+# `block.self_attn`, an attribute the checkpoint wrapper forwards to the wrapped block, so the
+# new function lands on the real attention module. Our `apply_cp` assigns on the object in
+# `model.blocks` itself, so the same order breaks. Its comment on compile placement points to
+# pytorch/torchtitan#472.
+# </details>
+
+# %% [markdown]
+# ## 7. A method other than `forward`: `register_fsdp_forward_method`
+#
+# FSDP gathers a unit's parameters in hooks around its `forward`. An autoregressive
+# `generate` (Cosmos's reasoner decodes this way) calls the root's layers directly, so the
+# root's parameters are still sharded `DTensor`s when it runs. The demo: 4 ranks, dp_shard 4,
+# a causal model, each rank decoding 4 tokens after its own 4-token prompt; first unregistered,
+# then after `register_fsdp_forward_method(model, "generate")`, compared with one process.
+
+# %%
+gen = [r["generate"] for r in RESULTS[4]]
+print("before registration, rank 0:", gen[0]["before"])
+local = build_model(causal=True)
+with torch.no_grad():
+    expected = [local.generate(g["prompt"], g["sigma"], 4) for g in gen]
+generate_verdicts = [
+    claim("unregistered generate fails on every rank", all(g["before"] != "ran" for g in gen),
+          gen[0]["before"].split(",")[0]),
+    folded("registered generate = one process (every rank)",
+           compare([g["after"] for g in gen], expected, atol=1e-12)),
+]
+print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
+
+# %% [markdown]
+# ## 8. Bug clinic: a data loader that looks right
+#
+# Below, the same 4-rank training (dp_shard 4, cp 2) ran once more inside the launch, with a
+# seeded bug in *which sample a rank loads* (`paralab.exercises.lab05`; do not read it yet).
+# Training runs without a complaint. The picture is `|buggy - reference|` for the first MLP
+# weight after 3 steps.
+
+# %%
+clinic = [r["clinic"] for r in RESULTS[4]]
+ref = reference_for(2, {})
+name = "blocks.0.mlp.up.weight"
+fig = viz.plot_diff_heatmap(ref[name], clinic[0][name], f"{name} after 3 steps: buggy loader vs one process",
+                            row_label="output unit", col_label="input unit")
+display(fig)
+plt.close(fig)
+clinic_verdicts = [
+    claim("buggy loader caught by the check", not all(v.passed for v in compare(clinic, [ref] * 4, atol=1e-12)),
+          "parameters differ"),
+    claim("every rank still agrees with every other", all(v.passed for v in compare(clinic, [clinic[0]] * 4)),
+          "FSDP keeps the ranks in sync"),
+]
+print(verdict_table(clinic_verdicts, "bug clinic"))
+
+# %% [markdown]
+# **What is wrong?** Hint: every rank still holds the same parameters (FSDP averaged
+# *something*). What did rank 1 train on?
+#
+# <details><summary>Answer</summary>
+#
+# The loader picks the sample by **global rank** (`sample_by_global_rank`: `rank` instead of
+# `rank // (cfgp·cp)`). Ranks 0 and 1, meant to be the two cp halves of sample 0, load samples
+# 0 and 1; ranks 2 and 3 load samples 2 and 3, which are not in the global batch at all. Each
+# rank still takes its own half of the tokens, so every "sequence" the ring attends over is a
+# chimera: the first half of one sample glued to the second half of another. Nothing
+# crashes, the shapes are right, FSDP still averages, and every rank agrees — only a comparison
+# with the single-process run on the real global batch shows it. The picture of who holds what:
+# </details>
+
+# %%
+fig = viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank), SHAPE["tokens"],
+                               "the buggy loader: cp partners hold halves of different samples")
+display(fig)
+plt.close(fig)
+
+# %% [markdown]
+# ## Closing table
+
+# %%
+sections = {
+    "3a loss normalization": loss_verdicts,
+    "3b parameters vs one process": param_rows,
+    "3c torchtitan reading": titan_verdicts,
+    "4 ledger = closed form": ledger_rows,
+    "6 wrong orders": order_verdicts,
+    "7 register_fsdp_forward_method": generate_verdicts,
+    "8 bug clinic": clinic_verdicts,
+}
+print(text_table(["section", "checks passed"], [[s, f"{sum(v.passed for v in vs)}/{len(vs)}"] for s, vs in sections.items()]))
+
+# %% [markdown]
+# ## What to try
+#
+# 1. In `loss_of`, divide the squared error by the *whole* sample's token count instead of
+#    taking the local mean (the rank's share of `ℓ_s`). Re-run from section 3: by what factor are
+#    the gradients off, and why does FSDP's average not fix it?
+# 2. Add `causal=True` to the 8-rank Ulysses jobs. Does Ulysses need zigzag? Does the ledger
+#    change?
+# 3. Add a fourth wrong order: AC *selective* before CP. Harmless or not? Why (look at what
+#    `apply_ac("selective")` wraps)?
+# 4. Predict the cp recompute bytes at cp = 8 with the ring and full AC, from the formula,
+#    then add the configuration to `CONFIGS` and check.
+# 5. In `generate_demo`, call `model(...)` once before the unregistered `generate`. Does it
+#    still fail? Which units' parameters are gathered at that moment, and which are not?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")

@@ -1,0 +1,86 @@
+"""paralab.train: the data rule, the byte formulas, the wrappers, and one composed run on real ranks.
+
+The lab's nbval run executes every configuration; these tests pin the pieces it relies on
+and run the public `train` entry point once on a path the lab does not (causal ring,
+full AC, Adam).
+"""
+import pytest
+import torch
+
+from paralab.check import assert_match
+from paralab.exercises.lab05 import sample_by_global_rank
+from paralab.launch import run
+from paralab.parallel_dims import ParallelDims
+from paralab.train import apply_ac, apply_compile, reference, train
+from paralab.train.costs import shard_bytes_of_unit, step_bytes, unit_shapes
+from paralab.train.model import SequenceShard, build_model
+from paralab.train.parallelism import CPAttention
+from paralab.train.runs import full_parameters, sample_index, samples_in_batch
+
+
+def test_cp_partners_load_the_same_sample_and_the_bug_does_not():
+    pd = ParallelDims(8, dp_replicate=2, dp_shard=4, cp=2)
+    assert samples_in_batch(pd) == 4
+    assert [sample_index(r, pd) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [sample_by_global_rank(r, pd) for r in range(8)] == list(range(8))
+
+
+def test_positions_are_global_and_zigzag_for_the_causal_ring():
+    assert SequenceShard(1, 2).positions(8).tolist() == [4, 5, 6, 7]
+    assert SequenceShard(0, 2, zigzag=True).positions(8).tolist() == [0, 1, 6, 7]
+
+
+def test_fsdp_shard_bytes_pad_dim0_to_the_group():
+    assert shard_bytes_of_unit([(4, 16)], 8) == 16 * 8  # 4 rows over 8 ranks: one (padded) row each
+    assert shard_bytes_of_unit([(32, 16), (4,)], 4) == (8 * 16 + 1) * 8
+
+
+def test_step_bytes_recompute_only_with_full_ac():
+    none, full, selective = (step_bytes(4, 1, 2, ac=ac) for ac in ("none", "full", "selective"))
+    assert full["cp", "recompute"] == full["cp", "forward"] == 2 * 2 * (1 * 8 * 16 * 2 * 8)  # L * 2(cp-1)S
+    assert selective == none and none["cp", "recompute"] == 0
+    assert {k: v for k, v in full.items() if k != ("cp", "recompute")} == {k: v for k, v in none.items() if k != ("cp", "recompute")}
+    hsdp = step_bytes(4, 2, 2)
+    assert hsdp["dp_replicate", "backward"] == sum(shard_bytes_of_unit(u, 4) for u in unit_shapes())
+
+
+def test_wrappers_land_where_cosmos_puts_them():
+    full = apply_compile(apply_ac(build_model(), "full"), True)
+    assert type(full.blocks[0]).__name__ == "OptimizedModule"
+    assert type(full.blocks[0]._orig_mod).__name__ == "CheckpointWrapper"
+    selective = apply_ac(build_model(), "selective")
+    assert type(selective.blocks[0].qkv).__name__ == "CheckpointWrapper"
+    assert type(selective.blocks[0].attention).__name__ == "LocalAttention"  # saved, never recomputed
+    assert set(full_parameters(full)) == set(full_parameters(build_model()))
+    with pytest.raises(ValueError, match="mode"):
+        apply_ac(build_model(), "sometimes")
+    with pytest.raises(ValueError, match="attention"):
+        CPAttention("tree", None, False)
+
+
+def _causal_full_ac_adam():
+    return train(ParallelDims(4, dp_shard=4, cp=2), attention="ring", ac="full", optimizer="adam", causal=True)
+
+
+def test_train_causal_ring_full_ac_adam_matches_one_process():
+    per_rank = run(_causal_full_ac_adam, 4, timeout=240)
+    expected = reference(samples=2, optimizer="adam", causal=True)
+    assert_match(per_rank, [expected] * 4, atol=1e-12)
+    assert all(torch.equal(per_rank[r]["head.weight"], per_rank[0]["head.weight"]) for r in range(4))
+
+
+def test_lab05_pictures_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab import viz
+
+    fig = viz.plot_token_ownership([0, 0, 1, 1], [[0, 1], [2, 3], [0, 1], [2, 3]], 4)
+    fig.canvas.draw()
+    plt.close(fig)
+    cells = {("dp_shard", "forward"): (10, 10), ("cp", "recompute"): (4, 4)}
+    fig = viz.plot_group_phase_bytes({"a": cells, "b": cells})
+    fig.canvas.draw()
+    plt.close(fig)
