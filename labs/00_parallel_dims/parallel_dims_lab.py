@@ -77,7 +77,13 @@ print("meshes before build_meshes:", pd.mesh)
 # The code, exactly as the package runs it:
 
 # %%
-# show: paralab.parallel_dims.ParallelDims.build_meshes paralab.parallel_dims.ParallelDims._build_mesh
+# show: paralab.parallel_dims.ParallelDims.build_meshes
+
+# %% [markdown]
+# `_build_mesh`, the one call to `init_device_mesh` per family (folded):
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.parallel_dims.ParallelDims._build_mesh
 
 # %% [markdown]
 # Every rank builds the meshes and reports its groups, read off the `DeviceMesh`

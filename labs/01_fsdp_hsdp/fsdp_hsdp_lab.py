@@ -70,16 +70,16 @@ def summary(name, rows):
 # flat vector; `free_unit_params` releases its storage once the unit has computed.
 
 # %%
-# show: paralab.fsdp.zero.padded_size paralab.fsdp.zero.flat_shard paralab.fsdp.zero.gather_unit_params paralab.fsdp.zero.free_unit_params
+# show: paralab.fsdp.zero.flat_shard paralab.fsdp.zero.gather_unit_params paralab.fsdp.zero.free_unit_params
 
 # %% [markdown]
-# `shard_unit` keeps the shard as an `nn.Parameter` (so autograd can accumulate its
+# `padded_size` rounds up to a multiple of $n$. `shard_unit` keeps the shard as an `nn.Parameter` (so autograd can accumulate its
 # gradient) and moves the module to the `meta` device: it keeps its structure, not its
 # numbers. `unflatten` gives views into the gathered vector, one per parameter. (Folded:
 # click to open.)
 
 # %% jupyter={"source_hidden": true}
-# show: paralab.fsdp.zero.FlatUnit paralab.fsdp.zero.shard_unit paralab.fsdp.zero.unflatten
+# show: paralab.fsdp.zero.padded_size paralab.fsdp.zero.FlatUnit paralab.fsdp.zero.shard_unit paralab.fsdp.zero.unflatten
 
 # %% [markdown]
 # **A tiny run.** One unit, `Linear(2, 3)` (9 parameters), on 2 real ranks.
@@ -738,6 +738,8 @@ fig = plot_rank_strip(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
                       unit="|buggy - correct| (parameter value)")
 plt.show()
 plt.close(fig)
+
+# %%
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
 print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
