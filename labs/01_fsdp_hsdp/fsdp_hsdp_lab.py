@@ -359,7 +359,7 @@ print("\n".join(c.describe() for c in CLAIMS[-2:]))
 print(verdict_table(rows, "vs the rank-by-rank reference: exact for 2-rank groups, 1e-12 otherwise"))
 
 # %% [markdown]
-# ## 7. The real engine, its mesh, and torchtitan's reading
+# ## 7. The real engine, and the 2-D-mesh trap
 #
 # FSDP2's `fully_shard` on `fsdp_mesh(ParallelDims(...))` — the 1-D shard mesh, or the
 # 2-D `(dp_replicate, dp_shard)` mesh for HSDP — reaches the same parameters (rows
