@@ -256,7 +256,7 @@ to_stdout.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 to_stdout.addFilter(lambda record: logged.append(record) or True)
 descriptor_log = logging.getLogger("paralab.parallel_dims")
 descriptor_log.setLevel(logging.INFO)
-descriptor_log.addHandler(to_stdout)
+descriptor_log.handlers[:] = [to_stdout]  # replace, so re-running the cell prints the line once
 descriptor_log.propagate = False
 inferred = ParallelDims(8, cp=2)
 print(f"dp_shard=-1 on 8 ranks with cp=2 -> dp_shard={inferred.dp_shard} (cp does not eat the dp budget)")

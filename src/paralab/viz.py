@@ -208,22 +208,29 @@ def plot_traffic(table: dict[str, dict[int, tuple[int, ...]]]) -> Figure:
 
 
 def plot_memory(table: dict[str, dict[str, int]], formulas: dict[str, int]) -> Figure:
-    """Stacked bars of bytes one rank holds; a black tick marks the formula's total."""
+    """Stacked horizontal bars of the bytes one rank holds, one row per job; a black tick marks the formula's total."""
     parts = ["params", "grads", "optimizer", "gathered peak"]
     labels = list(table)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    bottom = [0] * len(labels)
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.42 * len(labels)))
+    left = [0] * len(labels)
     for part in parts:
-        heights = [table[label][part] for label in labels]
-        ax.bar(range(len(labels)), heights, 0.6, bottom=bottom, label=part)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.plot(range(len(labels)), [formulas[label] for label in labels], "k_", markersize=30, mew=2, label="formula total")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylim(0, 1.25 * max(max(bottom), max(formulas.values())))
-    ax.set_ylabel("bytes held by one rank")
-    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)")
-    ax.legend(fontsize=8, ncol=5, loc="upper center")
-    fig.tight_layout()
+        widths = [table[label][part] for label in labels]
+        ax.barh(range(len(labels)), widths, 0.6, left=left, label=part)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.plot([formulas[label] for label in labels], range(len(labels)), "k|", markersize=18, mew=2,
+            label="formula total")
+    for y, total in enumerate(left):
+        ax.text(total + 0.01 * max(left), y, f"{total:,} B", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(left), max(formulas.values())))
+    ax.set_xlabel("bytes held by one rank")
+    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)", fontsize=10)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, ncol=5, loc="lower center", frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
     return fig
 
 
