@@ -17,6 +17,9 @@ from paralab.cfgp import (
     timesteps,
 )
 from paralab.check import CheckFailed, assert_match
+from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
+from paralab.exercises.lab03 import SAMPLER_BUGS, noise_per_rank_seed, wrong_sign
+from paralab.ledger import calls, received, sent
 from paralab.launch import LaunchError, run
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
 
@@ -32,17 +35,13 @@ def setup():
     return model, cond, uncond, reference
 
 
-def wrong_sign_combine(cond_pred, uncond_pred, guidance_scale):
-    return uncond_pred - guidance_scale * (cond_pred - uncond_pred)
-
-
 # ------------------------------------------------------------------ pure logic
 def test_cfg_combine_endpoints_and_sign():
     c, u = torch.tensor([3.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
     assert cfg_combine(c, u, 0.0).item() == 1.0  # w = 0: unconditional
     assert cfg_combine(c, u, 1.0).item() == 3.0  # w = 1: conditional
     assert cfg_combine(c, u, 5.0).item() == 11.0  # w > 1: extrapolate past cond
-    assert wrong_sign_combine(c, u, 5.0).item() != cfg_combine(c, u, 5.0).item()
+    assert wrong_sign(c, u, 5.0).item() != cfg_combine(c, u, 5.0).item()
 
 
 def test_timesteps_go_from_noise_to_clean():
@@ -97,11 +96,6 @@ def test_parallel_dims_inference_only_rules():
     assert ParallelDims(world_size=2, cfgp=2, enable_inference_mode=True).cfgp == 2
 
 
-def test_unknown_noise_mode_is_rejected():
-    with pytest.raises(ValueError, match="noise="):
-        initial_latent((1, 4, 2), 0, None, noise="fresh")
-
-
 # ------------------------------------------------------------------ real ranks
 def _broadcast_probe(shape, seed):
     """Each rank first scrambles its global RNG differently, as real code does between launches."""
@@ -110,7 +104,7 @@ def _broadcast_probe(shape, seed):
     pd.build_meshes("cpu")
     return {
         "broadcast": initial_latent(shape, seed, pd),
-        "per_rank_seed": initial_latent(shape, seed, pd, noise="per_rank_seed"),
+        "per_rank_seed": noise_per_rank_seed(shape, seed, pd),
     }
 
 
@@ -123,25 +117,11 @@ def test_noise_is_broadcast_over_the_cfgp_group():
         assert_match([o["per_rank_seed"] for o in out], [expected, expected])
 
 
-def _cfgp_variants(model, cond, uncond, steps, w, seed):
-    """Several sampler variants in ONE launch (launches cost time); each returns its latent and records."""
-    variants = {
-        "p2p": {},
-        "all_gather": {"exchange": "all_gather"},
-        "per_rank_seed": {"noise": "per_rank_seed"},
-        "wrong_sign": {"combine": wrong_sign_combine},
-    }
-    out = {}
-    for name, extra in variants.items():
-        r = sample_on_rank(model, cond, uncond, {"cfgp": 2}, steps=steps, guidance_scale=w, seed=seed, **extra)
-        out[name] = r
-    return out
-
-
 @pytest.fixture(scope="module")
 def cfgp_runs(setup):
     model, cond, uncond, _ = setup
-    return run(_cfgp_variants, 2, model, cond, uncond, STEPS, W, SEED)
+    return run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS, SAMPLER_BUGS,
+               steps=STEPS, guidance_scale=W, seed=SEED)
 
 
 @pytest.mark.parametrize("exchange", ["p2p", "all_gather"])
@@ -162,14 +142,11 @@ def test_ledger_one_latent_each_way_per_step(setup, cfgp_runs):
     model = setup[0]
     latent_bytes = torch.zeros(model.latent_shape, dtype=torch.float64).nbytes
     for rank, r in enumerate(cfgp_runs):
-        p2p = [rec for rec in r["p2p"]["records"] if rec.op in ("isend", "irecv")]
-        assert sum(rec.bytes_sent for rec in p2p) == STEPS * latent_bytes
-        assert sum(rec.bytes_received for rec in p2p) == STEPS * latent_bytes
-        assert len(p2p) == 2 * STEPS and {rec.peer for rec in p2p} == {1 - rank}
-        gathers = [rec for rec in r["all_gather"]["records"] if rec.op == "all_gather"]
-        assert len(gathers) == STEPS and sum(rec.bytes_sent for rec in gathers) == STEPS * latent_bytes
-        noise = [rec for rec in r["p2p"]["records"] if rec.op == "broadcast"]
-        assert len(noise) == 1 and noise[0].bytes_sent == (latent_bytes if rank == 0 else 0)
+        p2p, gathered = r["p2p"]["records"], r["all_gather"]["records"]
+        assert sent(p2p, op="isend", peer=1 - rank) == received(p2p, op="irecv", peer=1 - rank) == STEPS * latent_bytes
+        assert calls(p2p, op="isend") == calls(p2p, op="irecv") == STEPS
+        assert calls(gathered, op="all_gather") == STEPS and sent(gathered, op="all_gather") == STEPS * latent_bytes
+        assert calls(p2p, op="broadcast") == 1 and sent(p2p, op="broadcast") == (latent_bytes if rank == 0 else 0)
 
 
 def test_batched_branches_rejected_under_cfgp(setup):

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from paralab import cp
-from paralab.cfgp import sample, sample_on_rank
+from paralab.cfgp import sample, sample_on_rank, sample_variants
 from paralab.check import CheckFailed, assert_match
+from paralab.exercises.lab03 import per_rank_noise
 from paralab.launch import run
+from paralab.ledger import calls, sent
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
 
 STEPS, W, SEED = 3, 4.0, 5
@@ -32,19 +34,12 @@ def setup():
     return model, cond, uncond, refs
 
 
-def _variants(model, cond, uncond, dims):
-    kw = dict(steps=STEPS, guidance_scale=W, seed=SEED)
-    return {
-        "ring": sample_on_rank(model, cond, uncond, dims, cp_attention="ring", **kw),
-        "ulysses": sample_on_rank(model, cond, uncond, dims, cp_attention="ulysses", **kw),
-        "per_rank_seed": sample_on_rank(model, cond, uncond, dims, cp_attention="ulysses", noise="per_rank_seed", **kw),
-    }
-
-
 @pytest.fixture(scope="module")
 def runs(setup):
     model, cond, uncond, _ = setup
-    return run(_variants, 4, model, cond, uncond, DIMS)
+    variants = {"ring": {"cp_attention": "ring"}, "ulysses": {}}
+    return run(sample_variants, 4, model, cond, uncond, DIMS, variants, {"per_rank_seed": per_rank_noise},
+               cp_attention="ulysses", steps=STEPS, guidance_scale=W, seed=SEED)
 
 
 def test_mesh_places_branches_and_shards(runs):
@@ -85,14 +80,12 @@ def test_ledger_cfgp_swap_is_a_shard_per_step_and_cp_pays_per_layer(setup, runs)
     for rank, r in enumerate(runs):
         cfgp_peer = (rank + 2) % 4
         recs = r["ring"]["records"]
-        swap = [x for x in recs if x.op == "isend" and x.peer == cfgp_peer]
-        assert len(swap) == STEPS and sum(x.bytes_sent for x in swap) == STEPS * shard_latent
-        ring = [x for x in recs if x.op == "isend" and x.peer != cfgp_peer]
+        assert calls(recs, op="isend", peer=cfgp_peer) == STEPS
+        assert sent(recs, op="isend", peer=cfgp_peer) == STEPS * shard_latent
         per_layer = cp.ring_bytes(qkv_shard, 2)["forward"]
-        assert sum(x.bytes_sent for x in ring) == STEPS * model.n_attention_layers * per_layer
-        uly = [x for x in r["ulysses"]["records"] if x.op == "all_to_all_single"]
+        assert sent(recs, op="isend") - STEPS * shard_latent == STEPS * model.n_attention_layers * per_layer
         per_layer = cp.ulysses_bytes(qkv_shard, 2)["forward"]
-        assert sum(x.bytes_sent for x in uly) == STEPS * model.n_attention_layers * per_layer
+        assert sent(r["ulysses"]["records"], op="all_to_all_single") == STEPS * model.n_attention_layers * per_layer
 
 
 def test_cp_alone_runs_both_branches_on_each_shard(setup):

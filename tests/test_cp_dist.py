@@ -3,19 +3,27 @@
 One launch per cp runs every configuration (causal or not, contiguous or zigzag,
 both Ulysses layouts) and returns results plus ledger records for each.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import paralab.cp as cp
 import paralab.cp.ring as ring_module
+import paralab.cp.ulysses as ulysses_module
 from paralab import ParallelDims
-from paralab.check import CheckFailed, assert_match
-from paralab.cp.runs import CONFIGS, CPConfig, assemble, attend, bytes_formula, cp_worker, rank_inputs, sdpa_reference
+from paralab.check import assert_match
+from paralab.cp.runs import (
+    CONFIGS, CPConfig, assemble, attend, check_bytes, check_config, correct_and_buggy, cp_worker, rank_inputs,
+    sdpa_reference,
+)
 from paralab.exercises import planted
-from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
+from paralab.exercises.lab02 import (
+    merge_without_rescaling, pack_heads_without_transpose, pack_seq_strided, replicated_clinic_bug, ring_clinic_bug,
+    unpack_heads_interleaved, unpack_seq_heads_mixed,
+)
 from paralab.launch import LaunchError, run
-from paralab.ledger import sent
 
 
 def _shape(world):
@@ -28,14 +36,8 @@ def _tensors(world, seed=0):
     return [torch.randn(*_shape(world), dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
 
 
-def _check(results, full, config, world):
-    """max |diff| <= 1e-12 relative to each reference tensor's largest magnitude."""
-    ref = sdpa_reference(full, config.causal)
-    expected = [dict(zip(ref, rank_inputs(list(ref.values()), config, r, world))) for r in range(world)]
-    for name in ("out", "dq", "dk", "dv"):
-        scale = max(e[name].abs().max().item() for e in expected)
-        assert_match([r[name] for r in results], [e[name] for e in expected], atol=1e-12 * scale,
-                     name=f"{config.name} {name}")
+def _failed(verdicts):
+    return [v.describe() for v in verdicts if not v.passed]
 
 
 def _results(per_rank):
@@ -51,45 +53,45 @@ def launched(request):
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
 def test_matches_sdpa_forward_and_backward(launched, index):
-    world, full, per_config = launched
-    _check(per_config[index], full, CONFIGS[index], world)
+    _, full, per_config = launched
+    assert not _failed(check_config(per_config[index], CONFIGS[index], full))
 
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
 def test_bytes_per_rank_equal_formula(launched, index):
     world, _, per_config = launched
-    want = bytes_formula(CONFIGS[index], _shape(world), world)
-    measured = [{p: sent(r["records"], phase=p) for p in want} for r in per_config[index]]
-    assert measured == [want] * world
+    assert not _failed(check_bytes(per_config[index], CONFIGS[index], _shape(world)))
 
 
 def _merge_bug():
     return planted(ring_module, merge_partials=merge_without_rescaling)
 
 
-def _planted_run(full, config, forward_bug=None, backward_bug=None):
-    if forward_bug is None:
-        return cp_worker(full, [config], during_backward=backward_bug)
-    with forward_bug():
-        return cp_worker(full, [config])
-
-
-@pytest.mark.parametrize("where", ["forward", "backward"])
-def test_broken_variants_are_caught(where):
+@pytest.mark.parametrize("bug, backward_only", [(_merge_bug, False), (ring_clinic_bug, True)])
+def test_broken_variants_are_caught(bug, backward_only):
     world, config = 2, CPConfig("ring", causal=True, zigzag=True)
     full = _tensors(world, seed=1)
-    bug = {"forward_bug": _merge_bug} if where == "forward" else {"backward_bug": ring_clinic_bug}
-    results = _results(run(_planted_run, world, full, config, **bug))[0]
-    with pytest.raises(CheckFailed):
-        _check(results, full, config, world)
+    good, bad = zip(*run(correct_and_buggy, world, full, config, bug, backward_only))
+    assert not _failed(check_config(list(good), config, full))
+    assert _failed(check_config(list(bad), config, full))
+
+
+@pytest.mark.parametrize("step, bug", [("pack_heads", pack_heads_without_transpose),
+                                       ("unpack_heads", unpack_heads_interleaved),
+                                       ("pack_seq", pack_seq_strided), ("unpack_seq", unpack_seq_heads_mixed)])
+def test_each_ulysses_step_bug_breaks_the_real_attention(step, bug):
+    """Each exercise's bug variant, planted as one step of the real Ulysses loop, fails the same check."""
+    world, config = 2, CPConfig("ulysses", causal=True)
+    full = _tensors(world, seed=3)
+    _, bad = zip(*run(correct_and_buggy, world, full, config, functools.partial(planted, ulysses_module, **{step: bug}),
+                      False))
+    assert _failed(check_config(list(bad), config, full))
 
 
 def test_replicated_backward_by_reduce_scatter_gives_cp_times_the_gradient():
     """The bug clinic's second case: the backward of the output all-gather must slice dout, not sum it."""
     world, config = 2, CPConfig("ulysses", causal=False, layout="replicated")
-    full = _tensors(world, seed=2)
-    good = _results(run(_planted_run, world, full, config))[0]
-    bad = _results(run(_planted_run, world, full, config, backward_bug=replicated_clinic_bug))[0]
+    good, bad = zip(*run(correct_and_buggy, world, _tensors(world, seed=2), config, replicated_clinic_bug))
     for rank in range(world):
         for name in ("dq", "dk", "dv"):
             assert torch.equal(bad[rank][name], world * good[rank][name])

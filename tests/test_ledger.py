@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from paralab import ParallelDims, fsdp_mesh
+from paralab.fsdp.runs import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.ledger import Ledger, format_table, merge
 
@@ -67,28 +67,13 @@ def test_ledger_restores_torch_distributed():
     assert run(_ledger_restores_torch, 2) == [True, True]
 
 
-def _fsdp2_step(two_d: bool):
-    from torch.distributed.fsdp import fully_shard
-
-    pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes("cpu")
-    mesh = pd.dp_mesh if two_d else fsdp_mesh(pd)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)).double()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    with Ledger() as led:
-        with led.phase("forward"):
-            loss = model(torch.randn(3, 6, dtype=torch.float64)).sum()
-        with led.phase("backward"):
-            loss.backward()
-    return {(k[0], k[1], k[2]): t.calls for k, t in led.summary(by=("phase", "op", "group_size")).items()}
+def _fsdp2_step(two_d: bool) -> dict[tuple, int]:
+    calls = run(fsdp2_mesh_calls, 4, two_d)[0]
+    return {key: calls.count(key) for key in set(calls)}
 
 
 def test_fsdp2_on_a_2d_mesh_adds_one_rank_all_reduce_per_unit():
-    one_d = run(_fsdp2_step, 4, False)[0]
-    two_d = run(_fsdp2_step, 4, True)[0]
+    one_d, two_d = _fsdp2_step(False), _fsdp2_step(True)
     assert one_d == {
         ("forward", "all_gather_single", 4): 2,
         ("backward", "all_gather_single", 4): 2,

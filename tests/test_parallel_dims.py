@@ -1,4 +1,4 @@
-"""ParallelDims: every rule of shared/spec/parallel_dims.md, pure logic first, then real meshes."""
+"""ParallelDims: every rule of docs/parallel_dims.md, pure logic first, then real meshes."""
 import logging
 import warnings
 
@@ -123,7 +123,7 @@ def test_construction_succeeds_exactly_when_invariants_hold(world, dp_shard, dp_
     assert world % (pd.cfgp * pd.cp) == 0 and world % pd.lb == 0
 
 
-# The table of shared/spec/parallel_dims.md, verified there on torch 2.13 / gloo.
+# The example table of docs/parallel_dims.md, on real gloo meshes.
 SPEC_TABLE = {
     0: {"dp_shard": [0, 1, 2, 3], "dp_replicate": [0, 4], "cfgp": [0, 2], "cp": [0, 1], "lb": [0, 1]},
     1: {"dp_shard": [0, 1, 2, 3], "dp_replicate": [1, 5], "cfgp": [1, 3], "cp": [0, 1], "lb": [0, 1]},
@@ -193,4 +193,4 @@ def test_fsdp_mesh_none_for_one_rank_and_2d_for_pure_replication():
 )
 def test_build_mesh_rejects_bad_shapes(dims, names, message):
     with pytest.raises(ValueError, match=message):
-        ParallelDims(8)._build_mesh(dims, names)
+        ParallelDims(8)._build_mesh("cpu", dims, names)

@@ -4,13 +4,11 @@ import sys
 import cloudpickle
 import pytest
 import torch
-import torch.distributed as dist
 
-from paralab import ParallelDims
 from paralab.check import CheckFailed, assert_match
 from paralab.launch import LaunchTimeout, run
 from paralab.models import TinyVideoEncoder, random_raw_videos
-from paralab.exercises.lab04 import raw_pixels_clinic
+from paralab.exercises.lab04 import raw_pixels_clinic, skip_when_empty
 from paralab.vae_lb import encode_cost, offload_encode
 from paralab.vae_lb.runs import LBRun, fingerprint, groups_of, lb_worker, reference_latents, run_checks
 
@@ -91,20 +89,10 @@ def test_costs_and_videos_must_match():
         run(mismatched, 1)
 
 
-def skip_when_empty(batches):
-    """Worker with the data-dependent skip the protocol forbids: an empty rank returns at once."""
-    pd = ParallelDims(dist.get_world_size(), lb=2)
-    pd.build_meshes("cpu")
-    videos = batches[dist.get_rank()]
-    if not videos:
-        return []
-    return offload_encode(videos, [encode_cost(v) for v in videos], TinyVideoEncoder(), pd.lb_mesh.get_group())
-
-
 def test_a_rank_that_skips_the_collectives_hangs_its_peer():
     batches = [random_raw_videos(n, seed=60 + r) for r, n in enumerate([2, 1, 0, 2])]
     with pytest.raises(LaunchTimeout) as caught:
-        run(skip_when_empty, 4, batches, timeout=3)
+        run(lb_worker, 4, batches, [LBRun(2, skip_when_empty)], timeout=3)
     assert caught.value.hung_ranks == [3]  # rank 2's only lb peer; group [0, 1] finished
 
 

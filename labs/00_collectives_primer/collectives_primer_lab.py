@@ -29,10 +29,8 @@
 # %% jupyter={"source_hidden": true}
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from IPython.display import display
 
 from paralab.check import claim, compare, verdict_table
 from paralab.collectives import costs, runs
@@ -40,16 +38,11 @@ from paralab.collectives.runs import OPS, before_after_table, op_input
 from paralab.launch import run
 from paralab.ledger import calls, sent
 from paralab.tables import text_table
-from paralab.viz import plot_collective
+from paralab.viz import plot_collective, show
 
 WORLD = 4
 lab_start = time.perf_counter()
 verdicts = []
-
-
-def show(fig):
-    display(fig)
-    plt.close(fig)
 
 
 def show_collective(op, title=None):

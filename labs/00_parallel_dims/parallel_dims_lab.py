@@ -39,16 +39,14 @@ import logging
 import sys
 import warnings
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from IPython.display import display
 
 from paralab import ParallelDims
 from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
-from paralab.viz import plot_dp_grid, plot_rank_groups, plot_rank_strip
+from paralab.viz import plot_dp_grid, plot_rank_groups, plot_rank_strip, show
 
 WORLD = 8
 CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
@@ -152,9 +150,7 @@ print(verdict_table(group_verdicts, "each (rank, axis) group: DeviceMesh vs pred
 # gradients down a column.
 
 # %%
-fig = plot_dp_grid(pd.dp_replicate, pd.dp_shard)
-display(fig)
-plt.close(fig)
+show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %% [markdown]
 # The overlay axes group the *same* 8 ranks again. Each panel colours every rank (`r0`…`r7`) by
@@ -168,10 +164,8 @@ plt.close(fig)
 # gets the fastest links is a choice to make per workload, from its traffic.
 
 # %%
-fig = plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                       title="One world of 8 ranks (r0-r7), five groupings: ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2)")
-display(fig)
-plt.close(fig)
+show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
+                      title="One world of 8 ranks (r0-r7), five groupings: ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2)"))
 
 # %% [markdown]
 # ## 3. Which data each rank gets in the overlay
@@ -302,11 +296,9 @@ AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
 truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
 buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
 clinic = compare(buggy, truth, name="buggy predict_groups")
-fig = plot_rank_strip(truth, buggy, [(axis, len(groups[0][axis])) for axis in AXES],
-                      "buggy predict_groups vs the real DeviceMesh: each rank's group members, axis by axis",
-                      unit="|predicted - true| (rank numbers)")
-display(fig)
-plt.close(fig)
+show(plot_rank_strip(truth, buggy, [(axis, len(groups[0][axis])) for axis in AXES],
+                     "buggy predict_groups vs the real DeviceMesh: each rank's group members, axis by axis",
+                     unit="|predicted - true| (rank numbers)"))
 verdicts.append(claim("the element-wise check catches the buggy prediction", not clinic[0].passed,
                       f"the check catches the bug: {clinic[0].n_diff} of {truth.numel()} group members differ"))
 print(verdicts[-1].describe())

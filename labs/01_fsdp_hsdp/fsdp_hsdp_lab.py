@@ -32,7 +32,6 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 from IPython.display import Markdown, display
@@ -43,11 +42,12 @@ from paralab.launch import run
 from paralab.models import make_mlp_stack
 from paralab.fsdp import runs as fsdp_runs
 from paralab.fsdp.runs import (
-    Job, STEPS, check_counts, check_params, fold, reference_first_gradient, reference_first_loss,
-    train_reference, train_reference_rank_by_rank, unit_numels,
+    MEMORY_PARTS, STEPS, Job, check_fsdp2_calls, check_memory, check_params, check_traffic, fold, fsdp2_calls,
+    fsdp2_mesh_calls, reference_first_gradient, reference_first_loss, train_reference, train_reference_rank_by_rank,
+    unit_numels,
 )
 from paralab.viz import (
-    plot_fsdp_timeline, plot_memory, plot_overlay_vs_consuming, plot_rank_strip, plot_shard_layout, plot_traffic,
+    plot_fsdp_timeline, plot_memory, plot_overlay_vs_consuming, plot_rank_strip, plot_shard_layout, plot_traffic, show,
 )
 
 LAB_START = time.monotonic()
@@ -132,9 +132,7 @@ UNIT_NAMES = [f"block {i}" for i in range(len(model.blocks))] + ["head"]
 print(model)
 print("parameters per unit:", dict(zip(UNIT_NAMES, NUMELS)), "total", sum(NUMELS))
 for world, replicas in [(8, 1), (8, 2)]:
-    fig = plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES)
-    plt.show()
-    plt.close(fig)
+    show(plot_shard_layout(NUMELS, world, replicas, UNIT_NAMES))
 
 # %% [markdown]
 # ## 2. The gradient: reduce-scatter, and the replica all-reduce
@@ -251,9 +249,7 @@ print(len(RESULTS), "jobs:", ", ".join(RESULTS))
 
 # %%
 r = RESULTS["ZeRO-3 n=4 adam"][0]
-fig = plot_fsdp_timeline(r["records"], UNIT_NAMES, resident_bytes=sum(r["memory"][k] for k in ("params", "grads", "optimizer")))
-plt.show()
-plt.close(fig)
+show(plot_fsdp_timeline(r["records"], UNIT_NAMES, resident_bytes=sum(r["memory"][k] for k in ("params", "grads", "optimizer"))))
 
 # %% [markdown]
 # ## 6. Exactness against one process on the whole global batch
@@ -397,7 +393,8 @@ for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
 
 # %% [markdown]
 # **A tiny run of the trap.** Two `Linear(8, 8)` layers, each its own FSDP2 unit, one
-# forward and backward on 4 ranks, once per mesh.
+# forward and backward on 4 ranks, once per mesh (`fsdp.runs.fsdp2_mesh_calls`, which
+# `tests/test_ledger.py` runs too).
 #
 # **Predict before you run:** how many all-gathers, reduce-scatters and all-reduces
 # does each mesh give?
@@ -412,27 +409,9 @@ for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
 
 
 # %%
-def fsdp2_step_counts(use_fsdp_mesh):
-    from torch.distributed.fsdp import fully_shard
-
-    from paralab.ledger import Ledger
-
-    pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes("cpu")
-    mesh = fsdp_mesh(pd) if use_fsdp_mesh else pd.dp_mesh
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).double()
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    with Ledger() as ledger:
-        model(torch.randn(4, 8, dtype=torch.float64)).sum().backward()
-    return [(r.op, r.group_size) for r in ledger.records]
-
-
 counts = {}
 for use in (True, False):
-    ops = run(fsdp2_step_counts, 4, use)[0]
+    ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
     counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
     label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
     print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))
@@ -449,27 +428,12 @@ print(verdict_table(trap_rows, "the 2-D-mesh trap on 2 units"))
 # The same counts for every FSDP2 job of the real runs, every rank and every step:
 
 # %%
-def calls_per_step(records, op, group_size=None):
-    return sum(1 for r in records if r.op == op and (group_size is None or r.group_size == group_size)) // STEPS
-
-
-n_units = len(NUMELS)
 rows = []
 for label, res in RESULTS.items():
-    job = res[0]["job"]
-    if job.engine != "fsdp2":
-        continue
-    one_rank = n_units if job.mesh == "dp_mesh" else 0
-    replica = n_units if job.dp_replicate > 1 else 0
-
-    def counts(records):
-        return [calls_per_step(records, "all_gather_single"), calls_per_step(records, "reduce_scatter_single"),
-                calls_per_step(records, "all_reduce", 1), calls_per_step(records, "all_reduce", job.dp_replicate)
-                if job.dp_replicate > 1 else 0]
-
-    recs = [r["records"] for r in res]
-    print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces {counts(recs[0])}")
-    rows.append(check_counts(f"{label}", [counts(r) for r in recs], [2 * n_units, n_units, one_rank, replica]))
+    if res[0]["job"].engine == "fsdp2":
+        print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces "
+              f"{fsdp2_calls(res[0]['records'], res[0]['job'].dp_replicate)}")
+        rows.append(check_fsdp2_calls(res, len(NUMELS)))
 CLAIMS.append(summary("FSDP2 calls per unit per step = formula; the (1, n) mesh adds a 1-rank all-reduce", rows + trap_rows))
 print(CLAIMS[-1].describe())
 
@@ -522,9 +486,7 @@ overlay = [{"dp_shard": c["overlay dp_shard = FSDP"], "dp_replicate": c["overlay
            for c in contrast]
 consuming = [{"dp_shard_cp": c["titan FSDP group"], "dp_shard": c["titan dp_shard"], "cp": c["titan cp"]}
              for c in contrast]
-fig = plot_overlay_vs_consuming(overlay, consuming)
-plt.show()
-plt.close(fig)
+show(plot_overlay_vs_consuming(overlay, consuming))
 fsdp_sizes = torch.tensor([[len(r["titan FSDP group"]), len(r["overlay dp_shard = FSDP"])] for r in contrast])
 titan_rows = compare(fsdp_sizes, torch.tensor([[8, 4]] * 8), name="FSDP group size: consuming 8, overlay 4")
 print(verdict_table(titan_rows, "consuming vs overlay"))
@@ -600,15 +562,14 @@ for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
-    ops = sorted(formula)
-    measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in res]
-    rows.append(check_counts(f"{label}: {', '.join(ops)}", measured, [formula[op] for op in ops]))
+    rows.append(check_traffic(res, NUMELS))
     if job.optimizer == "adam":
+        formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
+        per_op = per_step_sent(res[0]["records"], STEPS)
         # HSDP's only cross-replica collective is the gradient shard's all-reduce; everything else stays in a group
-        across = sum(m for op, m in zip(ops, measured[0]) if op == "all_reduce" and job.dp_replicate > 1)
-        TRAFFIC.setdefault(job.strategy, {})[world] = (sum(measured[0]) - across, across, sum(formula.values()))
-        print(f"{label:<22} measured {sum(measured[0]):5d} B/step ({across:4d} across replicas)  "
+        across = per_op.get("all_reduce", 0) if job.dp_replicate > 1 else 0
+        TRAFFIC.setdefault(job.strategy, {})[world] = (sum(per_op.values()) - across, across, sum(formula.values()))
+        print(f"{label:<22} measured {sum(per_op.values()):5d} B/step ({across:4d} across replicas)  "
               f"formula {sum(formula.values()):5d} B/step  {formula}")
 CLAIMS.append(summary(f"bytes sent per rank per step = ring formula, every rank of {len(rows)} jobs", rows))
 print(CLAIMS[-1].describe())
@@ -617,9 +578,7 @@ print(CLAIMS[-1].describe())
 print(verdict_table(rows, "bytes sent per rank per step, every rank vs formula"))
 
 # %%
-fig = plot_traffic(TRAFFIC)
-plt.show()
-plt.close(fig)
+show(plot_traffic(TRAFFIC))
 
 # %% [markdown]
 # One panel per strategy, so each one's trend with the world size shows; HSDP's bars
@@ -660,19 +619,17 @@ plt.close(fig)
 # show: paralab.fsdp.costs.memory_formula
 
 # %%
-PARTS = ["params", "grads", "optimizer", "gathered peak"]
 rows, MEMORY, MEMORY_FORMULA = [], {}, {}
 for label, res in RESULTS.items():
     job, world = res[0]["job"], res[0]["world"]
     if job.engine == "fsdp2":
         continue
-    formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
-    rows.append(check_counts(f"{label}: {', '.join(PARTS)}",
-                             [[r["memory"][p] for p in PARTS] for r in res], [formula[p] for p in PARTS]))
+    rows.append(check_memory(res, NUMELS))
     if job.optimizer == "adam":
+        formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
         MEMORY[label] = res[0]["memory"]
         MEMORY_FORMULA[label] = sum(formula.values())
-        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in PARTS)
+        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in MEMORY_PARTS)
               + f"  total {sum(res[0]['memory'].values()):5d}  formula {sum(formula.values()):5d}")
 CLAIMS.append(summary(f"bytes held per rank (4 parts) = formula, every rank of {len(rows)} jobs", rows))
 print(CLAIMS[-1].describe())
@@ -681,9 +638,7 @@ print(CLAIMS[-1].describe())
 print(verdict_table(rows, "bytes held per rank, every rank vs formula"))
 
 # %%
-fig = plot_memory(MEMORY, MEMORY_FORMULA)
-plt.show()
-plt.close(fig)
+show(plot_memory(MEMORY, MEMORY_FORMULA))
 
 # %% [markdown]
 # The trade is visible: ZeRO-2-like saves one all-gather per unit but holds every
@@ -731,13 +686,11 @@ CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
 clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
 correct, buggy = ([[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1))
 shard_sizes = [p.numel() for p in correct[0][0]["params"]]
-fig = plot_rank_strip(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
-                      torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
-                      [(f"{name} shard", size) for name, size in zip(UNIT_NAMES, shard_sizes)],
-                      f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: every parameter element each rank holds after 3 steps",
-                      unit="|buggy - correct| (parameter value)")
-plt.show()
-plt.close(fig)
+show(plot_rank_strip(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
+                     torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
+                     [(f"{name} shard", size) for name, size in zip(UNIT_NAMES, shard_sizes)],
+                     f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: every parameter element each rank holds after 3 steps",
+                     unit="|buggy - correct| (parameter value)"))
 
 # %%
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]

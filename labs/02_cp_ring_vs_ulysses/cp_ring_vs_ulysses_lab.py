@@ -58,19 +58,22 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from paralab import viz
-from paralab.check import CheckFailed, assert_match, compare, verdict_table
+from paralab.viz import show
+from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.cp import shard_bytes
 from paralab.cp.costs import ring_bytes, ulysses_bytes
-from paralab.cp.runs import CONFIGS, assemble, bytes_formula, one_process_blocks, sdpa_reference
+from paralab.cp.runs import (
+    CONFIGS, PHASES, assemble, bytes_formula, bytes_sent, check_bytes, check_config, correct_and_buggy, sdpa_reference,
+)
 from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import run
 from paralab.ledger import format_table, sent
+from paralab.tables import text_table
 
 LAB_START = time.monotonic()
 B, H, N, D = 2, 24, 48, 5  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
@@ -156,12 +159,8 @@ print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
 # show: paralab.cp.layout.kv_source paralab.cp.layout.block_kind paralab.cp.layout.ring_blocks paralab.cp.layout.causal_work
 
 # %%
-fig = viz.plot_ring_timeline(4)
-display(fig)
-plt.close(fig)
-fig = viz.plot_causal_ownership(4)
-display(fig)
-plt.close(fig)
+show(viz.plot_ring_timeline(4))
+show(viz.plot_causal_ownership(4))
 for cp in CPS:
     for zigzag in (False, True):
         work = [sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)) for r in range(cp)]
@@ -191,7 +190,10 @@ for cp in CPS:
 # rank `j`; rank `j` receives its heads for every sequence shard, i.e. the full sequence
 # on `H/cp` heads. Attention per head is independent, so each rank runs ordinary
 # attention, and `heads_to_seq` (the same all-to-all, read backwards) returns the output
-# to sequence shards. The backward of an all-to-all is the reverse all-to-all.
+# to sequence shards. The backward of an all-to-all is the reverse all-to-all. Each is
+# three steps: *pack* the local tensor into `cp` blocks (block `j` for rank `j`),
+# *exchange* them (`all_to_all_single`), *unpack* the received blocks (block `i` came
+# from rank `i`); every layout decision sits in a pack or an unpack.
 #
 # This implementation's Ulysses takes contiguous shards: after the all-to-all it reads the
 # sequence in rank order and applies a plain causal mask to it. That is a choice of this
@@ -210,7 +212,7 @@ for cp in CPS:
 # the full gradient, like the full input it started with.
 
 # %%
-# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
+# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.exchange_blocks paralab.cp.ulysses.pack_heads paralab.cp.ulysses.unpack_heads paralab.cp.ulysses.pack_seq paralab.cp.ulysses.unpack_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
 
 # %% [markdown]
 # ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA
@@ -243,25 +245,12 @@ print("heads error at cp = 4:", runs[4][0]["heads_error"])
 # on the full tensors in one process, whatever cp is, because heads never mix.
 
 # %%
-def stacked(tensors, reference, world=None, relative=True):
-    names = ("out", "dq", "dk", "dv")
-    scale = {n: reference[n].abs().max() if relative else 1 for n in names}
-    ref = {n: reference[n] if world is None else reference[n].expand(world, *reference[n].shape) for n in names}
-    return torch.stack([tensors[n] / scale[n] for n in names]), torch.stack([ref[n] / scale[n] for n in names])
+def results(cp, config):
+    """Every rank's result for one config at one cp."""
+    return [r["results"][CONFIGS.index(config)] for r in runs[cp]]
 
 
-REFERENCE = {causal: sdpa_reference(FULL, causal) for causal in (False, True)}
-BLOCKS = {causal: one_process_blocks(FULL, causal) for causal in (False, True)}
-verdicts = []
-for cp in CPS:
-    for i, config in enumerate(CONFIGS):
-        got = assemble([r["results"][i] for r in runs[cp]], config)
-        world = cp if config.replicated else None
-        actual, expected = stacked(got, REFERENCE[config.causal], world)
-        verdicts += compare(actual, expected, atol=1e-12, name=f"cp={cp} {config.name} vs SDPA")
-        if config.algorithm == "ulysses":
-            actual, expected = stacked(got, BLOCKS[config.causal], world, relative=False)
-            verdicts += compare(actual, expected, name=f"cp={cp} {config.name} vs attention_block, bitwise")
+verdicts = [v for cp in CPS for config in CONFIGS for v in check_config(results(cp, config), config, FULL)]
 print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process reference"))
 
 # %% [markdown]
@@ -271,42 +260,29 @@ print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process refe
 # Per rank (in the ring every rank sends the same; in Ulysses too), bytes *sent*:
 
 # %%
-cp = 4
-print(f"cp = {cp}, ring causal zigzag, per rank:")
-print(format_table([r["results"][2]["records"] for r in runs[cp]]))
-print(f"\ncp = {cp}, Ulysses causal sequence_sharded, per rank:")
-print(format_table([r["results"][5]["records"] for r in runs[cp]]))
-print(f"\ncp = {cp}, Ulysses causal replicated, per rank:")
-print(format_table([r["results"][7]["records"] for r in runs[cp]]))
+for config in (CONFIGS[2], CONFIGS[5], CONFIGS[7]):
+    print(f"cp = 4, {config.name}, per rank:")
+    print(format_table([r["records"] for r in results(4, config)]) + "\n")
 
 
 # %%
-def formula(config, cp):
-    return bytes_formula(config, (B, H, N, D), cp)
-
-
-byte_verdicts = []
-print(f"{'cp':>2} {'S (B)':>6}  {'configuration':<34} {'forward: formula = ledger':>26} {'backward: formula = ledger':>27}")
+rows = []
 for cp in CPS:
-    for i, config in enumerate(CONFIGS):
-        want = formula(config, cp)
-        measured = torch.tensor([[sent(r["results"][i]["records"], phase=p) for r in runs[cp]] for p in ("forward", "backward")])
-        expected = torch.tensor([[want[p]] * cp for p in ("forward", "backward")])
-        byte_verdicts += compare(measured, expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]")
-        if not config.causal:
-            continue  # causal masking changes compute, not traffic: print the causal rows only
-        print(f"{cp:>2} {shard_bytes(B, H, N, D, cp):>6}  {config.name:<34} "
-              f"{want['forward']:>12} = {int(measured[0].max()):>11} {want['backward']:>13} = {int(measured[1].max()):>11}")
+    for config in [c for c in CONFIGS if c.causal]:  # masking changes compute, not traffic: print causal rows
+        want, measured = bytes_formula(config, (B, H, N, D), cp), bytes_sent(results(cp, config))
+        rows.append((cp, shard_bytes(B, H, N, D, cp), config.name,
+                     *(x for k, p in enumerate(PHASES) for x in (want[p], int(measured[k].max())))))
+print(text_table(("cp", "S (B)", "configuration", "forward formula", "ledger", "backward formula", "ledger"), rows,
+                 align_right=(0, 1, 3, 4, 5, 6)))
+byte_verdicts = [v for cp in CPS for config in CONFIGS for v in check_bytes(results(cp, config), config, (B, H, N, D))]
 print(verdict_table(byte_verdicts, "\nbytes sent per rank, ledger vs closed form (exact)"))
 
 # %%
 series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
-measured = {name: {p: [sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for cp in CPS]
-                   for p in ("forward", "backward")} for name, c in series.items()}
-formulas = {name: {p: [formula(c, cp)[p] for cp in CPS] for p in ("forward", "backward")} for name, c in series.items()}
-fig = viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8)
-display(fig)
-plt.close(fig)
+measured = {name: {p: [int(bytes_sent(results(cp, c))[k, 0]) for cp in CPS] for k, p in enumerate(PHASES)}
+            for name, c in series.items()}
+formulas = {name: {p: [bytes_formula(c, (B, H, N, D), cp)[p] for cp in CPS] for p in PHASES} for name, c in series.items()}
+show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8))
 
 # %% [markdown]
 # **What to conclude.** At a fixed sequence, the ring's bytes per rank *grow* towards
@@ -364,32 +340,20 @@ display(Markdown("\n".join(ratio_rows)))
 # token (columns, in sequence order).
 
 # %%
-def clinic_worker(full, config, bug):
-    """One config twice on the same inputs: the package's code, then with `bug()` planted in its backward."""
-    from paralab.cp.runs import cp_worker  # the package's job: the bug is planted in the package's modules
-
-    correct = cp_worker(full, [config])["results"][0]
-    return correct, cp_worker(full, [config], during_backward=bug)["results"][0]
-
-
-clinic = run(clinic_worker, 4, FULL, CONFIGS[2], ring_clinic_bug)
+clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
 correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
-fig = viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
-                            buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
-                            "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
-                            row_label="head × head_dim", col_label="token")
-display(fig)
-plt.close(fig)
+show(viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
+                           buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
+                           "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
+                           row_label="head × head_dim", col_label="token"))
 exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
 print("tokens whose dK is still bitwise right:", exact_tokens)
 clinic_verdicts = []
-for name in ("out", "dq", "dk", "dv"):
-    ref = REFERENCE[True][name]
-    verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item(), name=name)[0]
-    print(f"buggy ring vs SDPA, {name}: {'matches' if verdict.passed else verdict.describe()}")
-    caught = not verdict.passed if name != "out" else verdict.passed  # out must still match, gradients must not
-    clinic_verdicts += compare(torch.tensor(caught), torch.tensor(True),
-                               name=f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}")
+for name, ref in sdpa_reference(FULL, causal=True).items():
+    verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item())[0]
+    seen = "matches SDPA" if verdict.passed else f"{verdict.n_diff} of {verdict.numel} elements differ from SDPA"
+    clinic_verdicts.append(claim(f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}",
+                                 verdict.passed == (name == "out"), seen))  # out must still match, gradients not
 print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 
 # %% [markdown]
@@ -431,19 +395,17 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 
 # %%
 cp = 4
-replicated = run(clinic_worker, cp, FULL, CONFIGS[6], replicated_clinic_bug)
-fig = viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                            replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                            "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
-                            row_label="head × head_dim", col_label="token")
-display(fig)
-plt.close(fig)
+replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
+show(viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                           replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
+                           "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
+                           row_label="head × head_dim", col_label="token"))
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
 print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
-ref = REFERENCE[False]["dq"]
-caught = not compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0].passed
-print(verdict_table(compare(torch.tensor(caught), torch.tensor(True), name="clinic: reduce-scatter backward caught"),
-                    "bug clinic, second case"))
+ref = sdpa_reference(FULL, causal=False)["dq"]
+verdict = compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0]
+print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict.passed,
+                           f"{verdict.n_diff} of {verdict.numel} dq elements differ from SDPA")], "bug clinic, second case"))
 
 # %% [markdown]
 # <details><summary>Answer</summary>

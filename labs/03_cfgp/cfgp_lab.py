@@ -48,15 +48,17 @@ import time
 LAB_START = time.perf_counter()
 
 import torch
-from IPython.display import display
-import matplotlib.pyplot as plt
 
 from paralab import ParallelDims
-from paralab.check import compare, verdict_table
+from paralab.cfgp.costs import cfgp_bytes, cp_attention_bytes, latent_shard_bytes
+from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
+from paralab.check import claim, compare, verdict_table
+from paralab.exercises.lab03 import SAMPLER_BUGS
 from paralab.launch import run
-from paralab.ledger import format_table
+from paralab.ledger import format_table, received, sent
+from paralab.tables import text_table
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
-from paralab.viz import plot_cfg_branches, plot_diff_heatmap, plot_latent_steps, plot_step_traffic
+from paralab.viz import plot_cfg_branches, plot_diff_heatmap, plot_latent_steps, plot_step_traffic, show
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
@@ -130,9 +132,7 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 trajectory = []
 reference = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, trajectory=trajectory)
 print("reference latent", tuple(reference.shape), reference.dtype)
-fig = plot_latent_steps(trajectory, [0, 2, 4, STEPS], model.frames, model.height, model.width)
-display(fig)
-plt.close(fig)
+show(plot_latent_steps(trajectory, [0, 2, 4, STEPS], model.frames, model.height, model.width))
 
 # %% [markdown]
 # What the two ranks of a cfgp group compute at one step (here step 4, at
@@ -144,10 +144,8 @@ plt.close(fig)
 ts = timesteps(STEPS)
 with torch.no_grad():
     cond_pred, uncond_pred = predict_branches(model, trajectory[4], ts[4], cond, uncond)
-fig = plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pred, W), W,
-                        model.frames, model.height, model.width)
-display(fig)
-plt.close(fig)
+show(plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pred, W), W,
+                       model.frames, model.height, model.width))
 
 # %% [markdown]
 # ## 3. Why batching cond and uncond in one forward can change the last bits
@@ -212,23 +210,13 @@ print(f"accepted: {pd_ok}")
 #
 # One launch runs the sampler several ways (launches cost time): with the
 # point-to-point swap, with the all_gather alternative, and two broken
-# variants used in section 6. Every rank returns its final latent and its
-# ledger records.
+# variants used in section 6, each planted into the package's sampler for its
+# run (`SAMPLER_BUGS` in `paralab.exercises.lab03`; `paralab.cfgp.runs.sample_variants`).
+# Every rank returns its final latent and its ledger records.
 
 # %%
-VARIANTS = {
-    "p2p": {},
-    "all_gather": {"exchange": "all_gather"},
-    "per_rank_seed": {"noise": "per_rank_seed"},
-    "wrong_sign": {"combine": lambda c, u, w: u - w * (c - u)},
-}
-
-
-def cfgp_variants(model, cond, uncond, variants, **kw):
-    return {name: sample_on_rank(model, cond, uncond, {"cfgp": 2}, **kw, **extra) for name, extra in variants.items()}
-
-
-cfgp_out = run(cfgp_variants, 2, model, cond, uncond, VARIANTS, steps=STEPS, guidance_scale=W, seed=SEED)
+cfgp_out = run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS, SAMPLER_BUGS,
+               steps=STEPS, guidance_scale=W, seed=SEED)
 print("cfgp_rank of each rank:", [r["p2p"]["cfgp_rank"] for r in cfgp_out])
 cfgp_verdicts = []
 for exchange in ("p2p", "all_gather"):
@@ -270,8 +258,8 @@ for name in ("per_rank_seed", "wrong_sign"):
     print(f"{name:<14} " + "  ".join(
         f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}"
         for v in found) + f"  | rank 0 vs rank 1 max |diff| {disagree:.1e}")
-    caught = torch.tensor(sum(not v.passed for v in found) >= 1)
-    broken_verdicts += compare(caught, torch.tensor(True), name=f"check catches the {name} variant")
+    broken_verdicts.append(claim(f"check catches the {name} variant", not all(v.passed for v in found),
+                                 f"{sum(not v.passed for v in found)} of {len(found)} ranks differ"))
 print(verdict_table(broken_verdicts, "The same check fails the broken variants"))
 
 # %% [markdown]
@@ -295,23 +283,18 @@ latent_bytes = B * S * C * 8
 print(format_table([r["p2p"]["records"] for r in cfgp_out], by=("op", "group_ranks")))
 print()
 print(format_table([r["all_gather"]["records"] for r in cfgp_out], by=("op", "group_ranks")))
-ledger_verdicts = []
+ledger_verdicts, rows = [], []
 for rank, r in enumerate(cfgp_out):
-    measured = {
-        "p2p sent": sum(x.bytes_sent for x in r["p2p"]["records"] if x.op == "isend"),
-        "p2p received": sum(x.bytes_received for x in r["p2p"]["records"] if x.op == "irecv"),
-        "all_gather sent": sum(x.bytes_sent for x in r["all_gather"]["records"] if x.op == "all_gather"),
-        "noise broadcast sent": sum(x.bytes_sent for x in r["p2p"]["records"] if x.op == "broadcast"),
-    }
-    formula = {
-        "p2p sent": STEPS * latent_bytes,
-        "p2p received": STEPS * latent_bytes,
-        "all_gather sent": STEPS * (2 - 1) * latent_bytes,
-        "noise broadcast sent": latent_bytes if rank == 0 else 0,
-    }
-    for key in measured:
-        print(f"rank {rank} {key:<21} formula {formula[key]:>6} B   measured {measured[key]:>6} B")
-        ledger_verdicts += compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
+    p2p, gathered = r["p2p"]["records"], r["all_gather"]["records"]
+    measured = {"p2p sent": sent(p2p, op="isend"), "p2p received": received(p2p, op="irecv"),
+                "all_gather sent": sent(gathered, op="all_gather"), "noise broadcast sent": sent(p2p, op="broadcast")}
+    want = cfgp_bytes(model.latent_shape, STEPS, cfgp_rank=rank)
+    formula = {"p2p sent": want["cfgp swap"], "p2p received": want["cfgp swap"],
+               "all_gather sent": want["cfgp swap"], "noise broadcast sent": want["noise broadcast"]}
+    rows += [(rank, key, formula[key], measured[key]) for key in measured]
+    ledger_verdicts += [v for key in measured for v in compare(torch.tensor(measured[key]), torch.tensor(formula[key]),
+                                                               name=f"ledger rank {rank}: {key}")]
+print(text_table(("rank", "bytes", "formula", "measured"), rows, align_right=(0, 2, 3)))
 print(verdict_table(ledger_verdicts, f"Ledger vs formula (steps={STEPS}, B·S·C·8 = {latent_bytes} B)"))
 
 # %% [markdown]
@@ -405,12 +388,9 @@ def block_attention(q, k, v):
 reference_block = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, attention=block_attention)
 
 
-def cp_variants(model, cond, uncond, dims, **kw):
-    return {kind: sample_on_rank(model, cond, uncond, dims, cp_attention=kind, **kw) for kind in ("ring", "ulysses")}
-
-
 cp_out = {
-    world: run(cp_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
+    world: run(sample_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
+               {"ring": {"cp_attention": "ring"}, "ulysses": {"cp_attention": "ulysses"}},
                steps=STEPS, guidance_scale=W, seed=SEED, timeout=120)
     for world in (4, 8)
 }
@@ -437,7 +417,7 @@ print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_
 # moves *hidden states* (width `D`, not `C`) in **every attention layer**:
 # ring sends K and V round the ring, `2(cp−1)·Sq` per layer, Ulysses does four
 # all-to-alls, `4(cp−1)/cp·Sq` per layer, with `Sq = B·H·(S/cp)·(D/H)·8` one
-# rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.traffic`).
+# rank's share of one of q, k, v (lab 02's formulas, `paralab.cp.costs`).
 # So per step cp costs `layers·2(cp−1)·D / C` times the cfgp swap for ring:
 # in activation traffic the guidance axis is almost free next to the sequence
 # axis. That compares the swap with cp only. Under FSDP-sharded inference
@@ -451,34 +431,29 @@ print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_
 out4 = cp_out[4]
 cpn = 2
 D, H, L = model.inp.out_features, model.blocks[0].heads, model.n_attention_layers
-shard_bytes = B * (S // cpn) * C * 8
-Sq = cp.shard_bytes(B, H, S, D // H, cpn)
+shard_bytes = latent_shard_bytes(model.latent_shape, cpn)
 print(format_table([r["ring"]["records"] for r in out4], by=("op", "group_ranks")))
-cp_ledger = []
+cp_ledger, rows = [], []
 for rank, r in enumerate(out4):
     cfgp_peer = (rank + 2) % 4
     ring_recs, uly_recs = r["ring"]["records"], r["ulysses"]["records"]
-    measured = {
-        "cfgp swap sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer == cfgp_peer),
-        "ring K/V sent": sum(x.bytes_sent for x in ring_recs if x.op == "isend" and x.peer != cfgp_peer),
-        "ulysses a2a sent": sum(x.bytes_sent for x in uly_recs if x.op == "all_to_all_single"),
-        "noise broadcast sent": sum(x.bytes_sent for x in ring_recs if x.op == "broadcast"),
-        "latent return sent": sum(x.bytes_sent for x in ring_recs if x.op == "all_gather"),
-    }
-    formula = {
-        "cfgp swap sent": STEPS * shard_bytes,
-        "ring K/V sent": STEPS * L * cp.ring_bytes(Sq, cpn)["forward"],
-        "ulysses a2a sent": STEPS * L * cp.ulysses_bytes(Sq, cpn)["forward"],
-        "noise broadcast sent": shard_bytes if r["ring"]["cfgp_rank"] == 0 else 0,
-        "latent return sent": (cpn - 1) * shard_bytes,
-    }
-    for key in measured:
-        if rank == 0:
-            print(f"rank 0 {key:<21} formula {formula[key]:>7} B   measured {measured[key]:>7} B")
-        cp_ledger += compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
+    swap = sent(ring_recs, op="isend", peer=cfgp_peer)
+    measured = {"cfgp swap sent": swap, "ring K/V sent": sent(ring_recs, op="isend") - swap,
+                "ulysses a2a sent": sent(uly_recs, op="all_to_all_single"),
+                "noise broadcast sent": sent(ring_recs, op="broadcast"),
+                "latent return sent": sent(ring_recs, op="all_gather")}
+    want = cfgp_bytes(model.latent_shape, STEPS, r["ring"]["cfgp_rank"], cpn)
+    formula = {"cfgp swap sent": want["cfgp swap"],
+               "ring K/V sent": cp_attention_bytes("ring", STEPS, L, B, H, S, D // H, cpn),
+               "ulysses a2a sent": cp_attention_bytes("ulysses", STEPS, L, B, H, S, D // H, cpn),
+               "noise broadcast sent": want["noise broadcast"], "latent return sent": want["latent return"]}
+    rows += [(key, formula[key], measured[key]) for key in measured if rank == 0]
+    cp_ledger += [v for key in measured for v in compare(torch.tensor(measured[key]), torch.tensor(formula[key]),
+                                                         name=f"ledger rank {rank}: {key}")]
+print(text_table(("rank 0", "formula", "measured"), rows, align_right=(1, 2)))
 print(verdict_table(cp_ledger, f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})"))
 per_step_cfgp = shard_bytes
-per_step_ring = L * cp.ring_bytes(Sq, cpn)["forward"]
+per_step_ring = cp_attention_bytes("ring", 1, L, B, H, S, D // H, cpn)
 print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
       f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
 
@@ -494,16 +469,15 @@ per_step = {}
 for world, out in cp_out.items():
     recs_ring, recs_uly = out[0]["ring"]["records"], out[0]["ulysses"]["records"]
     cfgp_peer = world // 2  # rank 0's cfgp peer holds the same shard of the other branch
+    swap = sent(recs_ring, op="isend", peer=cfgp_peer)
     per_step[f"cfgp=2 x cp={world // 2}"] = {
-        "cfgp swap": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer == cfgp_peer) // STEPS,
-        "cp ring attention": sum(x.bytes_sent for x in recs_ring if x.op == "isend" and x.peer != cfgp_peer) // STEPS,
-        "cp Ulysses attention": sum(x.bytes_sent for x in recs_uly if x.op == "all_to_all_single") // STEPS,
+        "cfgp swap": swap // STEPS,
+        "cp ring attention": (sent(recs_ring, op="isend") - swap) // STEPS,
+        "cp Ulysses attention": sent(recs_uly, op="all_to_all_single") // STEPS,
     }
 for layout, row in per_step.items():
     print(f"{layout:<16} " + "  ".join(f"{k} {v:>6} B" for k, v in row.items()))
-fig = plot_step_traffic(per_step)
-display(fig)
-plt.close(fig)
+show(plot_step_traffic(per_step))
 
 # %% [markdown]
 # ## 10. Bug clinic: CFG-parallel ranks drawing different noise
@@ -547,9 +521,7 @@ for label, ok, bug in [("initial latent", start_ok, start_bug), ("final latent",
         for r in range(2)))
 for title, ok, bug in [("initial latent: per-rank seed vs broadcast noise", start_ok, start_bug),
                        (f"final latent after {STEPS} steps: per-rank seed vs the reference", end_ok, end_bug)]:
-    fig = plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token")
-    display(fig)
-    plt.close(fig)
+    show(plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token"))
 
 # %% [markdown]
 # **What is wrong?** Rank 0 starts from exactly the right noise (top half of
@@ -586,10 +558,10 @@ for title, ok, bug in [("initial latent: per-rank seed vs broadcast noise", star
 outcome = grade(EXERCISES["initial_latent"], noise_per_rank_seed)
 print(report(EXERCISES["initial_latent"], outcome))
 final_check = compare([r["per_rank_seed"]["latent"] for r in cfgp_out], [reference, reference])
-clinic_verdicts = compare(torch.tensor(outcome.verdict == "FAIL"), torch.tensor(True),
-                          name="grader fails per-rank noise (initial_latent)")
-clinic_verdicts += compare(torch.tensor(not all(v.passed for v in final_check)), torch.tensor(True),
-                           name="final latent check fails per-rank noise")
+clinic_verdicts = [claim("grader fails per-rank noise (initial_latent)", outcome.verdict == "FAIL",
+                         f"grader says {outcome.verdict}"),
+                   claim("final latent check fails per-rank noise", not all(v.passed for v in final_check),
+                         f"{sum(not v.passed for v in final_check)} of {len(final_check)} ranks differ")]
 print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing different noise"))
 
 # %% [markdown]
@@ -601,9 +573,10 @@ print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing
 # 2. In section 3, change the first `Linear`'s batch from 2 to 3 or 8.
 #    Does row 0 still differ from the batch-1 result? (It depends on which
 #    kernel MKL picks for the shape.)
-# 3. Replace `predict_cfgp`'s return by `(mine, theirs)` on both ranks
-#    (forget to swap the roles on rank 1). Which check fails, and on which
-#    rank?
+# 3. Write a `predict_cfgp` that returns `(mine, theirs)` on both ranks
+#    (forget to swap the roles on rank 1), plant it like `SAMPLER_BUGS`
+#    (`planted(paralab.cfgp.sampling, predict_cfgp=...)`) and re-run
+#    section 5. Which check fails, and on which rank?
 # 4. Change the latent to `frames=8`: how do the ledger bytes change, and
 #    does the formula still hold? What about `dim=64` (the model's width)?
 # 5. Re-run the timing cell a few times. How noisy is the speed-up on a
@@ -612,8 +585,9 @@ print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing
 #    double and which stay put? Recompute the "x the swap" ratio.
 # 7. Run cfgp × cp with `cp_attention="ulysses"` on a denoiser with
 #    `heads=2` at cp = 4 (world 8). What does the error say?
-# 8. Give `sample` a `combine=` that computes `(1 - w)·uncond + w·cond` on
-#    cfgp rank 1 only (hint: `torch.distributed.get_rank()`). Do the two
+# 8. Plant a combine that computes `(1 - w)·uncond + w·cond` on cfgp rank 1
+#    only (hint: `torch.distributed.get_rank()`) the way `SAMPLER_BUGS` plants
+#    its bugs (`planted(paralab.cfgp.sampling, cfg_combine=...)`). Do the two
 #    ranks still agree bit for bit? With the reference?
 # 9. Make the reference use `full_attention` (SDPA) and the cp runs
 #    Ulysses: why is it no longer bitwise, although no sum was split?

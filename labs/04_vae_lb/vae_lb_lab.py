@@ -42,31 +42,26 @@
 
 # %%
 import math
-import random
 import time
 
 import torch
-import torch.distributed as dist
-import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from paralab import ParallelDims
-from paralab.check import CheckFailed, assert_match, compare, verdict_table
+from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.exercises import EXERCISES
-from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic
+from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic, skip_when_empty
 from paralab.grade import grade
 from paralab.launch import LaunchError, run
 from paralab.ledger import format_table
-from paralab.models import TinyVideoEncoder, normalize_pixels, random_raw_videos, random_video_shapes
-from paralab.vae_lb import (
-    assign_lpt, assign_round_robin_by_size, assignment_from_moves, encode_cost, loads_of, offload_encode,
-    plan_rebalance,
-)
-from paralab.vae_lb.costs import exchange_bytes
+from paralab.models import TinyVideoEncoder, normalize_pixels, random_raw_videos
+from paralab.tables import text_table
+from paralab.vae_lb import encode_cost, offload_encode, plan_rebalance
+from paralab.vae_lb.costs import exchange_bytes, fit_line
 from paralab.vae_lb.runs import (
-    LBRun, global_plan, groups_of, lb_worker, measured_bytes, planned_encoder, reference_latents, run_checks,
+    LBRun, compare_strategies, global_plan, group_loads, groups_of, lb_worker, makespan_bound, mean_over_random_batches,
+    measured_bytes, moves_table, planned_encoder, reference_latents, run_checks, spread,
 )
-from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads
+from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads, show
 
 LAB_START = time.perf_counter()
 torch.set_num_threads(1)  # like every rank: one thread each
@@ -114,16 +109,6 @@ print(f"normalized pixels lie in [{normalize_pixels(video).min():.3f}, {normaliz
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-def r_squared(xs, ys):
-    """Least-squares line y = a x + b and its R^2."""
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    a = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    b = mean_y - a * mean_x
-    residual = sum((y - b - a * x) ** 2 for x, y in zip(xs, ys))
-    return a, b, 1 - residual / sum((y - mean_y) ** 2 for y in ys)
-
-
 probe = random_raw_videos(24, seed=1, max_frames=32, max_side=96)
 seconds = [float("inf")] * len(probe)
 for _ in range(7):  # repeats outermost: a burst of load elsewhere hits one repeat of every video, not one video
@@ -132,13 +117,11 @@ for _ in range(7):  # repeats outermost: a burst of load elsewhere hits one repe
         encoder(v)
         seconds[k] = min(seconds[k], time.perf_counter() - start)
 pixels = [encode_cost(v) for v in probe]
-slope, intercept, r2 = r_squared(pixels, seconds)
+slope, intercept, r2 = fit_line(pixels, seconds)
 print(f"T*H*W : time ~ {slope * 1e9:.2f} ns x T*H*W + {intercept * 1e6:.0f} us;  R^2 = {r2:.3f}")
 for name, feature in (("T only", lambda v: v.shape[1]), ("H*W only", lambda v: v.shape[2] * v.shape[3])):
-    print(f"{name:<8}: R^2 = {r_squared([float(feature(v)) for v in probe], seconds)[2]:.3f}")
-fig = plot_cost_fit(pixels, seconds, slope, intercept)
-display(fig)
-plt.close(fig)
+    print(f"{name:<8}: R^2 = {fit_line([float(feature(v)) for v in probe], seconds)[2]:.3f}")
+show(plot_cost_fit(pixels, seconds, slope, intercept))
 
 # %% [markdown]
 # On this machine the fit is a straight line (R² ≈ 0.99 when the machine is
@@ -196,25 +179,7 @@ plt.close(fig)
 # %%
 # show: paralab.vae_lb.planner.Move paralab.vae_lb.planner.most_and_least_loaded paralab.vae_lb.planner.closest_fit paralab.vae_lb.planner.shrinks_gap paralab.vae_lb.planner.plan_rebalance
 
-
 # %%
-def moves_table(costs, moves, shapes=None):
-    """The plan, one row per move, with the gap between the two ranks before and after."""
-    loads = {r: sum(c) for r, c in costs.items()}
-    header = f"{'move':>4}  {'from':>4}  {'to':>3}  {'index':>5}  {'shape (T,H,W)':>14}  {'cost':>7}  {'gap before':>10}  {'gap after':>9}"
-    lines = [header, "-" * len(header)]
-    for k, m in enumerate(moves):
-        cost = costs[m.from_rank][m.local_index]
-        before = loads[m.from_rank] - loads[m.to_rank]
-        loads[m.from_rank] -= cost
-        loads[m.to_rank] += cost
-        after = abs(loads[m.from_rank] - loads[m.to_rank])
-        shape = str(shapes[m.from_rank][m.local_index]) if shapes else "-"
-        lines.append(f"{k:>4}  {m.from_rank:>4}  {m.to_rank:>3}  {m.local_index:>5}  {shape:>14}  "
-                     f"{cost:>7,.0f}  {before:>10,.0f}  {after:>9,.0f}")
-    return "\n".join(lines)
-
-
 small = {0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}
 print("loads", {r: sum(c) for r, c in small.items()})
 print(moves_table(small, plan_rebalance(small)))
@@ -240,37 +205,13 @@ COUNTS = [6, 1, 0, 3, 2, 5, 0, 4]
 BATCH = [random_raw_videos(n, seed=400 + r) for r, n in enumerate(COUNTS)]
 COSTS = {r: [encode_cost(v) for v in b] for r, b in enumerate(BATCH)}
 SHAPES = {r: [tuple(v.shape[1:]) for v in b] for r, b in enumerate(BATCH)}
-
-
-def spread(loads):
-    return max(loads.values()) - min(loads.values())
-
-
-def strategy_rows(costs, videos=None):
-    """Makespan, spread, videos moved and bytes moved (raw there + latent back) per strategy."""
-    stay = assignment_from_moves(costs, [])
-    strategies = {
-        "no balancing": stay,
-        "greedy closest-fit": assignment_from_moves(costs, plan_rebalance(costs)),
-        "round-robin by size": assign_round_robin_by_size(costs),
-        "LPT": assign_lpt(costs),
-    }
-    rows = {}
-    for name, where in strategies.items():
-        moved = [s for s, r in where.items() if r != s[0]]
-        loads = loads_of(costs, where)
-        rows[name] = (max(loads.values()), spread(loads), len(moved), sum(3 * costs[o][i] + costs[o][i] for o, i in moved))
-    return rows
-
-
-total = sum(sum(c) for c in COSTS.values())
-bound = max(total / len(COSTS), max(max(c) for c in COSTS.values() if c))
-print(f"{len(COSTS)} ranks, {sum(COUNTS)} videos, total cost {total:,.0f}; no schedule beats makespan {bound:,.0f}\n")
-print(f"{'strategy':<20}  {'makespan':>9}  {'/ bound':>7}  {'spread':>8}  {'videos moved':>12}  {'bytes moved':>11}")
-LAB_ROWS = strategy_rows(COSTS)
-for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items():
-    print(f"{name:<20}  {makespan:>9,.0f}  {makespan / bound:>7.3f}  {spr:>8,.0f}  {moved:>12}  {nbytes:>11,.0f}")
-LAB_BOUND = bound
+LAB_BOUND = makespan_bound(COSTS)
+LAB_ROWS = compare_strategies(COSTS)
+print(f"{len(COSTS)} ranks, {sum(COUNTS)} videos, total cost {sum(map(sum, COSTS.values())):,.0f}; "
+      f"no schedule beats makespan {LAB_BOUND:,.0f}\n")
+print(text_table(("strategy", "makespan", "/ bound", "spread", "videos moved", "bytes moved"),
+                 [(name, f"{makespan:,.0f}", f"{makespan / LAB_BOUND:.3f}", f"{spr:,.0f}", moved, f"{nbytes:,.0f}")
+                  for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items()], align_right=range(1, 6)))
 
 
 # %%
@@ -287,31 +228,15 @@ display(Markdown(
     "again). Over 200 random batches of random sizes:"))
 
 # %%
-def random_costs(seed, ranks=8):
-    rng = random.Random(seed)
-    return {r: [float(math.prod(s[1:])) for s in random_video_shapes(rng.randint(0, 6), seed=1000 * seed + r)]
-            for r in range(ranks)}
-
-
-sums = {}
-for seed in range(200):
-    costs = random_costs(seed)
-    total = sum(sum(c) for c in costs.values())
-    if total == 0:
-        continue
-    bound = max(total / len(costs), max(max(c) for c in costs.values() if c))
-    for name, (makespan, _, moved, _) in strategy_rows(costs).items():
-        ratio, moves, count = sums.get(name, (0.0, 0, 0))
-        sums[name] = (ratio + makespan / bound, moves + moved, count + 1)
-print(f"{'strategy':<20}  {'mean makespan / bound':>21}  {'mean videos moved':>17}")
-for name, (ratio, moves, count) in sums.items():
-    print(f"{name:<20}  {ratio / count:>21.3f}  {moves / count:>17.1f}")
+MEANS = mean_over_random_batches(range(200))
+print(text_table(("strategy", "mean makespan / bound", "mean videos moved"),
+                 [(name, f"{ratio:.3f}", f"{moves:.1f}") for name, (ratio, moves) in MEANS.items()], align_right=(1, 2)))
 
 
 # %%
 def mean_row(name):
-    ratio, moves, count = sums[name]
-    return f"{ratio / count - 1:.1%} above the bound on average, moving {moves / count:.1f} videos per batch"
+    ratio, moves = MEANS[name]
+    return f"{ratio - 1:.1%} above the bound on average, moving {moves:.1f} videos per batch"
 
 
 display(Markdown(
@@ -331,7 +256,7 @@ display(Markdown(
 # lb group of world 8, group rank 0 is global rank 4.
 
 # %%
-# show: paralab.vae_lb.exchange.share_costs paralab.vae_lb.exchange.global_rank paralab.vae_lb.exchange.metadata paralab.vae_lb.exchange.empty_from_metadata paralab.vae_lb.exchange.batched_p2p paralab.vae_lb.exchange.exchange
+# show: paralab.vae_lb.protocol.share_costs paralab.vae_lb.protocol.global_rank paralab.vae_lb.protocol.metadata paralab.vae_lb.protocol.empty_from_metadata paralab.vae_lb.protocol.batched_p2p paralab.vae_lb.protocol.exchange
 
 # %% [markdown]
 # The whole step. Every rank of the group calls it, with or without videos.
@@ -339,7 +264,7 @@ display(Markdown(
 # file each latent under its original local index.
 
 # %%
-# show: paralab.vae_lb.exchange.offload_encode paralab.vae_lb.exchange.return_latents
+# show: paralab.vae_lb.protocol.offload_encode paralab.vae_lb.protocol.return_latents
 
 # %% [markdown]
 # ## 6. Real runs: lb = 2, 4, 8, and several groups in one world
@@ -357,7 +282,7 @@ display(Markdown(
 JOBS = {2: [LBRun(2)], 4: [LBRun(4), LBRun(2), LBRun(4, raw_pixels_clinic)], 8: [LBRun(8), LBRun(4), LBRun(2)]}
 RESULTS = {}  # (world, lb, bug clinic?) -> every rank's report
 for world, jobs in JOBS.items():
-    reports = run(lb_worker, world, BATCH[:world], jobs, timeout=60)
+    reports = run(lb_worker, world, BATCH[:world], jobs, offload=offload_encode, timeout=60)
     for k, job in enumerate(jobs):
         RESULTS[(world, job.lb, job.bug is not None)] = [reports[rank][k] for rank in range(world)]
 print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS))
@@ -403,23 +328,15 @@ print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan,
 # %%
 RANK_COSTS = [COSTS[r] for r in sorted(COSTS)]
 for lb in (8, 4):
-    fig = plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}")
-    display(fig)
-    plt.close(fig)
+    show(plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}"))
 
 # %%
-print(f"{'run':<8} {'group':<9} {'moves':>5}  {'max before':>10}  {'max after':>9}  {'spread before':>13}  {'spread after':>12}")
-for world, lb, clinic in RESULTS:
-    if clinic:
-        continue
-    after = loads_of(COSTS, planned_encoder(RANK_COSTS[:world], lb))
-    plan = global_plan(RANK_COSTS[:world], lb)
-    for ranks in groups_of(world, lb):
-        before = {r: sum(COSTS[r]) for r in ranks}
-        aft = {r: after[r] for r in ranks}
-        moves = sum(1 for m in plan if m[0] in ranks)
-        print(f"w{world} lb{lb:<3} {f'{ranks[0]}-{ranks[-1]}':<9} {moves:>5}  {max(before.values()):>10,.0f}  {max(aft.values()):>9,.0f}  "
-              f"{spread(before):>13,.0f}  {spread(aft):>12,.0f}")
+rows = [(f"w{world} lb{lb}", f"{ranks[0]}-{ranks[-1]}", moves, f"{max(before.values()):,.0f}", f"{max(after.values()):,.0f}",
+         f"{spread(before):,.0f}", f"{spread(after):,.0f}")
+        for world, lb, clinic in RESULTS if not clinic
+        for ranks, moves, before, after in group_loads(RANK_COSTS[:world], lb)]
+print(text_table(("run", "group", "moves", "max before", "max after", "spread before", "spread after"), rows,
+                 align_right=range(2, 7)))
 
 # %% [markdown]
 # The plan of the lb = 8 group (one group, so group ranks are global ranks):
@@ -439,10 +356,8 @@ reports = RESULTS[(8, 8, False)]
 print(format_table([rep["records"] for rep in reports], by=("op",)))
 sent, received, gathered = exchange_bytes(BATCH, global_plan(RANK_COSTS, 8), groups_of(8, 8))
 have_sent, have_received, have_gathered = measured_bytes(reports)
-print()
-for rank in range(8):
-    print(f"rank {rank}: P2P sent {have_sent[rank]:>6} B (formula {sent[rank]:>6}), "
-          f"received {have_received[rank]:>6} B (formula {received[rank]:>6}), all_gather {have_gathered[rank]} B (formula {gathered[rank]})")
+print("\n" + text_table(("rank", "P2P sent (B)", "formula", "P2P received (B)", "formula", "all_gather sent (B)", "formula"),
+                        zip(range(8), have_sent, sent, have_received, received, have_gathered, gathered), align_right=range(7)))
 reports = RESULTS[(8, 2, False)]
 no_move = [rank for rank in (4, 5) if not any(r.op in ("isend", "irecv") for r in reports[rank]["records"])]
 print(f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P2P call, only "
@@ -455,30 +370,16 @@ print(f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P
 # returns, but its peers are inside `share_costs`, waiting in an `all_gather`
 # for a contribution that never comes. Here world 4, lb 2: rank 2 has no
 # videos, so rank 3 (its only peer) hangs, while group [0, 1] finishes. The
-# launcher stops everything after 3 s and says who was stuck.
+# launcher stops everything after 3 s and says who was stuck. (The shortcut is
+# `offload_encode_skipping_empty` in `paralab.exercises.lab04`, planted into the
+# run by `skip_when_empty`.)
 
 # %%
-def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
-    """BROKEN on purpose: skips the collectives when this rank has nothing to encode."""
-    if not videos:
-        return []
-    return offload_encode(videos, costs, encode_fn, group)
-
-
-def skipping_worker(batch):
-    pd = ParallelDims(dist.get_world_size(), lb=2)
-    pd.build_meshes("cpu")
-    videos = batch[dist.get_rank()]
-    return offload_encode_skipping_empty(videos, [encode_cost(v) for v in videos], TinyVideoEncoder(),
-                                         pd.lb_mesh.get_group())
-
-
+hung = []
 try:
-    run(skipping_worker, 4, BATCH[:4], timeout=3)
-    hang_caught = False
-    print("no hang?!")
+    run(lb_worker, 4, BATCH[:4], [LBRun(2, skip_when_empty)], timeout=3)
 except LaunchError as err:
-    hang_caught = err.hung_ranks == [3]
+    hung = err.hung_ranks
     print(f"{type(err).__name__}: ranks {err.hung_ranks} did not finish; the launcher explains: "
           f"{str(err).split(': ', 1)[1]}")
 
@@ -490,9 +391,8 @@ except LaunchError as err:
 
 
 # %%
-closing = compare(torch.tensor([hang_caught]), torch.tensor([True]),
-                  name="the skip hangs its peer (LaunchTimeout names rank 3)")
-print(verdict_table(closing, "the data-dependent skip"))
+print(verdict_table([claim("the skip hangs its peer (LaunchTimeout names rank 3)", hung == [3], f"ranks {hung} hung")],
+                    "the data-dependent skip"))
 
 # %% [markdown]
 # ## 9. Bug clinic: everything arrives, in order, and is wrong
@@ -521,10 +421,8 @@ for v in clinic_rows:
 owner, index = 0, 2
 correct = reference_latents(BATCH[:4], encoder)[owner][index]
 buggy = CLINIC[owner]["latents"][index]
-fig = plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
-                        row_label="latent channel x row (14 rows each)", col_label="latent column")
-display(fig)
-plt.close(fig)
+show(plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
+                       row_label="latent channel x row (14 rows each)", col_label="latent column"))
 print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}], buggy ones in "
       f"[{buggy.min():.1f}, {buggy.max():.1f}]")
 
@@ -565,9 +463,10 @@ except CheckFailed as failure:
 only_latents_fail = [v.passed == (not v.path.endswith("latents, owner order")) for v in clinic_rows]
 exercise = grade(EXERCISES["normalize_pixels"], raw_pixels_as_float)
 print(f"the normalize_pixels check on raw_pixels_as_float: {exercise.verdict}, {exercise.details[0].strip()}")
-verdicts = compare(torch.tensor([latent_check_fails, all(only_latents_fail), exercise.verdict == "FAIL"]),
-                   torch.tensor([True, True, True]),
-                   name="caught by the latent check, by it alone, and by the exercise check")
+verdicts = [claim("caught by the latent check, by it alone, and by the exercise check",
+                  latent_check_fails and all(only_latents_fail) and exercise.verdict == "FAIL",
+                  f"latent check fails: {latent_check_fails}, only it: {all(only_latents_fail)}, "
+                  f"exercise check: {exercise.verdict}")]
 verdicts += compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9,
                     name="the diagnosis: buggy = 127.5 (correct + M 1)")
 print(verdict_table(verdicts, "bug clinic: raw uint8 pixels into the encoder"))
@@ -604,14 +503,17 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 # 3. Change the tie rule in `closest_fit` to prefer the *larger* cost, re-run
 #    the `small` example: which moves change? Would two ranks running different
 #    versions still agree on a plan?
-# 4. In `lb_worker`, pass `group=None` instead of the lb group for lb = 4 at
-#    world 8: which checks fail, and why does nothing hang?
-# 5. Make `encode_fn` return `encoder(video).float()`: which row of the verdict
+# 4. In the `offload_encode` cell, ignore `group` (pass `None`, the whole
+#    world, to every call) and re-run section 6: which checks fail for lb = 4
+#    at world 8, and why does nothing hang?
+# 5. In the `offload_encode` cell, return every latent as float32
+#    (`latents[i].float()`) and re-run section 6: which row of the verdict
 #    table fails first, and what does it say?
 # 6. Replace `encode_cost` by the number of frames only and rerun section 4:
 #    how far is the resulting plan from the bound when measured in `T·H·W`?
-# 7. In the bug clinic, seed the other normalization bug instead: in `lb_worker`
-#    use `pixels_to_unit_interval` (from `paralab.exercises.lab04`: scales to
+# 7. In the bug clinic, seed the other normalization bug instead: run
+#    `LBRun(4, lambda: planted(paralab.models, normalize_pixels=pixels_to_unit_interval))`
+#    (`planted` from `paralab.exercises`, `pixels_to_unit_interval` from `paralab.exercises.lab04`: scales to
 #    `[0, 1]`, the image-classifier habit). Do the bands stay? Which relation
 #    replaces `buggy = 127.5 (correct + M 1)`? (Hint: `x / 255 = (n + 1) / 2`
 #    for the normalized `n`.)

@@ -27,11 +27,10 @@
 # %%
 import time
 
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
 from paralab import launch, viz
+from paralab.viz import show
 from paralab.check import claim, compare, verdict_table
 from paralab.exercises import planted
 from paralab.exercises.lab05 import sample_by_global_rank
@@ -89,10 +88,8 @@ def ownership(world, dims, *, zigzag=False, loader=sample_index):
     return [loader(r, pd) for r in range(world)], [s.positions(SHAPE["tokens"]).tolist() for s in shards]
 
 
-fig = viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=2)), SHAPE["tokens"],
-                               "8 ranks, dp_replicate 2 x dp_shard 4, cp 2: sample and tokens per rank")
-display(fig)
-plt.close(fig)
+show(viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=2)), SHAPE["tokens"],
+                              "8 ranks, dp_replicate 2 x dp_shard 4, cp 2: sample and tokens per rank"))
 
 # %% [markdown]
 # **Why the gradient still comes out right.** A sample's loss `ℓ_s` is the mean over its `N`
@@ -343,9 +340,7 @@ rows = [[config, group, *(f"{cells[group, p][0]} = {cells[group, p][1]}" for p i
         if any(cells[group, p][1] for p in ("forward", "backward", "recompute"))]
 print("bytes sent per rank per step, ledger = formula (rank 0; every rank is checked)")
 print(text_table(["configuration", "group", "forward", "backward", "recompute"], rows))
-fig = viz.plot_group_phase_bytes(pictured)
-display(fig)
-plt.close(fig)
+show(viz.plot_group_phase_bytes(pictured))
 
 # %%
 ledger_rows = []
@@ -468,10 +463,8 @@ print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
 clinic = [r["clinic"] for r in RESULTS[4]]
 ref = reference_for(2, {})
 name = "blocks.0.mlp.up.weight"
-fig = viz.plot_diff_heatmap(ref[name], clinic[0][name], f"{name} after 3 steps: buggy loader vs one process",
-                            row_label="output unit", col_label="input unit")
-display(fig)
-plt.close(fig)
+show(viz.plot_diff_heatmap(ref[name], clinic[0][name], f"{name} after 3 steps: buggy loader vs one process",
+                           row_label="output unit", col_label="input unit"))
 clinic_verdicts = [
     claim("buggy loader caught by the check", not all(v.passed for v in compare(clinic, [ref] * 4, atol=1e-12)),
           "parameters differ"),
@@ -496,10 +489,8 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # </details>
 
 # %%
-fig = viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank), SHAPE["tokens"],
-                               "the buggy loader: cp partners hold halves of different samples")
-display(fig)
-plt.close(fig)
+show(viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank), SHAPE["tokens"],
+                              "the buggy loader: cp partners hold halves of different samples"))
 
 # %% [markdown]
 # ## Closing table

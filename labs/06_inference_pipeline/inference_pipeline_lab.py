@@ -39,8 +39,6 @@ LAB_START = time.perf_counter()
 
 import torch
 import torch.distributed as dist
-import matplotlib.pyplot as plt
-from IPython.display import display
 
 from paralab import ParallelDims
 from paralab.check import claim, compare, verdict_table
@@ -49,7 +47,7 @@ from paralab.ledger import calls, sent
 from paralab.parallel_dims import predict_groups
 from paralab.pipeline import costs, inference, runs
 from paralab.tables import text_table
-from paralab.viz import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples
+from paralab.viz import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples, show
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 STEPS, W, SEED = 4, 5.0, 0
@@ -88,9 +86,7 @@ STEPS, W, SEED = 4, 5.0, 0
 # %%
 reference = generate(None, steps=STEPS, guidance_scale=W, seed=SEED)
 print("output", tuple(reference.shape), reference.dtype, "(samples, RGB, frames, height, width)")
-fig = plot_pipeline_samples(inference.conditioning_videos(), reference)
-display(fig)
-plt.close(fig)
+show(plot_pipeline_samples(inference.conditioning_videos(), reference))
 
 # %% [markdown]
 # ## 2. Who does what: 8 ranks, dp_shard 8, cfgp 2, cp 2, lb 2
@@ -293,9 +289,7 @@ for variant in ("ulysses, reshard", "ulysses, keep"):
     phases = ["encode", "noise"] + [f"step {s}" for s in range(1, STEPS + 1)] + ["return"]
     panels[f"8 ranks, reshard_after_forward={VARIANTS_4[variant]['reshard_after_forward']}"] = {
         p: runs.sent_by_group(r, p) for p in phases}
-fig = plot_bytes_by_phase(panels)
-display(fig)
-plt.close(fig)
+show(plot_bytes_by_phase(panels))
 
 # %% [markdown]
 # ## 5. Memory per rank: `reshard_after_forward`
@@ -330,10 +324,8 @@ for layout, n in (("w4", 4), ("w8 lb2", 8)):
 print(text_table(["setting", *next(iter(measured_mem.values()))],
                  [[s, *(f"{m[k]} (formula {formula_mem[s][k]})" for k in m)] for s, m in measured_mem.items()]))
 print(verdict_table(memory_verdicts, "Parameter bytes per rank, measured on the storages vs formula"))
-fig = plot_pipeline_memory({k: v for k, v in measured_mem.items() if k.startswith("4")},
-                           {k: v for k, v in formula_mem.items() if k.startswith("4")})
-display(fig)
-plt.close(fig)
+show(plot_pipeline_memory({k: v for k, v in measured_mem.items() if k.startswith("4")},
+                          {k: v for k, v in formula_mem.items() if k.startswith("4")}))
 
 # %% [markdown]
 # The trade-off, in numbers (4 ranks, per rank):

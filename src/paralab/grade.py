@@ -32,6 +32,7 @@ import torch.distributed as dist
 from paralab.check import Verdict, compare
 from paralab.exercises import EXERCISES, Exercise
 from paralab.launch import LaunchError, LaunchTimeout, run
+from paralab.tables import text_table
 
 NOT_IMPLEMENTED = "not implemented yet"
 REPORT_LINE = re.compile(r"^(?P<name>[\w.]+): (?P<verdict>PASS|FAIL|ERROR|TIMEOUT|not implemented yet) — "
@@ -165,12 +166,10 @@ def grade_notebook(path: Path, timeout: int = 600) -> list[tuple[str, int, int, 
 
 
 def score_table(rows: list[tuple[str, int, int, str]]) -> str:
-    width = max([len("exercise")] + [len(r[0]) for r in rows])
-    lines = [f"{'exercise':<{width}}  points  verdict", f"{'-' * width}  ------  -------"]
-    lines += [f"{name:<{width}}  {points:>2}/{most:<3}  {verdict}" for name, points, most, verdict in rows]
+    """One row per exercise (points earned / possible, verdict), then the total."""
     total, most = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    lines.append(f"{'total':<{width}}  {total:>2}/{most:<3}")
-    return "\n".join(lines)
+    body = [(name, f"{points}/{possible}", verdict) for name, points, possible, verdict in rows]
+    return text_table(("exercise", "points", "verdict"), [*body, ("total", f"{total}/{most}", "")], align_right=(1,))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,7 +282,6 @@ class Ledger:
         return sent(self.records, **match)
 
 
-
 @contextlib.contextmanager
 def in_phase(name: str) -> Iterator[None]:
     """Label the calls made inside the block in whichever Ledger is recording, if any.
@@ -321,15 +320,6 @@ def received(records: Iterable[Record], **match: Any) -> int:
 def calls(records: Iterable[Record], **match: Any) -> int:
     """How many records match: the number of calls of that kind."""
     return sum(1 for r in records if _matches(r, match))
-
-
-def phase(name: str) -> contextlib.AbstractContextManager:
-    """Label the calls made inside the block in the ledger recording in this process, if any.
-
-    Lets library code mark its stages ("encode", "step 1", ...) without taking a
-    ledger argument: outside a `with Ledger():` block it does nothing.
-    """
-    return Ledger._active.phase(name) if Ledger._active is not None else contextlib.nullcontext()
 
 
 def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, Tally]:

@@ -3,14 +3,16 @@
 Two kinds of axis. Partition axes (`dp_shard`, `dp_replicate`) divide the
 world: `dp_replicate * dp_shard == world_size`. Overlay axes (`cp`, `cfgp`,
 and the separate `lb`) take no rank slots of their own: they group the same
-ranks a second time. The rules are pinned by `shared/spec/parallel_dims.md`
-and by `tests/test_parallel_dims.py`.
+ranks a second time. The rules are written out in `docs/parallel_dims.md` and
+pinned by `tests/test_parallel_dims.py`. Like torchtitan's `ParallelDims`, it
+is a dataclass validated in `__post_init__`.
 """
 from __future__ import annotations
 
 import logging
 import math
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -20,170 +22,157 @@ logger = logging.getLogger(__name__)
 MAX_CP = 32
 
 
+@dataclass(frozen=True)
 class ParallelDims:
-    """Validated axis sizes plus the device meshes built from them."""
+    """Validated axis sizes plus the device meshes built from them.
 
-    def __init__(
-        self,
-        world_size: int,
-        dp_shard: int = -1,
-        dp_replicate: int = -1,
-        cp: int = 1,
-        cfgp: int = 1,
-        lb: int = 1,
-        enable_inference_mode: bool = False,
-    ) -> None:
-        self._world_size = world_size
-        self._dp_shard = dp_shard
-        self._dp_replicate = dp_replicate
-        self._cp = cp
-        self._cfgp = cfgp
-        self._lb = lb
-        self._enable_inference_mode = bool(enable_inference_mode)
-        self._meshes: dict[str, DeviceMesh] = {}
+    `dp_shard` and `dp_replicate` of -1 (or `dp_shard <= 0`) are inferred at
+    construction; the object is frozen afterwards, so a size cannot change
+    under meshes already built.
+    """
+
+    world_size: int
+    dp_shard: int = -1
+    dp_replicate: int = -1
+    cp: int = 1
+    cfgp: int = 1
+    lb: int = 1
+    enable_inference_mode: bool = False
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
         self._validate()
 
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)  # the frozen dataclass's own fields, while validating
+
     def _validate(self) -> None:
-        world = self._world_size
+        world = self.world_size
+        self._set("enable_inference_mode", bool(self.enable_inference_mode))
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world_size must be an int >= 1, got world_size={world!r}")
-        if not 1 <= self._cp <= MAX_CP:
-            raise ValueError(f"cp must be in [1, {MAX_CP}], got cp={self._cp}")
-        if self._cfgp not in (1, 2):
-            raise ValueError(f"cfgp must be 1 or 2 (cond + uncond branches), got cfgp={self._cfgp}")
-        if self._cfgp > 1 and not self._enable_inference_mode:
+        if not 1 <= self.cp <= MAX_CP:
+            raise ValueError(f"cp must be in [1, {MAX_CP}], got cp={self.cp}")
+        if self.cfgp not in (1, 2):
+            raise ValueError(f"cfgp must be 1 or 2 (cond + uncond branches), got cfgp={self.cfgp}")
+        if self.cfgp > 1 and not self.enable_inference_mode:
             raise ValueError(
-                f"cfgp={self._cfgp} needs enable_inference_mode=True: "
+                f"cfgp={self.cfgp} needs enable_inference_mode=True: "
                 "CFG parallelism is an inference-only axis"
             )
-        if not 1 <= self._lb <= world or world % self._lb != 0:
+        if not 1 <= self.lb <= world or world % self.lb != 0:
             raise ValueError(
-                f"lb must be in [1, world_size={world}] and divide it, got lb={self._lb}"
+                f"lb must be in [1, world_size={world}] and divide it, got lb={self.lb}"
             )
-        if self._dp_shard <= 0:
-            self._dp_shard = world
+        if self.dp_shard <= 0:
+            self._set("dp_shard", world)
             logger.info("dp_shard auto-inferred as world_size=%d (overlay axes use no dp budget)", world)
-        elif self._dp_shard > world:
+        elif self.dp_shard > world:
             warnings.warn(
-                f"dp_shard={self._dp_shard} exceeds world_size={world}; clamped to dp_shard={world}. "
+                f"dp_shard={self.dp_shard} exceeds world_size={world}; clamped to dp_shard={world}. "
                 "This launch runs a different topology than the one configured.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-            self._dp_shard = world
-        if self._dp_replicate != -1 and self._dp_replicate < 1:
-            raise ValueError(f"dp_replicate must be -1 (infer) or >= 1, got dp_replicate={self._dp_replicate}")
-        if self._dp_replicate == -1:
-            self._dp_replicate = world // self._dp_shard
-        if world % (self._cfgp * self._cp) != 0:
+            self._set("dp_shard", world)
+        if self.dp_replicate != -1 and self.dp_replicate < 1:
+            raise ValueError(f"dp_replicate must be -1 (infer) or >= 1, got dp_replicate={self.dp_replicate}")
+        if self.dp_replicate == -1:
+            self._set("dp_replicate", world // self.dp_shard)
+        if world % (self.cfgp * self.cp) != 0:
             raise ValueError(
-                f"world_size={world} is not divisible by cfgp*cp={self._cfgp * self._cp} "
-                f"(cfgp={self._cfgp}, cp={self._cp}); the overlay mesh (rest, cfgp, cp) "
+                f"world_size={world} is not divisible by cfgp*cp={self.cfgp * self.cp} "
+                f"(cfgp={self.cfgp}, cp={self.cp}); the overlay mesh (rest, cfgp, cp) "
                 "would not tile the world"
             )
-        if self._dp_replicate * self._dp_shard != world:
+        if self.dp_replicate * self.dp_shard != world:
             raise ValueError(
-                f"dp_replicate={self._dp_replicate} * dp_shard={self._dp_shard} = "
-                f"{self._dp_replicate * self._dp_shard} != world_size={world}"
+                f"dp_replicate={self.dp_replicate} * dp_shard={self.dp_shard} = "
+                f"{self.dp_replicate * self.dp_shard} != world_size={world}"
             )
 
     # ----------------------------------------------------------- meshes
     def build_meshes(self, device_type: str | None = None) -> dict[str, DeviceMesh]:
-        """Build every enabled mesh with the real `init_device_mesh` (needs a process group)."""
+        """Build every enabled mesh with the real `init_device_mesh` (needs a process group).
+
+        All meshes are row-major; `device_type` defaults to "cuda" when CUDA is there, else "cpu".
+
+        - overlay, when cp > 1 or cfgp > 1: 3-D (world/(cfgp*cp), cfgp, cp) named
+          ("rest", "cfgp", "cp"); its 1-D `cfgp` slice (kept when cfgp > 1) pairs the
+          two guidance branches for `paralab.cfgp`, its `cp` slice (kept when cp > 1)
+          is the ring / Ulysses group of `paralab.cp`;
+        - dp, when `dp_enabled`: 2-D (dp_replicate, dp_shard) named ("dp_replicate",
+          "dp_shard"), 2-D even with one replica; its `dp_shard` slice (the ranks that
+          split one model copy) and `dp_replicate` slice (the ranks holding the same
+          shard), each kept when > 1, are FSDP's and HSDP's groups (`paralab.fsdp`,
+          and FSDP2 through `fsdp_mesh`);
+        - lb, when lb > 1: 2-D (world/lb, lb) named ("lb_rest", "lb"); its `lb` slice
+          is the group that shares raw videos before the VAE encode (`paralab.vae_lb`).
+        """
         if device_type is None:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        self._device_type = device_type
-        world = self._world_size
+        world = self.world_size
         meshes: dict[str, DeviceMesh] = {}
         if self.cp_enabled or self.cfgp_enabled:
             overlay = self._build_mesh(
-                (world // (self._cfgp * self._cp), self._cfgp, self._cp), ("rest", "cfgp", "cp")
+                device_type, (world // (self.cfgp * self.cp), self.cfgp, self.cp), ("rest", "cfgp", "cp")
             )
             for axis in ("cfgp", "cp"):
-                if getattr(self, f"_{axis}") > 1:
+                if getattr(self, axis) > 1:
                     meshes[axis] = overlay[axis]
         if self.dp_enabled:
-            dp = self._build_mesh((self._dp_replicate, self._dp_shard), ("dp_replicate", "dp_shard"))
+            dp = self._build_mesh(device_type, (self.dp_replicate, self.dp_shard), ("dp_replicate", "dp_shard"))
             meshes["dp"] = dp
             for axis in ("dp_shard", "dp_replicate"):
-                if getattr(self, f"_{axis}") > 1:
+                if getattr(self, axis) > 1:
                     meshes[axis] = dp[axis]
         if self.lb_enabled:
-            lb = self._build_mesh((world // self._lb, self._lb), ("lb_rest", "lb"))
+            lb = self._build_mesh(device_type, (world // self.lb, self.lb), ("lb_rest", "lb"))
             meshes["lb"] = lb["lb"]
-        self._meshes = meshes
+        self._meshes.clear()
+        self._meshes.update(meshes)
         return dict(meshes)
 
-    def _build_mesh(self, dims: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    def _build_mesh(self, device_type: str, dims: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
         if len(dims) != len(names):
             raise ValueError(f"mesh dims {dims} and names {names} differ in length")
         bad = [f"{n}={d}" for d, n in zip(dims, names) if d <= 0]
         if bad:
             raise ValueError(f"mesh dims must be >= 1, got {', '.join(bad)}")
-        if math.prod(dims) != self._world_size:
+        if math.prod(dims) != self.world_size:
             raise ValueError(
                 f"mesh {dict(zip(names, dims))} has {math.prod(dims)} ranks, "
-                f"world_size is {self._world_size}"
+                f"world_size is {self.world_size}"
             )
-        device_type = getattr(self, "_device_type", "cpu")
         return init_device_mesh(device_type, tuple(dims), mesh_dim_names=tuple(names))
-
-    # ----------------------------------------------------------- sizes
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def dp_shard(self) -> int:
-        return self._dp_shard
-
-    @property
-    def dp_replicate(self) -> int:
-        return self._dp_replicate
-
-    @property
-    def cp(self) -> int:
-        return self._cp
-
-    @property
-    def cfgp(self) -> int:
-        return self._cfgp
-
-    @property
-    def lb(self) -> int:
-        return self._lb
-
-    @property
-    def enable_inference_mode(self) -> bool:
-        return self._enable_inference_mode
 
     # ----------------------------------------------------------- flags
     @property
     def dp_enabled(self) -> bool:
         """Training always wraps with FSDP (it installs the mixed-precision policy)."""
-        if self._enable_inference_mode:
-            return self._dp_shard > 1
+        if self.enable_inference_mode:
+            return self.dp_shard > 1
         return True
 
     @property
     def dp_shard_enabled(self) -> bool:
-        return self._dp_shard > 1
+        return self.dp_shard > 1
 
     @property
     def dp_replicate_enabled(self) -> bool:
-        return self._dp_replicate > 1
+        return self.dp_replicate > 1
 
     @property
     def cp_enabled(self) -> bool:
-        return self._cp > 1
+        return self.cp > 1
 
     @property
     def cfgp_enabled(self) -> bool:
-        return self._cfgp > 1
+        return self.cfgp > 1
 
     @property
     def lb_enabled(self) -> bool:
-        return self._lb > 1
+        return self.lb > 1
 
     # ----------------------------------------------------------- meshes
     @property
@@ -251,13 +240,6 @@ class ParallelDims:
             for axis, mesh in self._meshes.items()
             if mesh.ndim == 1
         }
-
-    def __repr__(self) -> str:
-        return (
-            f"ParallelDims(world_size={self._world_size}, dp_shard={self._dp_shard}, "
-            f"dp_replicate={self._dp_replicate}, cp={self._cp}, cfgp={self._cfgp}, lb={self._lb}, "
-            f"enable_inference_mode={self._enable_inference_mode})"
-        )
 
 
 def fsdp_mesh(parallel_dims: ParallelDims) -> DeviceMesh | None:

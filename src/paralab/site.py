@@ -114,9 +114,11 @@ def landing_page() -> str:
 
 
 def nav() -> list:
-    """Home, the labs overview, one section per lab (README -> chapters -> notebook), the repo README."""
+    """Home, the labs overview, one section per lab (README -> chapters -> notebook), docs/, the repo README."""
     sections = [lab_nav(lab) for lab in lab_dirs()]
-    return [{"Home": "index.md"}, {"All labs": "labs/README.md"}, *sections, {"Repository README": "about.md"}]
+    contracts = [{first_heading(page) or page.stem: f"docs/{page.name}"} for page in sorted((ROOT / "docs").glob("*.md"))]
+    return [{"Home": "index.md"}, {"All labs": "labs/README.md"}, *sections, *contracts,
+            {"Repository README": "about.md"}]
 
 
 def mathjax_dir() -> Path:
@@ -142,6 +144,9 @@ def write_docs(docs: Path = DOCS) -> None:
             shutil.copy(ROOT / page, docs / page)
         for source in lab.glob("*_lab.py"):
             shutil.copy(source, target / source.name)
+    for page in (ROOT / "docs").glob("*.md"):  # the contracts the code and tests cite (docs/parallel_dims.md)
+        (docs / "docs").mkdir(exist_ok=True)
+        shutil.copy(page, docs / "docs" / page.name)
     for folder in ("src/paralab", "tests"):
         for source in (ROOT / folder).rglob("*.py"):
             destination = docs / source.relative_to(ROOT)

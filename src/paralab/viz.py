@@ -19,6 +19,14 @@ PALETTE = plt.get_cmap("tab20").colors
 # =====================================================================================
 # Lab 00 — ParallelDims: rank grids coloured by group
 # =====================================================================================
+def show(fig: Figure) -> None:
+    """Show a figure once in the notebook and free it: the one way every lab shows a picture."""
+    from IPython.display import display
+
+    display(fig)
+    plt.close(fig)
+
+
 def _grid_shape(world_size: int) -> tuple[int, int]:
     rows = 2 if world_size >= 4 and world_size % 2 == 0 else 1
     return rows, math.ceil(world_size / rows)
@@ -244,7 +252,7 @@ def _work_grid(world: int, zigzag: bool) -> np.ndarray:
                      for r in range(world)])
 
 
-def plot_ring_timeline(world: int = 4) -> plt.Figure:
+def plot_ring_timeline(world: int = 4) -> Figure:
     """Which K/V block each rank holds at each ring step, and how much causal work it does with it.
 
     One panel per layout (contiguous, zigzag): rows = ranks, columns = steps,
@@ -277,7 +285,7 @@ def plot_ring_timeline(world: int = 4) -> plt.Figure:
     return fig
 
 
-def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> plt.Figure:
+def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> Figure:
     """The causal attention matrix, token by token, coloured by the rank that computes each score.
 
     Blank = a key in the query's future (never computed). Contiguous: the last rank
@@ -311,7 +319,7 @@ def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> plt.Figu
 
 
 def plot_cp_bytes(cps: list[int], measured: dict[str, dict[str, list[int]]],
-                  formula: dict[str, dict[str, list[int]]], full_bytes: int) -> plt.Figure:
+                  formula: dict[str, dict[str, list[int]]], full_bytes: int) -> Figure:
     """Bytes each rank sends vs cp, forward and backward: ledger (markers) over formulas (lines).
 
     `measured[name][phase]` and `formula[name][phase]` hold one value per cp; values
@@ -397,7 +405,7 @@ def plot_cfg_branches(
     return fig
 
 
-def plot_step_traffic(per_step: dict[str, dict[str, int]]):
+def plot_step_traffic(per_step: dict[str, dict[str, int]]) -> Figure:
     """Bytes one rank sends per sampling step, grouped by layout: the cfgp swap next to cp's attention traffic."""
     layouts = list(per_step)
     kinds = list(next(iter(per_step.values())))
@@ -422,7 +430,7 @@ def plot_step_traffic(per_step: dict[str, dict[str, int]]):
 # Lab 04 — VAE load balancing: predicted load per rank
 # =====================================================================================
 def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int], int], ranks: list[int],
-                   groups: list[list[int]]) -> None:
+                   groups: list[list[int]], label: str) -> None:
     """One bar per rank, one segment per sample it encodes, coloured by the sample's owner; guests hatched."""
     x_of = {rank: k for k, rank in enumerate(ranks)}
     load = {rank: 0.0 for rank in ranks}
@@ -440,7 +448,7 @@ def _stacked_loads(ax, costs: dict[int, list[float]], where: dict[tuple[int, int
         spreads.append(max(load[r] for r in group) - min(load[r] for r in group))
     ax.set_xticks(range(len(ranks)), [str(r) for r in ranks], fontsize=8)
     ax.set_xlabel("rank", fontsize=8)
-    ax.set_title(f"max load {max(load.values()):,.0f}, spread {max(spreads):,.0f}", fontsize=8)
+    ax.set_title(f"{label}: max load {max(load.values()):,.0f}, spread {max(spreads):,.0f}", fontsize=8)
 
 
 def plot_lb_loads(
@@ -462,8 +470,7 @@ def plot_lb_loads(
     before = {(rank, i): rank for rank in ranks for i in range(len(costs[rank]))}
     fig, panels = plt.subplots(1, 2, figsize=(1.6 + 0.9 * len(ranks), 3.0), sharey=True)
     for panel, where, name in ((panels[0], before, "before"), (panels[1], after, "after")):
-        _stacked_loads(panel, costs, where, ranks, groups)
-        panel.set_title(f"{name}: " + panel.get_title(), fontsize=8)
+        _stacked_loads(panel, costs, where, ranks, groups, name)
     panels[0].set_ylabel("predicted cost (frames x height x width)", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)

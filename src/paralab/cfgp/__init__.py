@@ -2,13 +2,13 @@
 
 - `sampling`: the algorithm (the guided Euler sampler, the noise broadcast, the
   prediction swap, the cp overlay's sharding of the latent);
-- `runs`: lab 03's per-rank job (`sample_on_rank`);
+- `runs`: lab 03's per-rank jobs (`sample_on_rank`, `sample_variants`);
 - `costs`: the closed-form bytes each rank sends while sampling.
 
 The sampler's names are re-exported here. A bug is planted in the module whose
 globals the loop reads: `planted(paralab.cfgp.sampling, cfg_combine=bug)`.
 """
-from paralab.cfgp.runs import sample_on_rank
+from paralab.cfgp.runs import sample_on_rank, sample_variants
 from paralab.cfgp.sampling import (
     EXCHANGES,
     broadcast_noise,
@@ -44,6 +44,7 @@ __all__ = [
     "predict_cfgp",
     "sample",
     "sample_on_rank",
+    "sample_variants",
     "shard_latent",
     "timesteps",
 ]

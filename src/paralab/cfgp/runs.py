@@ -1,17 +1,23 @@
-"""Lab 03's per-rank job: build the meshes, sample under the ledger, report this rank's place.
+"""Lab 03's per-rank jobs: build the meshes, sample under the ledger, report this rank's place.
 
 The sampler itself is `paralab.cfgp.sampling.sample`; this module runs it on
-a rank of a launch and returns what the notebook and the tests check.
+a rank of a launch (`sample_on_rank`), several ways in one launch
+(`sample_variants`, bugs planted included), and returns what the notebook and
+the tests check.
 """
 from __future__ import annotations
 
 import time
+from typing import Callable, ContextManager
 
 import torch.distributed as dist
 
 from paralab.cfgp.sampling import sample
 from paralab.ledger import Ledger
 from paralab.parallel_dims import ParallelDims
+
+
+EXCHANGE_VARIANTS = {"p2p": {}, "all_gather": {"exchange": "all_gather"}}
 
 
 def sample_on_rank(model, cond, uncond, dims: dict | None = None, *, repeats: int = 1, **sample_kwargs) -> dict:
@@ -41,3 +47,14 @@ def sample_on_rank(model, cond, uncond, dims: dict | None = None, *, repeats: in
         "cfgp_rank": pd.cfgp_rank if pd else 0,
         "cp_rank": pd.cp_rank if pd else 0,
     }
+
+
+def sample_variants(model, cond, uncond, dims: dict | None, variants: dict[str, dict],
+                    bugs: dict[str, Callable[[], ContextManager]] | None = None, **sample_kwargs) -> dict[str, dict]:
+    """On every rank: `sample_on_rank` once per variant (its keyword arguments over `sample_kwargs`), then once per
+    bug with `bugs[name]()` planted around the run (e.g. `planted(paralab.cfgp.sampling, cfg_combine=...)`)."""
+    out = {name: sample_on_rank(model, cond, uncond, dims, **{**sample_kwargs, **extra}) for name, extra in variants.items()}
+    for name, bug in (bugs or {}).items():
+        with bug():
+            out[name] = sample_on_rank(model, cond, uncond, dims, **sample_kwargs)
+    return out

@@ -18,7 +18,6 @@ cfgp peers that hold the same shard.
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,9 +25,6 @@ import torch.distributed as dist
 from paralab import cp
 from paralab.models import Attention, full_attention
 from paralab.parallel_dims import ParallelDims
-
-Combine = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-
 
 def cfg_combine(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     """Classifier-free guidance. Both cfgp ranks call it with the SAME argument order,
@@ -79,7 +75,7 @@ def exchange_prediction_all_gather(mine: torch.Tensor, group: dist.ProcessGroup)
     return both[1 - dist.get_rank(group)]
 
 
-EXCHANGES = {"p2p": exchange_prediction, "all_gather": exchange_prediction_all_gather}
+EXCHANGES = ("p2p", "all_gather")
 
 
 def predict_branches(model, x, t, cond, uncond, **forward) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,19 +94,16 @@ def predict_cfgp(model, x, t, cond, uncond, *, group, exchange: str = "p2p", **f
     """cfgp rank 0 runs cond, rank 1 uncond; one swap gives both ranks both predictions."""
     is_cond_rank = dist.get_rank(group) == 0
     mine = model(x, t, cond if is_cond_rank else uncond, **forward)
-    theirs = EXCHANGES[exchange](mine, group)
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got exchange={exchange!r}")
+    swap = exchange_prediction if exchange == "p2p" else exchange_prediction_all_gather  # looked up at call time
+    theirs = swap(mine, group)
     return (mine, theirs) if is_cond_rank else (theirs, mine)
 
 
-def initial_latent(
-    shape: tuple[int, ...], seed: int, pd: ParallelDims | None, noise: str = "broadcast"
-) -> torch.Tensor:
+def initial_latent(shape: tuple[int, ...], seed: int, pd: ParallelDims | None) -> torch.Tensor:
     """This rank's part of the initial noise: drawn on cfgp rank 0, cut to this rank's cp shard,
-    broadcast over the cfgp group. `noise="per_rank_seed"` is the classic bug (seed + rank)."""
-    if noise == "per_rank_seed":
-        return shard_latent(draw_noise(shape, seed + dist.get_rank()), pd)
-    if noise != "broadcast":
-        raise ValueError(f"noise must be 'broadcast' or 'per_rank_seed', got noise={noise!r}")
+    broadcast over the cfgp group, so both branches start from the same latent."""
     ### BEGIN SOLUTION
     if pd is None or not pd.cfgp_enabled:
         return shard_latent(draw_noise(shape, seed), pd)
@@ -172,8 +165,6 @@ def sample(
     cp_attention: str = "ring",
     attention: Attention = full_attention,
     batch_branches: bool = False,
-    noise: str = "broadcast",
-    combine: Combine = cfg_combine,
     trajectory: list | None = None,
 ) -> torch.Tensor:
     """Guided Euler sampling; returns the final latent (whole, on every rank).
@@ -187,7 +178,7 @@ def sample(
     """
     pd = parallel_dims
     forward = cp_forward_kwargs(pd, model.latent_shape[1], cp_attention, attention)
-    x = initial_latent(model.latent_shape, seed, pd, noise)
+    x = initial_latent(model.latent_shape, seed, pd)
     if pd is not None and pd.cfgp_enabled:
         if batch_branches:
             raise ValueError("batch_branches needs both branches on one rank; with cfgp=2 each rank runs one")
@@ -199,7 +190,7 @@ def sample(
     ts = timesteps(steps)
     for t, t_next in zip(ts[:-1], ts[1:]):
         cond_pred, uncond_pred = predict(model, x, t, cond, uncond, **forward)
-        x = euler_step(x, combine(cond_pred, uncond_pred, guidance_scale), t, t_next)
+        x = euler_step(x, cfg_combine(cond_pred, uncond_pred, guidance_scale), t, t_next)
         if trajectory is not None:
             trajectory.append(x.clone())
     return gather_latent(x, pd)

@@ -28,6 +28,14 @@ def check_sequence_divisible(seq_len: int, world: int, *, zigzag: bool, dim: int
         raise ValueError(f"sequence length {seq_len} (dim {dim}) is not divisible by {need}")
 
 
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, who: str) -> None:
+    """q, k, v must be 4-D (batch, heads, seq, head_dim) shards of the same shape."""
+    if q.dim() != 4:
+        raise ValueError(f"{who}: q must be (batch, heads, seq, head_dim), got {q.dim()} dims {tuple(q.shape)}")
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"{who}: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
 def shard_sequence(x: torch.Tensor, rank: int, world: int, *, dim: int = 2, zigzag: bool = False) -> torch.Tensor:
     """This rank's slice of the sequence (a copy), contiguous or zigzag."""
     check_sequence_divisible(x.shape[dim], world, zigzag=zigzag, dim=dim)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.cp.blocks import attention_block, attention_block_backward, merge_partials
-from paralab.cp.layout import DIAGONAL, ring_blocks
+from paralab.cp.layout import DIAGONAL, check_qkv, ring_blocks
 
 KV_TAG, DKV_TAG = 0, 1
 
@@ -135,14 +135,6 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.group, ctx.causal, ctx.zigzag)
         return dq, dk, dv, None, None, None
-
-
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, who: str) -> None:
-    """q, k, v must be 4-D (batch, heads, seq, head_dim) shards of the same shape."""
-    if q.dim() != 4:
-        raise ValueError(f"{who}: q must be (batch, heads, seq, head_dim), got {q.dim()} dims {tuple(q.shape)}")
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"{who}: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
 def ring_attention(

@@ -4,7 +4,8 @@ A `CPConfig` names one way to run context-parallel attention. `cp_worker` runs a
 list of them on every rank of a launch, forward and backward under the ledger,
 and returns what the checks need; `sdpa_reference` and `one_process_blocks`
 (Ulysses' own per-head arithmetic) are the single-process answers, and
-`assemble` puts the ranks' results back into full tensors to compare with them.
+`assemble` puts the ranks' results back into full tensors; `check_config` and
+`check_bytes` are the verdicts the notebook prints and the tests assert.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.cp.layout import shard_sequence, unshard_sequence
 from paralab.cp.ring import ring_attention
 from paralab.cp.ulysses import LAYOUTS, ulysses_attention
-from paralab.ledger import Ledger
+from paralab.check import Verdict, compare
+from paralab.ledger import Ledger, sent
 from paralab.parallel_dims import ParallelDims
 
 GRADS = ("out", "dq", "dk", "dv")
+PHASES = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,17 @@ def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: in
     return {"results": results, "heads_error": heads_error}
 
 
+def correct_and_buggy(full: list[torch.Tensor], config: CPConfig, bug: Callable[[], ContextManager],
+                      backward_only: bool = True) -> tuple[dict, dict]:
+    """On every rank: one config twice on the same inputs, the package's code, then with `bug()` planted
+    (around the backward only, or around the whole run). Returns this rank's two results."""
+    correct = cp_worker(full, [config])["results"][0]
+    if backward_only:
+        return correct, cp_worker(full, [config], during_backward=bug)["results"][0]
+    with bug():
+        return correct, cp_worker(full, [config])["results"][0]
+
+
 def sdpa_reference(full: list[torch.Tensor], causal: bool) -> dict[str, torch.Tensor]:
     """Single-process `scaled_dot_product_attention` and its autograd gradients (the answer cp must give)."""
     q, k, v = (t.clone().requires_grad_() for t in full[:3])
@@ -145,3 +159,39 @@ def bytes_formula(config: CPConfig, shape: tuple[int, int, int, int], cp: int) -
     if config.algorithm == "ring":
         return ring_bytes(s, cp)
     return ulysses_bytes(s, cp, config.layout)
+
+
+def stacked(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], world: int | None = None,
+            relative: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """out, dq, dk, dv stacked into one tensor, each divided by its reference's largest magnitude
+    (`relative`), so that one bound fits all four; `world` repeats the reference for replicated results."""
+    scale = {n: reference[n].abs().max() if relative else 1 for n in GRADS}
+    ref = {n: reference[n] if world is None else reference[n].expand(world, *reference[n].shape) for n in GRADS}
+    return torch.stack([tensors[n] / scale[n] for n in GRADS]), torch.stack([ref[n] / scale[n] for n in GRADS])
+
+
+def check_config(per_rank: list[dict], config: CPConfig, full: list[torch.Tensor]) -> list[Verdict]:
+    """One config's results on every rank vs SDPA (relative error <= 1e-12) and, for Ulysses,
+    vs the same per-head arithmetic in one process (bitwise)."""
+    cp = len(per_rank)
+    got = assemble(per_rank, config)
+    world = cp if config.replicated else None
+    verdicts = compare(*stacked(got, sdpa_reference(full, config.causal), world), atol=1e-12,
+                       name=f"cp={cp} {config.name} vs SDPA")
+    if config.algorithm == "ulysses":
+        verdicts += compare(*stacked(got, one_process_blocks(full, config.causal), world, relative=False),
+                            name=f"cp={cp} {config.name} vs attention_block, bitwise")
+    return verdicts
+
+
+def bytes_sent(per_rank: list[dict]) -> torch.Tensor:
+    """Bytes each rank sent, from its ledger: [phase, rank]."""
+    return torch.tensor([[sent(r["records"], phase=p) for r in per_rank] for p in PHASES])
+
+
+def check_bytes(per_rank: list[dict], config: CPConfig, shape: tuple[int, int, int, int]) -> list[Verdict]:
+    """Bytes sent by every rank in each phase vs `bytes_formula` (exact)."""
+    cp = len(per_rank)
+    want = bytes_formula(config, shape, cp)
+    expected = torch.tensor([[want[p]] * cp for p in PHASES])
+    return compare(bytes_sent(per_rank), expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]")

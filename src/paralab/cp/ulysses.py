@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.cp.blocks import attention_block, attention_block_backward
-from paralab.cp.ring import check_qkv
+from paralab.cp.layout import check_qkv
 
 LAYOUTS = ("sequence_sharded", "replicated")
 
@@ -35,26 +35,51 @@ def check_heads_divisible(heads: int, world: int) -> None:
 
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """All-to-all (b, h, n/cp, d) sequence shard -> (b, h/cp, n, d) head shard."""
-    ### BEGIN SOLUTION
-    world = dist.get_world_size(group)
-    b, h, s, d = x.shape
-    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()  # [head group j] -> rank j
-    received = torch.empty_like(send)  # [i] = sequence shard i of my heads
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
-    ### END SOLUTION
+    """All-to-all (b, h, n/cp, d) sequence shard -> (b, h/cp, n, d) head shard: pack, exchange, unpack."""
+    return unpack_heads(exchange_blocks(pack_heads(x, dist.get_world_size(group)), group))
 
 
 def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-to-all (b, h/cp, n, d) head shard -> (b, h, n/cp, d) sequence shard: the inverse of `seq_to_heads`."""
-    ### BEGIN SOLUTION
-    world = dist.get_world_size(group)
-    b, hl, n, d = x.shape
-    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()  # [seq shard j] -> rank j
-    received = torch.empty_like(send)  # [i] = head group i of my sequence shard
+    return unpack_seq(exchange_blocks(pack_seq(x, dist.get_world_size(group)), group))
+
+
+def exchange_blocks(send: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The all-to-all: block j of dim 0 goes to rank j; block i of the result came from rank i."""
+    received = torch.empty_like(send)
     dist.all_to_all_single(received, send, group=group)
-    return received.transpose(0, 1).reshape(b, world * hl, n // world, d)
+    return received
+
+
+def pack_heads(x: torch.Tensor, cp: int) -> torch.Tensor:
+    """(b, h, n/cp, d) sequence shard -> (cp, b, h/cp, n/cp, d): block j is head group j, for rank j."""
+    ### BEGIN SOLUTION
+    b, h, s, d = x.shape
+    return x.reshape(b, cp, h // cp, s, d).transpose(0, 1).contiguous()
+    ### END SOLUTION
+
+
+def unpack_heads(received: torch.Tensor) -> torch.Tensor:
+    """(cp, b, h/cp, n/cp, d), block i = sequence shard i of my heads -> (b, h/cp, n, d), shards in rank order."""
+    ### BEGIN SOLUTION
+    cp, b, hl, s, d = received.shape
+    return received.permute(1, 2, 0, 3, 4).reshape(b, hl, cp * s, d)
+    ### END SOLUTION
+
+
+def pack_seq(x: torch.Tensor, cp: int) -> torch.Tensor:
+    """(b, h/cp, n, d) head shard -> (cp, b, h/cp, n/cp, d): block j is sequence shard j, for rank j."""
+    ### BEGIN SOLUTION
+    b, hl, n, d = x.shape
+    return x.reshape(b, hl, cp, n // cp, d).permute(2, 0, 1, 3, 4).contiguous()
+    ### END SOLUTION
+
+
+def unpack_seq(received: torch.Tensor) -> torch.Tensor:
+    """(cp, b, h/cp, n/cp, d), block i = head group i of my sequence shard -> (b, h, n/cp, d), heads in rank order."""
+    ### BEGIN SOLUTION
+    cp, b, hl, s, d = received.shape
+    return received.transpose(0, 1).reshape(b, cp * hl, s, d)
     ### END SOLUTION
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.cp.ring import check_qkv, ring_attention
+from paralab.cp.layout import check_qkv
+from paralab.cp.ring import ring_attention
 from paralab.cp.ulysses import check_heads_divisible, heads_to_seq, seq_to_heads
 
 

@@ -76,62 +76,53 @@ def _cp_groups(world: int) -> list[tuple[dist.ProcessGroup, int]]:
     return groups
 
 
-def _seq_shard_cases(rank: int, world: int) -> list[tuple]:
-    """A (b, h, n/cp, d) sequence shard per rank: 3 heads per rank, 5 tokens per rank, head_dim 3."""
-    cases = []
-    for i, (group, cp) in enumerate(_cp_groups(world)):
-        g = torch.Generator().manual_seed(100 * i + rank)
-        cases.append((torch.randn(2, 3 * cp, 5, 3, dtype=torch.float64, generator=g), group))
-    return cases
+def _blocks(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def _head_shard_cases(rank: int, world: int) -> list[tuple]:
-    """A (b, h/cp, n, d) head shard per rank: 3 heads, 5 tokens per rank of the full sequence, head_dim 3."""
-    cases = []
-    for i, (group, cp) in enumerate(_cp_groups(world)):
-        g = torch.Generator().manual_seed(100 * i + rank)
-        cases.append((torch.randn(2, 3, 5 * cp, 3, dtype=torch.float64, generator=g), group))
-    return cases
+def _pack_heads_cases(rank: int, world: int) -> list[tuple]:
+    """A (b, h, n/cp, d) sequence shard and cp: 3 heads per rank, 5 tokens per rank, head_dim 3."""
+    return [(_blocks(cp, (2, 3 * cp, 5, 3)), cp) for cp in (2, 4, 3)]
 
 
-def seq_to_heads_without_transpose(x, group):
-    """Bug: cuts dim 0 (the batch) for the all-to-all instead of the head groups: the transpose is missing."""
-    world = dist.get_world_size(group)
+def _pack_seq_cases(rank: int, world: int) -> list[tuple]:
+    """A (b, h/cp, n, d) head shard and cp: 3 heads, 5 tokens per rank of the full sequence, head_dim 3."""
+    return [(_blocks(10 + cp, (2, 3, 5 * cp, 3)), cp) for cp in (2, 4, 3)]
+
+
+def _received_cases(rank: int, world: int) -> list[tuple]:
+    """What the all-to-all hands back, (cp, b, h/cp, n/cp, d): block i came from rank i."""
+    return [(_blocks(20 + cp, (cp, 2, 3, 5, 3)),) for cp in (2, 4, 3)]
+
+
+def pack_heads_without_transpose(x, cp):
+    """Bug: the head groups are not moved to dim 0, so the all-to-all cuts the batch instead of the heads."""
     b, h, s, d = x.shape
-    send = x.reshape(b, world, h // world, s, d).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+    return x.reshape(b, cp, h // cp, s, d).contiguous()
 
 
-def seq_to_heads_interleaved(x, group):
-    """Bug: puts the source rank after the token index, so the sequence comes out interleaved, not in rank order."""
-    world = dist.get_world_size(group)
-    b, h, s, d = x.shape
-    send = x.reshape(b, world, h // world, s, d).transpose(0, 1).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 2, 3, 0, 4).reshape(b, h // world, world * s, d)
+def unpack_heads_interleaved(received):
+    """Bug: the source rank goes after the token index, so the sequence comes out interleaved, not in rank order."""
+    cp, b, hl, s, d = received.shape
+    return received.permute(1, 2, 3, 0, 4).reshape(b, hl, cp * s, d)
 
 
-def heads_to_seq_heads_mixed(x, group):
-    """Bug: reassembles the heads as (my head, source rank) instead of (source rank, my head)."""
-    world = dist.get_world_size(group)
+def pack_seq_strided(x, cp):
+    """Bug: the tokens are cut as (n/cp, cp), so rank j gets every cp-th token instead of shard j."""
     b, hl, n, d = x.shape
-    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 2, 0, 3, 4).reshape(b, world * hl, n // world, d)
+    return x.reshape(b, hl, n // cp, cp, d).permute(3, 0, 1, 2, 4).contiguous()
 
 
-def heads_to_seq_without_transpose(x, group):
-    """Bug: the received dim (source rank) is reshaped straight into the batch dim: the final transpose is missing."""
-    world = dist.get_world_size(group)
-    b, hl, n, d = x.shape
-    send = x.reshape(b, hl, world, n // world, d).permute(2, 0, 1, 3, 4).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.reshape(b, world * hl, n // world, d)
+def unpack_seq_heads_mixed(received):
+    """Bug: the heads come out as (my head, source rank) instead of (source rank, my head)."""
+    cp, b, hl, s, d = received.shape
+    return received.permute(1, 2, 0, 3, 4).reshape(b, cp * hl, s, d)
+
+
+def unpack_seq_without_transpose(received):
+    """Bug: the received dim (source rank) is reshaped straight into the batch dim: the transpose is missing."""
+    cp, b, hl, s, d = received.shape
+    return received.reshape(b, cp * hl, s, d)
 
 
 # --------------------------------------------------------------------------- ring_pass
@@ -219,48 +210,69 @@ EXERCISES = [
         ],
     ),
     Exercise(
-        name="seq_to_heads",
+        name="pack_heads",
         lab=LAB,
-        target="paralab.cp.ulysses.seq_to_heads",
+        target="paralab.cp.ulysses.pack_heads",
         prompt=(
-            "Ulysses' first all-to-all. Each rank of the cp `group` holds a contiguous sequence shard "
-            "`x` of shape `(b, h, n/cp, d)`; return its head shard `(b, h/cp, n, d)`: heads "
-            "`[r·h/cp, (r+1)·h/cp)` of the whole sequence, tokens in rank order. Use one "
-            "`dist.all_to_all_single(output, input, group=group)` (it sends slice `j` of dim 0 to rank `j` "
-            "of the group). The check runs on 2 and 4 ranks, and on two cp groups of 2 inside 4 ranks."
+            "The first step of Ulysses' `seq_to_heads` (pack, exchange, unpack). A rank holds a contiguous "
+            "sequence shard `x` of shape `(b, h, n/cp, d)`; the all-to-all sends block `j` of dim 0 to rank `j`, "
+            "and rank `j` must end with head group `j` (heads `[j·h/cp, (j+1)·h/cp)`). Return the send buffer, "
+            "`(cp, b, h/cp, n/cp, d)`, contiguous. The check tries cp = 2, 4 and 3."
         ),
-        hint="reshape the heads into (cp, h/cp), move that cp dim first, all-to-all, then put the "
-             "received dim (the source rank = sequence shard) just before the tokens",
-        cases=_seq_shard_cases,
-        world_sizes=(2, 4),
-        points=3,
-        minutes=20,
-        bugs=[
-            ("transpose missing: the batch is cut instead of the heads", seq_to_heads_without_transpose,
-             "world 2, rank 0, case 0:"),
-            ("received shards interleaved instead of in rank order", seq_to_heads_interleaved,
-             "world 2, rank 0, case 0:"),
-        ],
+        hint="reshape the heads into (cp, h/cp), then move that cp dim first (transpose with the batch dim)",
+        cases=_pack_heads_cases,
+        points=2,
+        minutes=10,
+        bugs=[("transpose missing: the batch is cut instead of the heads", pack_heads_without_transpose,
+               "case 0: 90 of 180 elements differ")],
     ),
     Exercise(
-        name="heads_to_seq",
+        name="unpack_heads",
         lab=LAB,
-        target="paralab.cp.ulysses.heads_to_seq",
+        target="paralab.cp.ulysses.unpack_heads",
         prompt=(
-            "The inverse all-to-all. Each rank holds `h/cp` heads of the whole sequence, `(b, h/cp, n, d)`; "
-            "return its contiguous sequence shard of all heads, `(b, h, n/cp, d)`, heads in rank order. "
-            "Ulysses uses it for the output in the forward and for dq, dk, dv in the backward."
+            "The last step of `seq_to_heads`. The all-to-all returned `received`, `(cp, b, h/cp, n/cp, d)`, "
+            "where block `i` is sequence shard `i` (from rank `i`) of this rank's heads. Return this rank's "
+            "head shard of the whole sequence, `(b, h/cp, n, d)`, tokens in rank order."
         ),
-        hint="cut the tokens into (cp, n/cp), move that cp dim first, all-to-all, then put the "
-             "received dim (the source rank = head group) just before the heads it sent",
-        cases=_head_shard_cases,
-        world_sizes=(2, 4),
-        points=2,
-        minutes=15,
+        hint="move the block dim (the source rank = sequence shard) just before the tokens, then merge the two",
+        cases=_received_cases,
+        points=1,
+        minutes=10,
+        bugs=[("received shards interleaved instead of in rank order", unpack_heads_interleaved, "case 0:")],
+    ),
+    Exercise(
+        name="pack_seq",
+        lab=LAB,
+        target="paralab.cp.ulysses.pack_seq",
+        prompt=(
+            "The first step of `heads_to_seq`, the inverse all-to-all. A rank holds `h/cp` heads of the whole "
+            "sequence, `(b, h/cp, n, d)`; rank `j` must receive sequence shard `j` (tokens "
+            "`[j·n/cp, (j+1)·n/cp)`). Return the send buffer, `(cp, b, h/cp, n/cp, d)`, contiguous."
+        ),
+        hint="cut the tokens into (cp, n/cp), then move that cp dim first",
+        cases=_pack_seq_cases,
+        points=1,
+        minutes=10,
+        bugs=[("tokens cut strided: every cp-th token instead of a contiguous shard", pack_seq_strided, "case 0:")],
+    ),
+    Exercise(
+        name="unpack_seq",
+        lab=LAB,
+        target="paralab.cp.ulysses.unpack_seq",
+        prompt=(
+            "The last step of `heads_to_seq`. `received` is `(cp, b, h/cp, n/cp, d)`, block `i` being head group "
+            "`i` (from rank `i`) of this rank's sequence shard. Return the sequence shard of all heads, "
+            "`(b, h, n/cp, d)`, heads in rank order. Ulysses uses it for the output in the forward and for dq, "
+            "dk, dv in the backward."
+        ),
+        hint="put the block dim (the source rank = head group) just before the heads it holds, then merge the two",
+        cases=_received_cases,
+        points=1,
+        minutes=5,
         bugs=[
-            ("received head groups placed after this rank's heads", heads_to_seq_heads_mixed,
-             "world 2, rank 0, case 0:"),
-            ("final transpose missing: source rank mixed into the batch", heads_to_seq_without_transpose, "world 2, rank 0, case 0:"),
+            ("received head groups placed after this rank's heads", unpack_seq_heads_mixed, "case 0:"),
+            ("final transpose missing: source rank mixed into the batch", unpack_seq_without_transpose, "case 0:"),
         ],
     ),
     Exercise(

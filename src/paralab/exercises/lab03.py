@@ -5,11 +5,14 @@ tests prove the grader fails it and that its report points at the place.
 """
 from __future__ import annotations
 
+from typing import ContextManager
+
 import torch
 import torch.distributed as dist
 
-from paralab.cfgp.sampling import initial_latent
-from paralab.exercises import Exercise
+from paralab.cfgp import sampling
+from paralab.cfgp.sampling import draw_noise, shard_latent
+from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
 
 LAB = "03_cfgp"
@@ -110,11 +113,23 @@ def _as_latent(latent: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"latent": latent}
 
 
-def noise_per_rank_seed(shape: tuple[int, ...], seed: int, pd: ParallelDims | None,
-                        noise: str = "broadcast") -> torch.Tensor:
+def noise_per_rank_seed(shape: tuple[int, ...], seed: int, pd: ParallelDims | None) -> torch.Tensor:
     """Bug: each rank draws its own noise from `seed + rank` (right for data parallelism,
-    wrong here). The package's own `per_rank_seed` variant, the one the lab's sampler runs."""
-    return initial_latent(shape, seed, pd, noise="per_rank_seed")
+    wrong here): the two branches start from different latents."""
+    return shard_latent(draw_noise(shape, seed + dist.get_rank()), pd)
+
+
+def per_rank_noise() -> ContextManager:
+    """The lab's bug clinic, planted into the sampler: `noise_per_rank_seed` instead of `initial_latent`."""
+    return planted(sampling, initial_latent=noise_per_rank_seed)
+
+
+def wrong_sign_combine() -> ContextManager:
+    """The sampler with `wrong_sign` as its guidance combine."""
+    return planted(sampling, cfg_combine=wrong_sign)
+
+
+SAMPLER_BUGS = {"per_rank_seed": per_rank_noise, "wrong_sign": wrong_sign_combine}  # the lab's section 6
 
 
 EXERCISES = [

@@ -14,8 +14,10 @@ import torch.distributed as dist
 from paralab import models
 from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
+from paralab.vae_lb import protocol
 from paralab.vae_lb import planner
-from paralab.vae_lb.exchange import exchange
+from paralab.vae_lb import runs
+from paralab.vae_lb.protocol import exchange
 from paralab.vae_lb.planner import Move
 
 
@@ -34,6 +36,18 @@ def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
 def raw_pixels_clinic() -> ContextManager:
     """The lab's bug clinic, planted for a block: the encoder is handed raw pixels cast to float."""
     return planted(models, normalize_pixels=raw_pixels_as_float)
+
+
+def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
+    """Bug (the lab's section 8): a rank with nothing to encode skips the collectives, and its peers hang."""
+    if not videos:
+        return []
+    return protocol.offload_encode(videos, costs, encode_fn, group)
+
+
+def skip_when_empty() -> ContextManager:
+    """Plant `offload_encode_skipping_empty` where `vae_lb.runs.lb_worker` looks up `offload_encode`."""
+    return planted(runs, offload_encode=offload_encode_skipping_empty)
 
 
 def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
@@ -205,7 +219,7 @@ EXERCISES = [
     Exercise(
         name="return_latents",
         lab="04_vae_lb",
-        target="paralab.vae_lb.exchange.return_latents",
+        target="paralab.vae_lb.protocol.return_latents",
         prompt=(
             "The latent return path, the mirror image of sending the videos out. This rank encoded "
             "`guest_latents[k]` for the move `incoming[k]` and must send it back to that move's owner; "

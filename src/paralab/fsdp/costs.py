@@ -8,6 +8,7 @@ of the shard-group size before they are cut, and the padding travels too.
 from __future__ import annotations
 
 from paralab.fsdp.zero import padded_size
+from paralab.ledger import sent
 
 ITEMSIZE = 8  # float64
 
@@ -50,7 +51,13 @@ def memory_formula(engine: str, numels: list[int], world: int, optimizer: str, d
 
 def per_step_sent(records: list, steps: int) -> dict[str, int]:
     """Ledger bytes sent per step by op (every step makes the same calls)."""
-    out: dict[str, int] = {}
-    for r in records:
-        out[r.op] = out.get(r.op, 0) + r.bytes_sent
-    return {op: b // steps for op, b in sorted(out.items())}
+    return {op: sent(records, op=op) // steps for op in sorted({r.op for r in records})}
+
+
+def fsdp2_calls_formula(n_units: int, dp_replicate: int, one_rank_mesh: bool) -> list[int]:
+    """FSDP2's calls per step: all-gathers, reduce-scatters, all-reduces over one rank, replica all-reduces.
+
+    Per unit: 2 gathers (forward, backward), 1 reduce-scatter; HSDP adds a replica
+    all-reduce; the (1, n) dp mesh of the 2-D-mesh trap adds an all-reduce over one rank.
+    """
+    return [2 * n_units, n_units, n_units if one_rank_mesh else 0, n_units if dp_replicate > 1 else 0]

@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 
 from paralab.check import Verdict, compare
+from paralab.fsdp.costs import fsdp2_calls_formula, memory_formula, per_step_sent, traffic_formula
 from paralab.fsdp.zero import HandFSDP, ShardOptimizer, all_reduce_gradients, flat_shard
-from paralab.ledger import Ledger
+from paralab.launch import rank_device
+from paralab.ledger import Ledger, calls
 from paralab.models import MLPStack, make_mlp_stack, regression_data
 from paralab.parallel_dims import ParallelDims, fsdp_mesh
 
@@ -65,20 +67,15 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (out - target).pow(2).mean()
 
 
-def local_batch(rank: int, world: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(rank: int, world: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's contiguous slice of the global batch (equal slices, so mean of means = global mean)."""
     x, y = regression_data(GLOBAL_BATCH)
     size = GLOBAL_BATCH // world
     return x[rank * size:(rank + 1) * size].to(device), y[rank * size:(rank + 1) * size].to(device)
 
 
-def _device() -> str:
-    """Where a rank computes: its GPU under NCCL, else the CPU."""
-    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-
-
 def _my_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    return local_batch(dist.get_rank(), dist.get_world_size(), _device())
+    return local_batch(dist.get_rank(), dist.get_world_size(), rank_device())
 
 
 def torch_optimizer(params, kind: str) -> torch.optim.Optimizer:
@@ -169,7 +166,7 @@ def _groups(pd: ParallelDims) -> tuple:
 
 def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     shard_group, replicate_group = _groups(pd)
-    model = make_mlp_stack().to(_device())
+    model = make_mlp_stack().to(rank_device())
     engine = impl["HandFSDP"].wrap(model.units(), shard_group, replicate_group, job.reshard_after_forward)
     opt = impl["ShardOptimizer"](engine.shards(), job.optimizer, lr=LR[job.optimizer])
     x, y = _my_batch()
@@ -184,7 +181,7 @@ def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
 
 
 def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
-    model = make_mlp_stack().to(_device())
+    model = make_mlp_stack().to(rank_device())
     opt = impl["ShardOptimizer"](list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
     x, y = _my_batch()
     reduce = impl["all_reduce_gradients"]
@@ -203,7 +200,7 @@ def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)
-    model = make_mlp_stack().to(_device())
+    model = make_mlp_stack().to(rank_device())
     for unit in model.units():
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -229,7 +226,7 @@ def run_jobs(jobs: list[Job], steps: int = STEPS, **impl) -> list[dict]:
     results = []
     for job in jobs:
         pd = ParallelDims(world, dp_shard=world // job.dp_replicate, dp_replicate=job.dp_replicate)
-        pd.build_meshes(_device().split(":")[0])
+        pd.build_meshes(rank_device().type)
         result = RUNNERS[job.engine](job, pd, steps, impl)
         result.update(label=job.label(world), job=job, world=world)
         results.append(result)
@@ -287,6 +284,41 @@ def check_counts(label: str, measured: list[list[int]], formula: list[int]) -> V
     return compare(torch.tensor(measured), expected, name=label)[0]
 
 
+MEMORY_PARTS = ("params", "grads", "optimizer", "gathered peak")
+
+
+def check_traffic(per_rank: list[dict], numels: list[int]) -> Verdict:
+    """Bytes every rank sent per step, per collective, vs `traffic_formula` (hand-written engines)."""
+    job, world = per_rank[0]["job"], per_rank[0]["world"]
+    formula = traffic_formula(job.engine, numels, world, job.dp_replicate, job.reshard_after_forward)
+    ops = sorted(formula)
+    measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in per_rank]
+    return check_counts(f"{per_rank[0]['label']}: {', '.join(ops)}", measured, [formula[op] for op in ops])
+
+
+def check_memory(per_rank: list[dict], numels: list[int]) -> Verdict:
+    """Bytes every rank held (params, grads, optimizer state, gathered peak) vs `memory_formula`."""
+    job, world = per_rank[0]["job"], per_rank[0]["world"]
+    formula = memory_formula(job.engine, numels, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
+    return check_counts(f"{per_rank[0]['label']}: {', '.join(MEMORY_PARTS)}",
+                        [[r["memory"][p] for p in MEMORY_PARTS] for r in per_rank], [formula[p] for p in MEMORY_PARTS])
+
+
+def fsdp2_calls(records: list, dp_replicate: int) -> list[int]:
+    """FSDP2's calls per step from the ledger, in the order of `fsdp2_calls_formula`."""
+    replica = calls(records, op="all_reduce", group_size=dp_replicate) if dp_replicate > 1 else 0
+    counts = [calls(records, op="all_gather_single"), calls(records, op="reduce_scatter_single"),
+              calls(records, op="all_reduce", group_size=1), replica]
+    return [c // STEPS for c in counts]
+
+
+def check_fsdp2_calls(per_rank: list[dict], n_units: int) -> Verdict:
+    """FSDP2's calls per step on every rank vs `fsdp2_calls_formula` (the 2-D-mesh trap's extra all-reduce)."""
+    job = per_rank[0]["job"]
+    formula = fsdp2_calls_formula(n_units, job.dp_replicate, job.mesh == "dp_mesh")
+    return check_counts(per_rank[0]["label"], [fsdp2_calls(r["records"], job.dp_replicate) for r in per_rank], formula)
+
+
 # ---------------------------------------------------------------- engine facts the chapters cite
 def _two_unit_model() -> torch.nn.Sequential:
     """Two bias-free float32 Linear(8, 8) units: 64 elements each, no padding up to 8 ranks."""
@@ -302,6 +334,20 @@ def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.S
     return fully_shard(model, mesh=mesh, **kwargs)
 
 
+def fsdp2_mesh_calls(on_dp_mesh: bool) -> list[tuple[str, str, int]]:
+    """On every rank: one forward and backward of the two-unit model under FSDP2, on `fsdp_mesh(pd)` or on
+    the 2-D `pd.dp_mesh` with one replica (the trap). Returns (phase, op, group size) of every collective."""
+    pd = ParallelDims(dist.get_world_size())
+    pd.build_meshes(rank_device().type)
+    model = _fully_shard_units(_two_unit_model().to(rank_device()), pd.dp_mesh if on_dp_mesh else fsdp_mesh(pd))
+    with Ledger() as ledger:
+        with ledger.phase("forward"):
+            loss = model(torch.randn(4, 8, device=rank_device())).sum()
+        with ledger.phase("backward"):
+            loss.backward()
+    return [(r.phase, r.op, r.group_size) for r in ledger.records]
+
+
 def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                      reshard_after_forward: bool = True) -> dict:
     """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
@@ -313,14 +359,14 @@ def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     pd = ParallelDims(dist.get_world_size())
-    pd.build_meshes(_device().split(":")[0])
+    pd.build_meshes(rank_device().type)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    model = _fully_shard_units(_two_unit_model().to(_device()), fsdp_mesh(pd), mp_policy=policy,
+    model = _fully_shard_units(_two_unit_model().to(rank_device()), fsdp_mesh(pd), mp_policy=policy,
                                reshard_after_forward=reshard_after_forward)
     compute_dtypes = set()
     model[0].register_forward_pre_hook(lambda unit, args: compute_dtypes.add(str(unit.weight.dtype)))
     with Ledger() as ledger:
-        model(torch.randn(4, 8, device=_device())).sum().backward()
+        model(torch.randn(4, 8, device=rank_device())).sum().backward()
     optimizer = torch.optim.Adam(model.parameters())
     optimizer.step()
     states = [t for state in optimizer.state.values() for t in state.values() if t.dim() > 0]

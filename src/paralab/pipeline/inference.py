@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from paralab import cfgp, cp, vae_lb
-from paralab.ledger import phase
+from paralab.ledger import in_phase
 from paralab.models import (
     CondDenoiser,
     TinyVideoDecoder,
@@ -214,15 +214,15 @@ def denoise(
     03's `sample` runs a single sample and has no skip decision to make.
     """
     forward = cfgp.cp_forward_kwargs(pd, model.latent_shape[1], attention, whole_sequence_attention)
-    with phase("noise"):
+    with in_phase("noise"):
         xs = [cfgp.initial_latent(model.latent_shape, s, pd) for s in seeds]
     ts = cfgp.timesteps(steps)
     for step, (t, t_next) in enumerate(zip(ts[:-1], ts[1:]), start=1):
-        with phase(f"step {step}"):
+        with in_phase(f"step {step}"):
             for i, x in enumerate(xs):
                 velocity = predict(model, x, t, conds[i], unconds[i], guidance_scale, pd, forward)
                 xs[i] = cfgp.euler_step(x, velocity, t, t_next)
-    with phase("return"):
+    with in_phase("return"):
         return [cfgp.gather_latent(x, pd) for x in xs]
 
 
@@ -232,7 +232,7 @@ def decode_and_gather(latents: list[torch.Tensor], decoder: TinyVideoDecoder, pd
     videos = torch.stack([decoder(z) for z in latents])
     if pd is None:
         return videos
-    with phase("return"):
+    with in_phase("return"):
         gathered = [torch.empty_like(videos) for _ in range(pd.world_size)]
         dist.all_gather(gathered, videos.contiguous())
     group_size = pd.cfgp * pd.cp
@@ -296,7 +296,7 @@ def generate(
         if not pd.mesh:
             pd.build_meshes()
         samples = samples_of_rank(pd, dist.get_rank())
-        with phase("encode"), torch.no_grad():
+        with in_phase("encode"), torch.no_grad():
             latents = encode_conditioning(pd, samples, encoder)
         conds = [None if z is None else conditioning_tokens(z) for z in latents]
         context_shapes = [encoder.latent_shape(conditioning_shapes()[i]) for i in samples]

@@ -6,7 +6,7 @@ wait. The ranks of each lb group agree on a plan of moves and lend each other
 their encoders.
 
 - `planner`: the greedy closest-fit plan and the baselines it is compared with;
-- `exchange`: the costs shared, videos sent in two phases, latents sent home;
+- `protocol`: the costs shared, videos sent in two phases, latents sent home;
 - `runs`: lab 04's per-rank job and the checks of a run;
 - `costs`: the predicted encode cost and the closed-form bytes per rank.
 
@@ -14,7 +14,7 @@ The algorithm's names are re-exported here. A bug is planted in the module
 whose globals the loop reads: `planted(paralab.vae_lb.planner, closest_fit=bug)`.
 """
 from paralab.vae_lb.costs import encode_cost
-from paralab.vae_lb.exchange import (
+from paralab.vae_lb.protocol import (
     META_BYTES,
     META_LEN,
     batched_p2p,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from paralab.vae_lb.exchange import META_BYTES
+from paralab.vae_lb.protocol import META_BYTES
 
 
 def encode_cost(video: torch.Tensor) -> float:
@@ -50,3 +50,13 @@ def exchange_bytes(batch: list[list[torch.Tensor]], plan: list[tuple[int, int, i
         sent[helper] += META_BYTES + latent
         received[owner] += META_BYTES + latent
     return sent, received, gathered
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares line y = a x + b, and its R^2: how much of the variation in `ys` the cost explains."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    a = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    b = mean_y - a * mean_x
+    residual = sum((y - b - a * x) ** 2 for x, y in zip(xs, ys))
+    return a, b, 1 - residual / sum((y - mean_y) ** 2 for y in ys)

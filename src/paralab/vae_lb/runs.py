@@ -1,15 +1,20 @@
 """Lab 04's experiments: the per-rank job, the plan every group should make, and the checks of a run.
 
-`lb_worker` runs `offload_encode` on every rank for several lb sizes in one
-launch and reports the latents, a fingerprint of every video the rank encoded
-(to see *where* compute ran), its ledger and the plan it computed. The notebook
-and the tests check those reports with `run_checks` against what one process
-computes here: the latents, the plan and the bytes of `costs.exchange_bytes`.
+Single process: the planner against the baselines (`compare_strategies`,
+`mean_over_random_batches`) and a plan as a table (`moves_table`).
+
+On ranks: `lb_worker` runs `offload_encode` for several lb sizes in one launch
+and reports the latents, a fingerprint of every video the rank encoded (to see
+*where* compute ran), its ledger and the plan it computed. The notebook and the
+tests check those reports with `run_checks` against what one process computes
+here: the latents, the plan and the bytes of `costs.exchange_bytes`.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
+import random
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -18,11 +23,14 @@ import torch.distributed as dist
 
 from paralab.check import Verdict, compare
 from paralab.ledger import Ledger, received, sent
-from paralab.models import TinyVideoEncoder
+from paralab.models import TinyVideoEncoder, random_video_shapes
 from paralab.parallel_dims import ParallelDims
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
-from paralab.vae_lb.exchange import offload_encode, share_costs
-from paralab.vae_lb.planner import plan_rebalance
+from paralab.vae_lb.protocol import offload_encode, share_costs
+from paralab.tables import text_table
+from paralab.vae_lb.planner import (
+    Move, assign_lpt, assign_round_robin_by_size, assignment_from_moves, loads_of, plan_rebalance,
+)
 
 Costs = list[list[float]]  # per global rank, the cost of each of its videos
 
@@ -35,6 +43,80 @@ class LBRun:
     bug: Callable[[], ContextManager] | None = None
 
 
+# ------------------------------------------------------------------ the planner against the baselines, one process
+def spread(loads: dict[int, float]) -> float:
+    """Largest minus smallest load."""
+    return max(loads.values()) - min(loads.values())
+
+
+def makespan_bound(costs: dict[int, list[float]]) -> float:
+    """No schedule ends before max(total / ranks, largest video)."""
+    total = sum(sum(c) for c in costs.values())
+    return max(total / len(costs), max((max(c) for c in costs.values() if c), default=0.0))
+
+
+def compare_strategies(costs: dict[int, list[float]]) -> dict[str, tuple[float, float, int, float]]:
+    """Per strategy: makespan, spread, videos moved, bytes moved (raw video there + latent back, 3THW + THW)."""
+    strategies = {
+        "no balancing": assignment_from_moves(costs, []),
+        "greedy closest-fit": assignment_from_moves(costs, plan_rebalance(costs)),
+        "round-robin by size": assign_round_robin_by_size(costs),
+        "LPT": assign_lpt(costs),
+    }
+    rows = {}
+    for name, where in strategies.items():
+        moved = [s for s, r in where.items() if r != s[0]]
+        loads = loads_of(costs, where)
+        rows[name] = (max(loads.values()), spread(loads), len(moved), sum(4 * costs[o][i] for o, i in moved))
+    return rows
+
+
+def random_costs(seed: int, ranks: int = 8) -> dict[int, list[float]]:
+    """T*H*W of 0 to 6 random videos per rank (the lab's batch shapes), reproducible from `seed`."""
+    rng = random.Random(seed)
+    return {r: [float(math.prod(s[1:])) for s in random_video_shapes(rng.randint(0, 6), seed=1000 * seed + r)]
+            for r in range(ranks)}
+
+
+def mean_over_random_batches(seeds: range) -> dict[str, tuple[float, float]]:
+    """Per strategy, over the random batches with any work: mean makespan / bound and mean videos moved."""
+    sums: dict[str, list[float]] = {}
+    for seed in seeds:
+        costs = random_costs(seed)
+        if not any(any(c) for c in costs.values()):
+            continue
+        bound = makespan_bound(costs)
+        for name, (makespan, _, moved, _) in compare_strategies(costs).items():
+            ratio, moves, count = sums.setdefault(name, [0.0, 0.0, 0])
+            sums[name] = [ratio + makespan / bound, moves + moved, count + 1]
+    return {name: (ratio / count, moves / count) for name, (ratio, moves, count) in sums.items()}
+
+
+def moves_table(costs: dict[int, list[float]], moves: list[Move], shapes: dict | None = None) -> str:
+    """The plan, one row per move, with the gap between the two ranks before and after it."""
+    loads = {r: sum(c) for r, c in costs.items()}
+    rows = []
+    for k, m in enumerate(moves):
+        cost = costs[m.from_rank][m.local_index]
+        before = loads[m.from_rank] - loads[m.to_rank]
+        loads[m.from_rank] -= cost
+        loads[m.to_rank] += cost
+        after = abs(loads[m.from_rank] - loads[m.to_rank])
+        shape = str(shapes[m.from_rank][m.local_index]) if shapes else "-"
+        rows.append((k, m.from_rank, m.to_rank, m.local_index, shape, f"{cost:,.0f}", f"{before:,.0f}", f"{after:,.0f}"))
+    header = ("move", "from", "to", "index", "shape (T,H,W)", "cost", "gap before", "gap after")
+    return text_table(header, rows, align_right=range(8))
+
+
+# ------------------------------------------------------------------ the exchange on real ranks
+def group_loads(costs: Costs, lb: int) -> list[tuple[list[int], int, dict[int, float], dict[int, float]]]:
+    """Per lb group: its ranks, the moves its plan makes, and each rank's load before and after the plan."""
+    after = loads_of(dict(enumerate(costs)), planned_encoder(costs, lb))
+    plan = global_plan(costs, lb)
+    return [(ranks, sum(1 for m in plan if m[0] in ranks), {r: sum(costs[r]) for r in ranks}, {r: after[r] for r in ranks})
+            for ranks in groups_of(len(costs), lb)]
+
+
 def fingerprint(video: torch.Tensor) -> str:
     """A short name of a video's bytes and shape: which video a rank encoded."""
     return hashlib.sha1(video.numpy().tobytes()).hexdigest()[:12] + str(tuple(video.shape))
@@ -44,10 +126,12 @@ def video_costs(batch: list[list[torch.Tensor]]) -> Costs:
     return [[encode_cost(v) for v in videos] for videos in batch]
 
 
-def lb_worker(batch: list[list[torch.Tensor]], lb_runs: list[LBRun], costs: Costs | None = None) -> list[dict]:
+def lb_worker(batch: list[list[torch.Tensor]], lb_runs: list[LBRun], costs: Costs | None = None,
+              offload: Callable | None = None) -> list[dict]:
     """On every rank: for each run, offload_encode this rank's videos and report what happened.
 
-    `costs` defaults to `encode_cost` of each video (a test may force a plan with others).
+    `costs` defaults to `encode_cost` of each video (a test may force a plan with others);
+    `offload` may replace `offload_encode` (a notebook passes the version its cell defines).
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     costs = video_costs(batch) if costs is None else costs
@@ -62,9 +146,9 @@ def lb_worker(batch: list[list[torch.Tensor]], lb_runs: list[LBRun], costs: Cost
             encoded.append(fingerprint(video))
             return encoder(video)
 
+        plan = plan_rebalance(share_costs(costs[rank], group))  # what every rank of the group should agree on
         with Ledger() as ledger, (lb_run.bug or contextlib.nullcontext)():
-            latents = offload_encode(batch[rank], costs[rank], encode_fn, group)
-        plan = plan_rebalance(share_costs(costs[rank], group))
+            latents = (offload or offload_encode)(batch[rank], costs[rank], encode_fn, group)
         reports.append({"latents": latents, "encoded": encoded, "records": ledger.records, "plan": plan,
                         "group": dist.get_process_group_ranks(group)})
     return reports

@@ -1,4 +1,4 @@
-"""The lb exchange: share the costs, send the moved videos, encode, send the latents home.
+"""The lb protocol: share the costs, send the moved videos, encode, send the latents home.
 
 Inside each lb group the ranks:
 
