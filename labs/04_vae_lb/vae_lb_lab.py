@@ -446,7 +446,7 @@ print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}],
 # scale error shows everywhere at once. The protocol moves bytes, not meaning:
 # shapes, counts, placement and bytes are all right, so only the
 # element-by-element comparison with a reference encode catches it. In the
-# exercise notebook, `raw_pixels_as_float` is the first wrong answer the
+# student release, `raw_pixels_as_float` is the first wrong answer the
 # `normalize_pixels` check must reject.
 #
 # </details>

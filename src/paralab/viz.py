@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from paralab.cp.layout import causal_work, chunk_ids, kv_source, ring_blocks
 
 PALETTE = plt.get_cmap("tab20").colors
+_RANK_COLORS = plt.get_cmap("tab10").colors
 
 
 # =====================================================================================
@@ -256,31 +257,92 @@ def plot_ring_timeline(world: int = 4) -> Figure:
     """Which K/V block each rank holds at each ring step, and how much causal work it does with it.
 
     One panel per layout (contiguous, zigzag): rows = ranks, columns = steps,
-    shade = fraction of a full shard-by-shard block computed (0 = skipped).
+    shade = fraction of a full shard-by-shard block computed (0 = skipped);
+    arrows are the K/V hops (rank r's block moves to rank r+1 for the next step).
     A third panel sums each rank's work: the slowest rank sets the pace.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    fig, axes = plt.subplots(1, 3, figsize=(12, 2.0 + 0.95 * world), gridspec_kw={"width_ratios": [1, 1, 0.7]})
     for ax, zigzag in zip(axes, (False, True)):
         grid = _work_grid(world, zigzag)
-        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.3)
+        ax.imshow(grid, cmap="Blues", vmin=-0.2, vmax=2.2, aspect="auto")
         for r in range(world):
             for s in range(world):
                 src = kv_source(r, s, world)
                 chunks = ",".join(str(c) for c in chunk_ids(src, world, zigzag=zigzag))
                 work = "skip" if grid[r, s] == 0 else f"{grid[r, s]:g}"
-                ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=8)
-        ax.set_yticks(range(world), [f"rank {r} [{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
-                                     for r in range(world)], fontsize=8)
-        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V held, [chunks], causal work", fontsize=9)
+                ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center",
+                        fontsize=10, color="0.55" if grid[r, s] == 0 else "black")
+                if s + 1 < world:  # the block this rank holds now is the next rank's at the next step
+                    nxt = (r + 1) % world
+                    if nxt > r:
+                        ax.annotate("", xy=(s + 0.62, nxt - 0.3), xytext=(s + 0.38, r + 0.3),
+                                    arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=1.3))
+        ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=10)
+        ax.set_yticks(range(world), [f"rank {r}\n[{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
+                                     for r in range(world)], fontsize=10)
+        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V of rank, [chunks], work\n"
+                     "red arrow: K/V hop to the next rank (last -> rank 0 wraps)", fontsize=10)
     ranks = np.arange(world)
     for offset, zigzag in ((-0.2, False), (0.2, True)):
         axes[2].bar(ranks + offset, _work_grid(world, zigzag).sum(axis=1), width=0.4,
                     label="zigzag" if zigzag else "contiguous")
-    axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=8)
-    axes[2].set_ylabel("blocks of work per forward")
-    axes[2].set_title(f"causal work per rank, cp = {world}", fontsize=9)
-    axes[2].legend(fontsize=8)
+    axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=10)
+    axes[2].set_ylabel("blocks of work per forward", fontsize=10)
+    axes[2].set_title(f"causal work per rank, cp = {world}\n(slowest rank sets the pace)", fontsize=10)
+    axes[2].legend(fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_error_by_token(diff: torch.Tensor, world: int, zigzag: bool = True, title: str = "") -> Figure:
+    """Largest |buggy - correct| per token on a log scale, with chunk and rank boundaries.
+
+    `diff` is `(..., tokens)`: every leading dim is reduced by max. Tokens whose
+    value is bitwise right get a marker at the bottom instead of a bar, so "which
+    tokens are exact" and "how the error fades" are both visible.
+    """
+    per_token = diff.detach().double().abs().reshape(-1, diff.shape[-1]).amax(dim=0).numpy()
+    n, chunks = per_token.size, 2 * world
+    chunk_len = n // chunks
+    owner = {c: r for r in range(world) for c in chunk_ids(r, world, zigzag=zigzag)}
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    wrong = per_token > 0
+    floor = per_token[wrong].min() / 10 if wrong.any() else 1e-16
+    colors = [_RANK_COLORS[owner[t // chunk_len] % 10] for t in range(n)]
+    ax.bar(np.arange(n)[wrong], per_token[wrong], color=np.array(colors, dtype=object)[wrong], bottom=floor, width=0.85)
+    ax.scatter(np.arange(n)[~wrong], np.full(int((~wrong).sum()), floor * 1.6), marker="o", color="black", s=18,
+               label="bitwise right (0)", zorder=3)
+    ax.set_yscale("log")
+    top = per_token.max() * 8 if wrong.any() else 1.0
+    ax.set_ylim(floor, top)
+    for c in range(chunks):
+        if c:
+            ax.axvline(c * chunk_len - 0.5, color="0.3", linewidth=0.8)
+        ax.text(c * chunk_len + chunk_len / 2 - 0.5, top / 1.6, f"chunk {c}\nrank {owner[c]}", ha="center",
+                va="top", fontsize=8)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_xlabel("token (sequence order; bar colour = rank that owns the token)", fontsize=10)
+    ax.set_ylabel("max |buggy - correct|\n(log scale)", fontsize=10)
+    ax.set_title(f"{title}\n{int(wrong.sum())} of {n} tokens wrong", fontsize=10)
+    ax.legend(loc="lower left", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scale_scatter(correct: torch.Tensor, buggy: torch.Tensor, factor: float, title: str = "") -> Figure:
+    """Every element, buggy against correct: on the line of slope `factor` means "exactly factor × too large"."""
+    x = correct.detach().double().flatten().numpy()
+    y = buggy.detach().double().flatten().numpy()
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    ax.scatter(x, y, s=6, alpha=0.5, color="tab:red", label=f"{x.size} elements")
+    span = np.array([x.min(), x.max()])
+    ax.plot(span, factor * span, color="black", linewidth=1, label=f"buggy = {factor:g} × correct")
+    ax.plot(span, span, "--", color="0.5", linewidth=1, label="buggy = correct")
+    ax.set_xlabel("correct value", fontsize=10)
+    ax.set_ylabel("buggy value", fontsize=10)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=9)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
@@ -350,28 +412,6 @@ def _frames(latent: torch.Tensor, frames: int, height: int, width: int, channel:
     return latent.detach()[0, :, channel].reshape(frames, height, width)
 
 
-def plot_latent_steps(
-    trajectory: list[torch.Tensor], step_ids: list[int], frames: int, height: int, width: int, channel: int = 0
-):
-    """One row per chosen step, one column per video frame: noise (step 0) turning into the sample."""
-    fig, axes = plt.subplots(len(step_ids), frames, figsize=(1.6 * frames, 1.6 * len(step_ids)), squeeze=False)
-    lim = max(float(trajectory[s][..., channel].abs().max()) for s in step_ids)
-    for row, s in enumerate(step_ids):
-        video = _frames(trajectory[s], frames, height, width, channel)
-        for f in range(frames):
-            ax = axes[row][f]
-            ax.imshow(video[f].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if row == 0:
-                ax.set_title(f"frame {f}", fontsize=9)
-            if f == 0:
-                ax.set_ylabel(f"after step {s}" if s else "noise", fontsize=9)
-    fig.suptitle(f"latent channel {channel} during guided sampling", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 def plot_cfg_branches(
     cond_pred: torch.Tensor,
     uncond_pred: torch.Tensor,
@@ -385,19 +425,20 @@ def plot_cfg_branches(
 ):
     """The two branches (one per cfgp rank) and the guided velocity both ranks compute from them."""
     panels = [
-        ("cond (cfgp rank 0)", cond_pred),
-        ("uncond (cfgp rank 1)", uncond_pred),
-        ("cond - uncond", cond_pred - uncond_pred),
-        (f"uncond + {guidance_scale:g}(cond - uncond)", guided),
+        ("rank 0 computes:\ncond branch", cond_pred),
+        ("rank 1 computes:\nuncond branch", uncond_pred),
+        ("what the swap lets both see:\ncond - uncond", cond_pred - uncond_pred),
+        (f"both ranks compute:\nuncond + {guidance_scale:g}(cond - uncond)", guided),
     ]
     images = [_frames(t, frames, height, width, channel)[frame] for _, t in panels]
     lim = max(float(im.abs().max()) for im in images)
     diff_lim = float(images[2].abs().max())
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
     for i, (ax, (title, _), im) in enumerate(zip(axes, panels, images)):
         scale = diff_lim if i == 2 else lim
-        ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
-        ax.set_title(title + (f"\n(own scale, max {diff_lim:.2f})" if i == 2 else ""), fontsize=9)
+        image = ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.set_title(title + ("\n(own colour scale)" if i == 2 else ""), fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"predicted velocity, channel {channel}, frame {frame}: guidance amplifies the difference", fontsize=10)
@@ -494,7 +535,6 @@ def plot_cost_fit(pixels: list[float], seconds: list[float], slope: float, inter
 # =====================================================================================
 # Primer (00_collectives_primer): one picture per collective
 # =====================================================================================
-_RANK_COLORS = plt.get_cmap("tab10").colors
 
 
 def _value_grid(ax, tensors: list[torch.Tensor], origin: dict[int, int], title: str) -> None:
