@@ -5,6 +5,7 @@
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
     python _build_nb.py --measure       # what a reader meets in each committed notebook (issue 14's table)
+    python _build_nb.py --student       # the students' hand-out -> student/ and student.zip
     python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
 The work is done by `paralab.notebooks` (how `# show:` cells and exercise stubs
@@ -26,8 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--execute", action="store_true", help="run each notebook and store its outputs")
     parser.add_argument("--check", action="store_true", help="fail if a committed notebook is stale")
-    parser.add_argument("--exercises", action="store_true", help="write each lab's student notebook (stubs + checks)")
     parser.add_argument("--measure", action="store_true", help="print code lines, longest cell, check rows, pictures per notebook")
+    parser.add_argument("--student", action="store_true",
+                        help="write the students' hand-out: labs with solutions stubbed, the stubbed package, checks")
+    parser.add_argument("--out", type=Path, default=notebooks.ROOT / "student", help="folder of the hand-out")
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
     parser.add_argument("--site", action="store_true", help="build the static site (paralab.site) into site/")
     args = parser.parse_args(argv)
@@ -39,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         print(notebooks.measure_labs(sources))
         return 0
-    if args.exercises:
-        for path in notebooks.write_exercises(args.lab):
-            print(f"{path.parent.name:<24} {path.name}")
+    if args.student:
+        archive = notebooks.write_student(args.out, args.lab)
+        print(f"student release: {args.out}/ and {archive}")
         return 0
     if args.check:
         problems = [(s, notebooks.stale(s)) for s in sources]

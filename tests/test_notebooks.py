@@ -61,9 +61,13 @@ def test_the_float_check_sees_a_long_float_and_spares_ignored_cells():
 
 def test_measure_counts_visible_code_verdict_rows_and_pictures():
     from paralab.check import claim, verdict_table
-    from paralab.notebooks import measure
+    import torch
 
-    table = verdict_table([claim("a", True, "x"), claim("b", True, "y")], "title")
+    from paralab.check import compare
+    from paralab.notebooks import measure, verdict_rows
+
+    table = verdict_table([claim("a", True, "x"), claim("b", True, "y")], "title")  # a table of claims
+    assert verdict_rows(verdict_table(compare(torch.zeros(2), torch.zeros(2)), "tensors")) == [1]
     shown = nbformat.v4.new_code_cell("# From src/paralab/x.py: ...\ndef f():\n    return 1")
     folded = nbformat.v4.new_code_cell("\n".join(["x = 1"] * 50), metadata={"jupyter": {"source_hidden": True}})
     ran = nbformat.v4.new_code_cell("print(table)", outputs=[

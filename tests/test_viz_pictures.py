@@ -68,3 +68,14 @@ def test_plot_lb_protocol():
     moves = [SimpleNamespace(from_rank=0, to_rank=2, local_index=1), SimpleNamespace(from_rank=1, to_rank=3, local_index=0)]
     _drawn(viz.plot_lb_protocol(moves, 4))
     _drawn(viz.plot_lb_protocol([], 2))
+
+
+def test_plot_error_by_token_marks_exact_tokens():
+    diff = torch.linspace(3.0, 0.1, 48).expand(2, 5, 48).clone()
+    diff[..., 42:] = 0  # the last zigzag chunk of cp = 4 is bitwise right
+    _drawn(viz.plot_error_by_token(diff, 4, zigzag=True, title="dK"))
+
+
+def test_plot_scale_scatter():
+    correct = torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    _drawn(viz.plot_scale_scatter(correct, 4 * correct, 4, "dQ"))

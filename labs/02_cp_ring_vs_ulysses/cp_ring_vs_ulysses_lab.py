@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Lab 02 — Context parallelism: ring attention vs Ulysses, forward and backward
 #
+# **You will learn** how one sequence is split over `cp` ranks (contiguous and zigzag
+# shards), how ring attention merges key blocks with the log-sum-exp rule and passes K/V
+# round the ring, how Ulysses turns a sequence split into a head split with all-to-alls,
+# why both backwards are written by hand, and what each sends per rank (checked against
+# the ledger). **Prerequisites:** lab 00 (`ParallelDims`, the cp mesh), the collectives
+# primer (send/recv, all-to-all, all-gather), and softmax attention. **Time:** about 45
+# minutes to read; the run time of this notebook is printed by its last cell.
+#
 # **What is split.** One sequence too long for one device: its tokens are cut into
 # `cp` shards, one per rank of the cp group. Per-token layers (MLPs, norms,
 # projections) run on the local shard unchanged, with three things the model around them
@@ -123,7 +131,18 @@ except ValueError as exc:
 # of the full softmax, `P = exp(S_B - lse)`, and its gradients, wherever its K/V happen to be.
 
 # %%
-# show: paralab.cp.blocks._scores paralab.cp.blocks.attention_block paralab.cp.blocks.merge_partials paralab.cp.blocks.attention_block_backward
+# show: paralab.cp.blocks.attention_block paralab.cp.blocks.merge_partials
+
+# %% [markdown]
+# The backward of one block, from the final `lse` and `delta` only (its score helper
+# `_scores`, the scaled and masked `q·kᵀ`, is folded below it):
+
+# %%
+# show: paralab.cp.blocks.attention_block_backward
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.cp.blocks._scores
+
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -158,6 +177,17 @@ print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
 # %%
 # show: paralab.cp.layout.kv_source paralab.cp.layout.block_kind paralab.cp.layout.ring_blocks paralab.cp.layout.causal_work
 
+# %% [markdown]
+# **Predict before you run.** Contiguous shards, causal mask, cp = 4: which rank does the
+# most attention work, and how many times the work of the least busy rank?
+#
+# <details><summary>Answer</summary>
+#
+# The last rank, rank 3: its queries see all four chunks (3.5 blocks of work: three full
+# blocks and its own diagonal triangle), while rank 0's see only its own chunk (half a
+# block): 7 times more. Zigzag gives every rank 2 blocks.
+# </details>
+
 # %%
 show(viz.plot_ring_timeline(4))
 show(viz.plot_causal_ownership(4))
@@ -181,7 +211,63 @@ for cp in CPS:
 # contribution to its own block at home).
 
 # %%
-# show: paralab.cp.ring._wait paralab.cp.ring._chunks paralab.cp.ring.ring_pass paralab.cp.ring.ring_forward paralab.cp.ring.ring_backward paralab.cp.ring.RingAttention paralab.cp.ring.ring_attention
+# show: paralab.cp.ring.ring_forward
+
+# %% [markdown]
+# One hop: every rank posts its send to `rank + 1` and its receive from `rank - 1` together,
+# so no rank waits for another to start.
+
+# %%
+# show: paralab.cp.ring.ring_pass
+
+# %% [markdown]
+# The backward (folded: open it to read it) runs the same loop, with the `dK/dV`
+# accumulators riding along with K/V; then the plumbing: the `autograd.Function` that
+# pairs the two and the public entry point (shard checks, zigzag chunking).
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.cp.ring.ring_backward
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.cp.ring._wait paralab.cp.ring._chunks paralab.cp.ring.RingAttention paralab.cp.ring.ring_attention
+
+# %% [markdown]
+# A tiny run of what was just shown: 2 ranks, 8 tokens, causal and zigzag. Each rank
+# holds 4 tokens of q, k, v, calls `ring_attention`, and backpropagates; the parent
+# reassembles the shards of the output and of dq and compares them with full SDPA (the
+# job and the check are folded; the run is the cell after them).
+
+# %% jupyter={"source_hidden": true}
+def tiny_attention(full, attention, zigzag=False, **kw):
+    """This rank's shards of q, k, v in; its shards of out and dq (after out.sum().backward()) back."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard_sequence(t, rank, world, zigzag=zigzag).clone().requires_grad_() for t in full)
+    out = attention(q, k, v, causal=True, **({"zigzag": zigzag} if zigzag else {}), **kw)
+    out.sum().backward()
+    return {"tokens": shard_sequence(torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, world,
+                                     zigzag=zigzag).flatten().tolist(), "out": out.detach(), "dq": q.grad}
+
+
+def tiny_check(name, results, zigzag):
+    full = [t.clone().requires_grad_() for t in TINY]
+    ref = F.scaled_dot_product_attention(*full, is_causal=True)
+    ref.sum().backward()
+    for rank, r in enumerate(results):
+        print(f"{name} rank {rank} holds tokens {r['tokens']}")
+    found = []
+    for key, expected in (("out", ref.detach()), ("dq", full[0].grad)):
+        got = unshard_sequence([r[key] for r in results], zigzag=zigzag)
+        found += compare(got, expected, atol=1e-12, name=f"{name}: {key} on 2 ranks = SDPA")
+    return found
+
+
+# %%
+TINY = [torch.randn(1, 4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) for _ in range(3)]
+tiny_verdicts = tiny_check("ring", run(tiny_attention, 2, TINY, ring_attention, zigzag=True), zigzag=True)
+print(verdict_table(tiny_verdicts, "a tiny ring run"))
+
 
 # %% [markdown]
 # ## 4. Ulysses: a sequence split becomes a head split
@@ -211,8 +297,42 @@ for cp in CPS:
 # of "take my heads" is an all-gather of the heads of dq, dk, dv, so every rank ends with
 # the full gradient, like the full input it started with.
 
+# %% [markdown]
+# Who holds which (token chunk, head group) block before and after the all-to-all, at
+# cp = 4 with this lab's 24 heads and 48 tokens:
+
 # %%
-# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.exchange_blocks paralab.cp.ulysses.pack_heads paralab.cp.ulysses.unpack_heads paralab.cp.ulysses.pack_seq paralab.cp.ulysses.unpack_seq paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.UlyssesAttention paralab.cp.ulysses.ulysses_attention
+show(viz.plot_ulysses_reshape(4, H, N))
+
+# %% [markdown]
+# The two all-to-alls, each pack → exchange → unpack, and the attention between them:
+
+# %%
+# show: paralab.cp.ulysses.seq_to_heads paralab.cp.ulysses.heads_to_seq paralab.cp.ulysses.exchange_blocks
+
+# %% [markdown]
+# The packs and unpacks, where every layout decision sits:
+
+# %%
+# show: paralab.cp.ulysses.pack_heads paralab.cp.ulysses.unpack_heads paralab.cp.ulysses.pack_seq paralab.cp.ulysses.unpack_seq
+
+# %%
+# show: paralab.cp.ulysses.UlyssesAttention
+
+# %% [markdown]
+# Plumbing (folded): the head-count check, the replicated layout's `take_heads` /
+# `gather_heads`, and the public entry point.
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.cp.ulysses.check_heads_divisible paralab.cp.ulysses.take_heads paralab.cp.ulysses.gather_heads paralab.cp.ulysses.ulysses_attention
+
+# %% [markdown]
+# The same tiny run with Ulysses (contiguous shards; 4 heads over 2 ranks):
+
+# %%
+tiny_verdicts = tiny_check("Ulysses", run(tiny_attention, 2, TINY, ulysses_attention), zigzag=False)
+print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
+
 
 # %% [markdown]
 # ## 5. Real runs at cp = 2, 4, 8: every output and gradient vs SDPA
@@ -224,7 +344,10 @@ for cp in CPS:
 # The configurations and the job each rank runs:
 
 # %%
-# show: paralab.cp.runs.CPConfig paralab.cp.runs.rank_inputs paralab.cp.runs.attend paralab.cp.runs.cp_worker
+# show: paralab.cp.runs.cp_worker
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.cp.runs.attend paralab.cp.runs.CPConfig paralab.cp.runs.rank_inputs
 
 # %%
 print("\n".join(config.name for config in CONFIGS))
@@ -235,9 +358,10 @@ print("heads error at cp = 8:", runs[8][0]["heads_error"])
 print("heads error at cp = 4:", runs[4][0]["heads_error"])
 
 # %% [markdown]
-# The verdicts. Each row stacks out, dq, dk, dv of one configuration into one tensor,
-# each divided by the largest magnitude of its reference, so the `max |diff|` column is
-# the error *relative to the reference* and the bound is `1e-12`. Sequence-sharded
+# The claims first, one per configuration over cp = 2, 4, 8; the per-cp rows they
+# summarize are in the folded output below. Each row stacks out, dq, dk, dv of one
+# configuration into one tensor, each divided by the largest magnitude of its reference,
+# so the `max |diff|` column is the error *relative to the reference* and the bound is `1e-12`. Sequence-sharded
 # results are reassembled with `unshard_sequence`; replicated ones are checked on every
 # rank. Ring and SDPA only agree closely, not bitwise: the ring sums the softmax in
 # blocks in a different order. The last rows are bitwise (exact mode): Ulysses computes
@@ -250,8 +374,23 @@ def results(cp, config):
     return [r["results"][CONFIGS.index(config)] for r in runs[cp]]
 
 
-verdicts = [v for cp in CPS for config in CONFIGS for v in check_config(results(cp, config), config, FULL)]
-print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process reference"))
+def summarize(name, found):
+    """One claim over many verdict rows: does every row pass, and the worst difference."""
+    worst = max(v.max_abs for v in found)
+    return claim(name, all(v.passed for v in found),
+                 f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| " + (f"{worst:.1e}" if worst else "0"))
+
+
+by_config = {config.name: [v for cp in CPS for v in check_config(results(cp, config), config, FULL)] for config in CONFIGS}
+claims = [summarize(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
+          for name, found in by_config.items()]
+claims.append(summarize("every Ulysses layout = attention_block, bitwise",
+                        [v for found in by_config.values() for v in found if "bitwise" in v.path]))
+print(verdict_table(claims, "out, dq, dk, dv vs the one-process reference (relative, bound 1e-12)"))
+
+# %% jupyter={"outputs_hidden": true}
+verdicts = [v for found in by_config.values() for v in found]
+print(verdict_table(verdicts, "the detail: one row per cp and configuration"))
 
 # %% [markdown]
 # ## 6. What crossed the wire: ledger vs formulas
@@ -259,11 +398,21 @@ print(verdict_table(verdicts, "out, dq, dk, dv (stacked) vs the one-process refe
 # Every send, receive and all-to-all went through `torch.distributed` under the ledger.
 # Per rank (in the ring every rank sends the same; in Ulysses too), bytes *sent*:
 
-# %%
+# %% jupyter={"outputs_hidden": true}
 for config in (CONFIGS[2], CONFIGS[5], CONFIGS[7]):
     print(f"cp = 4, {config.name}, per rank:")
     print(format_table([r["records"] for r in results(4, config)]) + "\n")
 
+
+# %% [markdown]
+# **Predict before you run.** At cp = 8, how many times Ulysses' (sequence-sharded) bytes
+# does the ring send per rank in the forward? And in the backward?
+#
+# <details><summary>Answer</summary>
+#
+# Forward `2(cp-1)S / (4(cp-1)S/cp) = cp/2 = 4`; backward `4(cp-1)S / (4(cp-1)S/cp) = cp = 8`.
+# The table below prints both sides of every formula; the plot after it shows the trend.
+# </details>
 
 # %%
 rows = []
@@ -274,8 +423,18 @@ for cp in CPS:
                      *(x for k, p in enumerate(PHASES) for x in (want[p], int(measured[k].max())))))
 print(text_table(("cp", "S (B)", "configuration", "forward formula", "ledger", "backward formula", "ledger"), rows,
                  align_right=(0, 1, 3, 4, 5, 6)))
-byte_verdicts = [v for cp in CPS for config in CONFIGS for v in check_bytes(results(cp, config), config, (B, H, N, D))]
-print(verdict_table(byte_verdicts, "\nbytes sent per rank, ledger vs closed form (exact)"))
+FAMILIES = ("ring", "Ulysses sequence_sharded", "Ulysses replicated")
+byte_verdicts = {name: [] for name in FAMILIES}
+for cp in CPS:
+    for config in CONFIGS:
+        family = FAMILIES[0] if config.algorithm == "ring" else FAMILIES[2 if config.replicated else 1]
+        byte_verdicts[family] += check_bytes(results(cp, config), config, (B, H, N, D))
+byte_claims = [summarize(f"{name}: ledger = formula, every rank, fwd and bwd", found)
+               for name, found in byte_verdicts.items()]
+print(verdict_table(byte_claims, "\nbytes sent per rank, ledger vs closed form (exact), cp 2, 4, 8, causal or not"))
+
+# %% jupyter={"outputs_hidden": true}
+print(verdict_table([v for found in byte_verdicts.values() for v in found], "the detail: one row per cp and configuration"))
 
 # %%
 series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
@@ -335,17 +494,16 @@ display(Markdown("\n".join(ratio_rows)))
 # single-device run to the last digit, training runs, and only the gradients are wrong.
 # Below, the same zigzag causal ring runs twice on 4 real ranks, once as in the package and
 # once with a seeded bug planted in the backward only
-# (`paralab.exercises.lab02.ring_clinic_bug`; do not read it yet). The picture is
-# `|buggy dK - correct dK|` for batch 0, every head (rows: head × head_dim) and every
-# token (columns, in sequence order).
+# (`paralab.exercises.lab02.ring_clinic_bug`; do not read it yet). The picture is, per
+# token (in sequence order), the largest `|buggy dK - correct dK|` over batch, heads and
+# head_dim, on a log scale; lines mark the 8 zigzag chunks and the rank that owns each,
+# and a dot marks a token whose dK is bitwise right.
 
 # %%
 clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
 correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
-show(viz.plot_diff_heatmap(correct["dk"][0].transpose(1, 2).reshape(H * D, N),
-                           buggy["dk"][0].transpose(1, 2).reshape(H * D, N),
-                           "ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
-                           row_label="head × head_dim", col_label="token"))
+show(viz.plot_error_by_token((buggy["dk"] - correct["dk"]).transpose(-1, -2), 4, zigzag=True,
+                             title="ring attention, cp = 4, causal zigzag: dK, buggy vs correct"))
 exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
 print("tokens whose dK is still bitwise right:", exact_tokens)
 clinic_verdicts = []
@@ -359,6 +517,7 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # %% [markdown]
 # **What is wrong?** Look at which tokens' dK are still right, and at how much is wrong in
 # each chunk of 6 tokens (zigzag gives rank `r` chunks `r` and `7-r`). Then open the answer.
+# (The rows are the clinic's checks: the forward still matches, the gradients are caught.)
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -376,7 +535,7 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 #   block's gradient sums the contributions of every query that sees its keys, and every
 #   rank but the owner computed its part against the wrong keys. Under the causal mask an
 #   early key is seen by many queries, so it collects the most wrong terms (the red fades
-#   from left to right); the last chunk's keys are seen only by their own queries, on their
+#   from left to right on the log scale); the last chunk's keys are seen only by their own queries, on their
 #   owner's step 0, the one correct step, so they come out bitwise right.
 #
 # The fix is one line in a real implementation: after the hop, use the received block
@@ -391,15 +550,13 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # backward of that all-gather is a *slice* of `dout`. Textbooks say "the backward of an
 # all-gather is a reduce-scatter", and a reduce-scatter is what the seeded bug below uses
 # (`replicated_clinic_bug`). Which of the two is right here, and by how much is the
-# other off?
+# other off? The picture puts every element of rank 1's dQ, buggy against correct.
 
 # %%
 cp = 4
 replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
-show(viz.plot_diff_heatmap(replicated[1][0]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                           replicated[1][1]["dq"][0].transpose(1, 2).reshape(H * D, N),
-                           "Ulysses replicated, cp = 4, rank 1: dQ, reduce-scatter vs slice",
-                           row_label="head × head_dim", col_label="token"))
+show(viz.plot_scale_scatter(replicated[1][0]["dq"], replicated[1][1]["dq"], cp,
+                            "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)"))
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
 print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
 ref = sdpa_reference(FULL, causal=False)["dq"]
@@ -413,8 +570,7 @@ print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict
 # The slice is right. Every rank consumed the *same* replicated output in the *same* way,
 # so every rank holds the same `dout`: the gradient of one copy. A reduce-scatter sums `cp`
 # identical copies, so every dQ, dK, dV comes out exactly `cp` = 4 times too large (the
-# ratio above), on every element: the heatmap is uniformly "wrong", with the error
-# proportional to the gradient itself. "The backward of an all-gather is a reduce-scatter"
+# ratio above), on every element: every point of the scatter lies on the line of slope 4. "The backward of an all-gather is a reduce-scatter"
 # holds when each rank's downstream computation is different (each holds a different loss
 # term, as in FSDP or sequence-sharded code): then the partial gradients differ and must be
 # summed. With replicated downstream code it counts the same gradient `cp` times. A loss
@@ -422,41 +578,63 @@ print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict
 # </details>
 
 # %% [markdown]
-# ## What to try
-#
-# 1. Set `CPS = (2, 3, 4, 8)` in the first code cell and re-run from the top (24 heads
-#    and 48 tokens divide by 3 and by 6). Do every verdict and byte formula hold at an odd cp?
-# 2. Set `H = 20` and re-run from the top. What stops the run at cp = 8, on which ranks,
-#    with what message? With `CPS = (2, 4)`, does everything pass again?
-# 3. In the `merge_partials` cell, drop the rescaling (return `out + block_out`), re-run
-#    that cell and section 5. Which rows fail, and why does Ulysses still pass?
-# 4. `viz.plot_ring_timeline(8)`: what is the slowest/mean work ratio for contiguous
-#    shards? Check it against `2 - 1/cp`.
-# 5. In the bug clinic's second case set `cp = 2`, then `cp = 8`. Does the factor follow cp?
-#    Why can the sequence-sharded layout not have this bug?
-# 6. The ring backward sends K/V again (`4(cp-1)S` instead of `2(cp-1)S`). What would it
-#    cost in memory to keep every visiting K/V block from the forward instead?
-# 7. At which cp would the ring's forward traffic equal Ulysses' backward + forward? Read
-#    it off the plot, then from the formulas.
-
-# %% [markdown]
 # ## Closing note
 
 # %%
-closing = ["| cp | S | ring fwd `2(cp-1)S` | ring bwd `4(cp-1)S` | Ulysses fwd = bwd `4(cp-1)S/cp` "
-           "| replicated fwd `(cp-1)S` | replicated bwd `3(cp-1)S` |", "|---|---|---|---|---|---|---|"]
+closing = ["| cp | S | ring fwd | ring bwd | Ulysses fwd = bwd | replicated fwd | replicated bwd |",
+           "|---|---|---|---|---|---|---|",
+           "| formula | | `2(cp\u20111)S` | `4(cp\u20111)S` | `4(cp\u20111)S/cp` | `(cp\u20111)S` | `3(cp\u20111)S` |"]
 for cp in CPS:
     ledger = {name: {p: sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for p in ("forward", "backward")}
               for name, c in series.items()}
     cells = [ledger["ring"]["forward"], ledger["ring"]["backward"], ledger["Ulysses sequence_sharded"]["forward"],
              ledger["Ulysses replicated"]["forward"], ledger["Ulysses replicated"]["backward"]]
-    closing.append(f"| {cp} | {shard_bytes(B, H, N, D, cp):,} | " + " | ".join(f"{c:,}" for c in cells) + " |")
+    closing.append(f"| {cp} | {shard_bytes(B, H, N, D, cp)} | " + " | ".join(str(c) for c in cells) + " |")
 display(Markdown(
-    f"Bytes sent per rank by rank 0, as the ledger measured them (B={B}, H={H}, N={N}, D={D}, float64; "
+    f"Bytes sent per rank by rank 0, as the ledger measured them (the second row: the formula of each column; B={B}, H={H}, N={N}, D={D}, float64; "
     "section 6 checks every one against its formula, on every rank, causal or not):\n\n" + "\n".join(closing)
     + "\n\nEvery output and gradient matched SDPA within the checked bound (`1e-12` relative; section 5 "
-    "prints each row's error); Ulysses matched the one-process `attention_block` bitwise. The cell below "
+    "prints each row's error in its folded detail); Ulysses matched the one-process `attention_block` bitwise. The last cell "
     "prints this run's time."))
+
+# %% [markdown]
+# ## What to try
+#
+# 1. Set `CPS = (2, 3, 4, 8)` in the first code cell and re-run from the top (24 heads
+#    and 48 tokens divide by 3 and by 6). Do every verdict and byte formula hold at an odd cp?
+#
+#    <details><summary>Hint</summary>Nothing in the ring or in the formulas assumes an even
+#    cp; the zigzag split needs `N` divisible by `2·cp` (48 / 6 = 8).</details>
+# 2. Set `H = 20` and re-run from the top. What stops the run at cp = 8, on which ranks,
+#    with what message? With `CPS = (2, 4)`, does everything pass again?
+#
+#    <details><summary>Hint</summary>`check_heads_divisible` raises on every rank before any
+#    all-to-all (20 % 8 ≠ 0); the launcher reports it per rank. 20 divides by 2 and 4.</details>
+# 3. In the `merge_partials` cell, drop the rescaling (return `out + block_out`), re-run
+#    that cell and section 5. Which rows fail, and why does Ulysses still pass?
+#
+#    <details><summary>Hint</summary>Only the ring merges partials; Ulysses attends over the
+#    whole sequence per head in one `attention_block` and never calls `merge_partials`.</details>
+# 4. `viz.plot_ring_timeline(8)`: what is the slowest/mean work ratio for contiguous
+#    shards? Check it against `2 - 1/cp`.
+#
+#    <details><summary>Hint</summary>The printed line for cp = 8 in section 3 gives it:
+#    `2 - 1/8`.</details>
+# 5. In the bug clinic's second case set `cp = 2`, then `cp = 8`. Does the factor follow cp?
+#    Why can the sequence-sharded layout not have this bug?
+#
+#    <details><summary>Hint</summary>Yes: a reduce-scatter sums `cp` identical copies. In the
+#    sequence-sharded layout each rank's `dout` belongs to different tokens, so the
+#    backward all-to-all moves, never sums.</details>
+# 6. The ring backward sends K/V again (`4(cp-1)S` instead of `2(cp-1)S`). What would it
+#    cost in memory to keep every visiting K/V block from the forward instead?
+#
+#    <details><summary>Hint</summary>Every rank would hold all `cp` K/V blocks, i.e. the
+#    full sequence's K and V: the memory cp was meant to save.</details>
+# 7. At which cp would the ring's forward traffic equal Ulysses' backward + forward? Read
+#    it off the plot, then from the formulas.
+#
+#    <details><summary>Hint</summary>`2(cp-1)S = 8(cp-1)S/cp` gives cp = 4.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT

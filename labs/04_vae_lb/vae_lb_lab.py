@@ -562,7 +562,7 @@ print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}],
 # scale error shows everywhere at once. The protocol moves bytes, not meaning:
 # shapes, counts, placement and bytes are all right, so only the
 # element-by-element comparison with a reference encode catches it. In the
-# exercise notebook, `raw_pixels_as_float` is the first wrong answer the
+# student release, `raw_pixels_as_float` is the first wrong answer the
 # `normalize_pixels` check must reject.
 #
 # </details>
@@ -587,8 +587,9 @@ CLAIMS.append(claim("bug clinic: it alone does; every protocol check passes", al
                     f"{sum(v.passed for v in clinic_rows)} of {len(clinic_rows)} run checks pass"))
 CLAIMS.append(claim("bug clinic: the normalize_pixels exercise check rejects it", exercise.verdict == "FAIL",
                     f"grade: {exercise.verdict}"))
-CLAIMS += compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9,
-                  name="bug clinic diagnosis: buggy = 127.5 (correct + M 1)")
+diagnosis = compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9)[0]
+CLAIMS.append(claim("bug clinic diagnosis: buggy = 127.5 (correct + M 1)", diagnosis.passed,
+                    f"rank {owner}, video {index}: max |diff| {diagnosis.max_abs:.1e} (float64 rounding)"))
 
 # %% [markdown]
 # ## 10. Closing table

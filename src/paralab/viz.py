@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from paralab.cp.layout import causal_work, chunk_ids, kv_source, ring_blocks
 
 PALETTE = plt.get_cmap("tab20").colors
+_RANK_COLORS = plt.get_cmap("tab10").colors
 
 
 # =====================================================================================
@@ -36,36 +37,43 @@ def plot_rank_groups(
     groups: list[dict[str, list[int]]],
     axes: list[str] | None = None,
     title: str = "",
+    columns: int = 3,
 ) -> Figure:
-    """One panel per axis: every rank a cell, coloured by the group it belongs to on that axis.
+    """One panel per axis, `columns` panels a row: every rank a cell, coloured by its group on that axis.
 
     `groups[rank][axis]` is the list of ranks in `rank`'s group (as returned by
-    `ParallelDims.group_ranks()` on each rank). Ranks without the axis are grey.
+    `ParallelDims.group_ranks()` on each rank). Each cell says its rank and its
+    group (`g0`, `g1`, ...); each panel lists its groups. Ranks without the axis are grey.
     """
     world = len(groups)
     if axes is None:
         axes = list(dict.fromkeys(a for g in groups for a in g))
     rows, cols = _grid_shape(world)
-    fig, panels = plt.subplots(1, len(axes), figsize=(2.6 * len(axes) * cols / 4 + 0.6, 1.2 * rows + 0.9), squeeze=False)
-    for panel, axis in zip(panels[0], axes):
+    columns = min(columns, len(axes))
+    lines = -(-len(axes) // columns)
+    fig, panels = plt.subplots(lines, columns, figsize=(3.0 * columns, (0.62 * rows + 1.25) * lines), squeeze=False)
+    for panel in panels.flat[len(axes):]:
+        panel.axis("off")
+    for panel, axis in zip(panels.flat, axes):
         group_ids: dict[tuple[int, ...], int] = {}
         for rank in range(world):
             members = tuple(groups[rank].get(axis, ()))
             r, c = divmod(rank, cols)
             if members:
                 gid = group_ids.setdefault(members, len(group_ids))
-                color, label = PALETTE[(2 * gid) % len(PALETTE)], f"{rank}\ng{gid}"
+                color, label = PALETTE[(2 * gid + 1) % len(PALETTE)], f"r{rank}\ng{gid}"
             else:
-                color, label = (0.85, 0.85, 0.85), str(rank)
-            panel.add_patch(plt.Rectangle((c, rows - 1 - r), 0.94, 0.94, color=color))
-            panel.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=8)
+                color, label = (0.85, 0.85, 0.85), f"r{rank}"
+            panel.add_patch(plt.Rectangle((c, rows - 1 - r), 0.94, 0.94, facecolor=color, edgecolor="black"))
+            panel.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=10)
         panel.set_xlim(-0.05, cols)
         panel.set_ylim(-0.05, rows)
         panel.set_aspect("equal")
         panel.axis("off")
-        panel.set_title(f"{axis}: {len(group_ids)} group(s)", fontsize=9)
+        listed = "  ".join(f"g{g}={{{','.join(map(str, m))}}}" for m, g in group_ids.items())
+        panel.set_title(f"{axis}: {len(group_ids)} groups of {len(next(iter(group_ids), ()))}\n{listed}", fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -116,6 +124,34 @@ def plot_diff_heatmap(expected: torch.Tensor, actual: torch.Tensor, title: str =
     return fig
 
 
+def plot_rank_strip(expected: torch.Tensor, actual: torch.Tensor, segments: list[tuple[str, int]], title: str = "",
+                    unit: str = "|buggy - correct|") -> Figure:
+    """|actual - expected| with one row per rank (every rank labelled) and the columns cut into named segments.
+
+    `expected` and `actual` are (ranks, columns); `segments` names consecutive column
+    blocks and their widths (an axis' group slots, a unit's shard), drawn apart by
+    black lines and labelled under the picture. `unit` labels the colour bar.
+    """
+    diff = (actual.detach().double() - expected.detach().double()).abs()
+    ranks, width = diff.shape
+    fig, ax = plt.subplots(figsize=(min(10.0, 3.0 + 0.45 * width), 1.6 + 0.36 * ranks))
+    image = ax.imshow(diff.numpy(), cmap="Reds", aspect="auto", interpolation="nearest", vmin=0)
+    fig.colorbar(image, ax=ax, label=unit, fraction=0.04, pad=0.02)
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=9)
+    start, centres = 0, []
+    for name, size in segments:
+        centres.append((start + (size - 1) / 2, f"{name}\n({size})"))
+        start += size
+        if start < width:
+            ax.axvline(start - 0.5, color="black", linewidth=1.5)
+    ax.set_xticks([c for c, _ in centres], [n for _, n in centres], fontsize=9)
+    ax.tick_params(axis="x", length=0)
+    wrong = int((diff != 0).sum())
+    ax.set_title(f"{title}\n{wrong} of {diff.numel()} elements differ (white: equal)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # =====================================================================================
 # Lab 01 (FSDP / HSDP): who holds which shard, bytes per step, memory per rank.
 # =====================================================================================
@@ -144,44 +180,66 @@ def plot_shard_layout(numels: list[int], world: int, dp_replicate: int = 1, unit
     return fig
 
 
-def plot_traffic(table: dict[str, dict[int, tuple[int, int]]]) -> Figure:
-    """Grouped bars: bytes sent per rank per step against world size; dots = the formula."""
+def plot_traffic(table: dict[str, dict[int, tuple[int, ...]]]) -> Figure:
+    """Bytes sent per rank per step: one panel per strategy, world sizes along x; black tick = the formula.
+
+    `table[strategy][world]` is `(measured, formula)`, or `(within, across, formula)`
+    to split the bytes into those inside the shard (or DDP) group and those
+    crossing between replicas (HSDP's gradient all-reduce).
+    """
     strategies = list(table)
-    worlds = sorted({w for rows in table.values() for w in rows})
-    width = 0.8 / len(strategies)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for i, name in enumerate(strategies):
-        xs = [worlds.index(w) + (i - (len(strategies) - 1) / 2) * width for w in table[name]]
-        measured = [m for m, _ in table[name].values()]
-        formula = [f for _, f in table[name].values()]
-        ax.bar(xs, measured, width, label=name)
-        ax.plot(xs, formula, "k.", markersize=8)
-    ax.plot([], [], "k.", label="formula")
-    ax.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
-    ax.set_ylabel("bytes sent per rank per step")
-    ax.set_title("Traffic per step (ledger, ring model)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    all_worlds = sorted({w for rows in table.values() for w in rows})
+    fig, panels = plt.subplots(1, len(strategies), figsize=(2.3 * len(strategies) + 1.0, 3.8), sharey=True,
+                               squeeze=False)
+    for panel, name in zip(panels[0], strategies):
+        worlds = sorted(table[name])
+        xs = [all_worlds.index(w) for w in worlds]
+        within = [table[name][w][0] for w in worlds]
+        across = [table[name][w][1] if len(table[name][w]) == 3 else 0 for w in worlds]
+        formula = [table[name][w][-1] for w in worlds]
+        panel.bar(xs, within, 0.6, color="tab:blue", label="within the shard group")
+        panel.bar(xs, across, 0.6, bottom=within, color="tab:orange", label="across replicas")
+        panel.plot(xs, formula, "k_", markersize=26, mew=2, label="formula (total)")
+        for x, w, a in zip(xs, within, across):
+            panel.text(x, w + a, f"{w + a:,}", ha="center", va="bottom", fontsize=8)
+        panel.set_xticks(range(len(all_worlds)), [f"{w}" for w in all_worlds], fontsize=9)
+        panel.set_xlim(-0.6, len(all_worlds) - 0.4)
+        panel.set_xlabel("ranks", fontsize=9)
+        panel.set_title(name, fontsize=10)
+        for side in ("top", "right"):
+            panel.spines[side].set_visible(False)
+    panels[0][0].set_ylabel("bytes sent per rank per step")
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, ncol=3, loc="lower center", frameon=False)
+    fig.suptitle("Traffic per step (ledger, ring model), one strategy per panel", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
 def plot_memory(table: dict[str, dict[str, int]], formulas: dict[str, int]) -> Figure:
-    """Stacked bars of bytes one rank holds; a black tick marks the formula's total."""
+    """Stacked horizontal bars of the bytes one rank holds, one row per job; a black tick marks the formula's total."""
     parts = ["params", "grads", "optimizer", "gathered peak"]
     labels = list(table)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    bottom = [0] * len(labels)
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.42 * len(labels)))
+    left = [0] * len(labels)
     for part in parts:
-        heights = [table[label][part] for label in labels]
-        ax.bar(range(len(labels)), heights, 0.6, bottom=bottom, label=part)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.plot(range(len(labels)), [formulas[label] for label in labels], "k_", markersize=30, mew=2, label="formula total")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylim(0, 1.25 * max(max(bottom), max(formulas.values())))
-    ax.set_ylabel("bytes held by one rank")
-    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)")
-    ax.legend(fontsize=8, ncol=5, loc="upper center")
-    fig.tight_layout()
+        widths = [table[label][part] for label in labels]
+        ax.barh(range(len(labels)), widths, 0.6, left=left, label=part)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.plot([formulas[label] for label in labels], range(len(labels)), "k|", markersize=18, mew=2,
+            label="formula total")
+    for y, total in enumerate(left):
+        ax.text(total + 0.01 * max(left), y, f"{total:,} B", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(left), max(formulas.values())))
+    ax.set_xlabel("bytes held by one rank")
+    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)", fontsize=10)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, ncol=5, loc="lower center", frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
     return fig
 
 
@@ -199,31 +257,92 @@ def plot_ring_timeline(world: int = 4) -> Figure:
     """Which K/V block each rank holds at each ring step, and how much causal work it does with it.
 
     One panel per layout (contiguous, zigzag): rows = ranks, columns = steps,
-    shade = fraction of a full shard-by-shard block computed (0 = skipped).
+    shade = fraction of a full shard-by-shard block computed (0 = skipped);
+    arrows are the K/V hops (rank r's block moves to rank r+1 for the next step).
     A third panel sums each rank's work: the slowest rank sets the pace.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    fig, axes = plt.subplots(1, 3, figsize=(12, 2.0 + 0.95 * world), gridspec_kw={"width_ratios": [1, 1, 0.7]})
     for ax, zigzag in zip(axes, (False, True)):
         grid = _work_grid(world, zigzag)
-        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.3)
+        ax.imshow(grid, cmap="Blues", vmin=-0.2, vmax=2.2, aspect="auto")
         for r in range(world):
             for s in range(world):
                 src = kv_source(r, s, world)
                 chunks = ",".join(str(c) for c in chunk_ids(src, world, zigzag=zigzag))
                 work = "skip" if grid[r, s] == 0 else f"{grid[r, s]:g}"
-                ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=8)
-        ax.set_yticks(range(world), [f"rank {r} [{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
-                                     for r in range(world)], fontsize=8)
-        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V held, [chunks], causal work", fontsize=9)
+                ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center",
+                        fontsize=10, color="0.55" if grid[r, s] == 0 else "black")
+                if s + 1 < world:  # the block this rank holds now is the next rank's at the next step
+                    nxt = (r + 1) % world
+                    if nxt > r:
+                        ax.annotate("", xy=(s + 0.62, nxt - 0.3), xytext=(s + 0.38, r + 0.3),
+                                    arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=1.3))
+        ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=10)
+        ax.set_yticks(range(world), [f"rank {r}\n[{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
+                                     for r in range(world)], fontsize=10)
+        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V of rank, [chunks], work\n"
+                     "red arrow: K/V hop to the next rank (last -> rank 0 wraps)", fontsize=10)
     ranks = np.arange(world)
     for offset, zigzag in ((-0.2, False), (0.2, True)):
         axes[2].bar(ranks + offset, _work_grid(world, zigzag).sum(axis=1), width=0.4,
                     label="zigzag" if zigzag else "contiguous")
-    axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=8)
-    axes[2].set_ylabel("blocks of work per forward")
-    axes[2].set_title(f"causal work per rank, cp = {world}", fontsize=9)
-    axes[2].legend(fontsize=8)
+    axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=10)
+    axes[2].set_ylabel("blocks of work per forward", fontsize=10)
+    axes[2].set_title(f"causal work per rank, cp = {world}\n(slowest rank sets the pace)", fontsize=10)
+    axes[2].legend(fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_error_by_token(diff: torch.Tensor, world: int, zigzag: bool = True, title: str = "") -> Figure:
+    """Largest |buggy - correct| per token on a log scale, with chunk and rank boundaries.
+
+    `diff` is `(..., tokens)`: every leading dim is reduced by max. Tokens whose
+    value is bitwise right get a marker at the bottom instead of a bar, so "which
+    tokens are exact" and "how the error fades" are both visible.
+    """
+    per_token = diff.detach().double().abs().reshape(-1, diff.shape[-1]).amax(dim=0).numpy()
+    n, chunks = per_token.size, 2 * world
+    chunk_len = n // chunks
+    owner = {c: r for r in range(world) for c in chunk_ids(r, world, zigzag=zigzag)}
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    wrong = per_token > 0
+    floor = per_token[wrong].min() / 10 if wrong.any() else 1e-16
+    colors = [_RANK_COLORS[owner[t // chunk_len] % 10] for t in range(n)]
+    ax.bar(np.arange(n)[wrong], per_token[wrong], color=np.array(colors, dtype=object)[wrong], bottom=floor, width=0.85)
+    ax.scatter(np.arange(n)[~wrong], np.full(int((~wrong).sum()), floor * 1.6), marker="o", color="black", s=18,
+               label="bitwise right (0)", zorder=3)
+    ax.set_yscale("log")
+    top = per_token.max() * 8 if wrong.any() else 1.0
+    ax.set_ylim(floor, top)
+    for c in range(chunks):
+        if c:
+            ax.axvline(c * chunk_len - 0.5, color="0.3", linewidth=0.8)
+        ax.text(c * chunk_len + chunk_len / 2 - 0.5, top / 1.6, f"chunk {c}\nrank {owner[c]}", ha="center",
+                va="top", fontsize=8)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_xlabel("token (sequence order; bar colour = rank that owns the token)", fontsize=10)
+    ax.set_ylabel("max |buggy - correct|\n(log scale)", fontsize=10)
+    ax.set_title(f"{title}\n{int(wrong.sum())} of {n} tokens wrong", fontsize=10)
+    ax.legend(loc="lower left", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scale_scatter(correct: torch.Tensor, buggy: torch.Tensor, factor: float, title: str = "") -> Figure:
+    """Every element, buggy against correct: on the line of slope `factor` means "exactly factor × too large"."""
+    x = correct.detach().double().flatten().numpy()
+    y = buggy.detach().double().flatten().numpy()
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    ax.scatter(x, y, s=6, alpha=0.5, color="tab:red", label=f"{x.size} elements")
+    span = np.array([x.min(), x.max()])
+    ax.plot(span, factor * span, color="black", linewidth=1, label=f"buggy = {factor:g} × correct")
+    ax.plot(span, span, "--", color="0.5", linewidth=1, label="buggy = correct")
+    ax.set_xlabel("correct value", fontsize=10)
+    ax.set_ylabel("buggy value", fontsize=10)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=9)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
@@ -293,28 +412,6 @@ def _frames(latent: torch.Tensor, frames: int, height: int, width: int, channel:
     return latent.detach()[0, :, channel].reshape(frames, height, width)
 
 
-def plot_latent_steps(
-    trajectory: list[torch.Tensor], step_ids: list[int], frames: int, height: int, width: int, channel: int = 0
-):
-    """One row per chosen step, one column per video frame: noise (step 0) turning into the sample."""
-    fig, axes = plt.subplots(len(step_ids), frames, figsize=(1.6 * frames, 1.6 * len(step_ids)), squeeze=False)
-    lim = max(float(trajectory[s][..., channel].abs().max()) for s in step_ids)
-    for row, s in enumerate(step_ids):
-        video = _frames(trajectory[s], frames, height, width, channel)
-        for f in range(frames):
-            ax = axes[row][f]
-            ax.imshow(video[f].numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if row == 0:
-                ax.set_title(f"frame {f}", fontsize=9)
-            if f == 0:
-                ax.set_ylabel(f"after step {s}" if s else "noise", fontsize=9)
-    fig.suptitle(f"latent channel {channel} during guided sampling", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 def plot_cfg_branches(
     cond_pred: torch.Tensor,
     uncond_pred: torch.Tensor,
@@ -328,19 +425,20 @@ def plot_cfg_branches(
 ):
     """The two branches (one per cfgp rank) and the guided velocity both ranks compute from them."""
     panels = [
-        ("cond (cfgp rank 0)", cond_pred),
-        ("uncond (cfgp rank 1)", uncond_pred),
-        ("cond - uncond", cond_pred - uncond_pred),
-        (f"uncond + {guidance_scale:g}(cond - uncond)", guided),
+        ("rank 0 computes:\ncond branch", cond_pred),
+        ("rank 1 computes:\nuncond branch", uncond_pred),
+        ("what the swap lets both see:\ncond - uncond", cond_pred - uncond_pred),
+        (f"both ranks compute:\nuncond + {guidance_scale:g}(cond - uncond)", guided),
     ]
     images = [_frames(t, frames, height, width, channel)[frame] for _, t in panels]
     lim = max(float(im.abs().max()) for im in images)
     diff_lim = float(images[2].abs().max())
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
     for i, (ax, (title, _), im) in enumerate(zip(axes, panels, images)):
         scale = diff_lim if i == 2 else lim
-        ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
-        ax.set_title(title + (f"\n(own scale, max {diff_lim:.2f})" if i == 2 else ""), fontsize=9)
+        image = ax.imshow(im.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.set_title(title + ("\n(own colour scale)" if i == 2 else ""), fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"predicted velocity, channel {channel}, frame {frame}: guidance amplifies the difference", fontsize=10)
@@ -437,7 +535,6 @@ def plot_cost_fit(pixels: list[float], seconds: list[float], slope: float, inter
 # =====================================================================================
 # Primer (00_collectives_primer): one picture per collective
 # =====================================================================================
-_RANK_COLORS = plt.get_cmap("tab10").colors
 
 
 def _value_grid(ax, tensors: list[torch.Tensor], origin: dict[int, int], title: str) -> None:

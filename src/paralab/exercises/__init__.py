@@ -1,15 +1,15 @@
 """The exercises of every lab, by name, and `planted` for their bug variants. Each lab's module lists its own.
 
 An exercise names a package function whose body holds a solution region,
-marked with nbgrader's own comment lines:
+marked with these comment lines (nbgrader's spelling):
 
     ### BEGIN SOLUTION
     ...
     ### END SOLUTION
 
-The lab notebook shows the full function; `_build_nb.py --exercises` writes an
-exercise notebook where each region is a stub raising `NotImplementedError`,
-followed by a `paralab.grade.check` cell.
+The lab notebook shows the full function; `_build_nb.py --student` writes the
+students' copy of each lab where each region is a stub raising
+`NotImplementedError`, followed by a `paralab.grade.check` cell.
 """
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ class Exercise:
     timeout: float = 30.0
     bugs: list[tuple[str, Callable, str]] = field(default_factory=list)
     """Known wrong versions: (what is wrong, the function, text the report must contain to point at it)."""
+    kinds: Callable[[int], list[str]] | None = None
+    """What each visible case is at a world size, for reports (e.g. "the {2,3} cp group inside 4 ranks")."""
+    hidden: Callable[[int, int, int], list[tuple]] | None = None
+    """Instructor-only cases, `(rank, world, seed) -> argument tuples`: other shapes drawn from the seed."""
+    hidden_kinds: Callable[[int], list[str]] | None = None
+    hidden_world_sizes: tuple[int, ...] = ()
+    """World sizes for the hidden cases (empty: the visible ones)."""
+
+    def case_kinds(self, world: int, hidden: bool = False) -> list[str] | None:
+        """The description of every case at `world`, or None when the exercise gives none."""
+        describe = self.hidden_kinds if hidden else self.kinds
+        return describe(world) if describe else None
+
+    def hidden_worlds(self) -> tuple[int, ...]:
+        return (self.hidden_world_sizes or self.world_sizes) if self.hidden else ()
 
     def reference(self) -> Callable:
         if self.solution is not None:

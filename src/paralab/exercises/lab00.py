@@ -1,6 +1,8 @@
 """Lab 00 exercise: predict every rank's groups, checked against the real DeviceMesh."""
 from __future__ import annotations
 
+import random
+
 import torch
 
 from paralab.exercises import Exercise
@@ -14,8 +16,25 @@ CONFIGS = {
 }
 
 
+HIDDEN_CONFIGS = {
+    6: [dict(dp_shard=3, cp=2), dict(dp_replicate=3, dp_shard=2, lb=3),
+        dict(dp_shard=2, cfgp=2, cp=3, enable_inference_mode=True)],
+    8: [dict(dp_replicate=2, dp_shard=4, cp=2, lb=2), dict(dp_shard=8, lb=4),
+        dict(dp_replicate=4, dp_shard=2, cfgp=2, cp=2, lb=8, enable_inference_mode=True)],
+}
+
+
 def _cases(rank: int, world: int) -> list[tuple]:
     return [(ParallelDims(world, **config), rank) for config in CONFIGS[world]]
+
+
+def _kinds(world: int) -> list[str]:
+    return [f"ParallelDims({world}, {', '.join(f'{k}={v}' for k, v in config.items())})" for config in CONFIGS[world]]
+
+
+def _hidden_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Two layouts of the world drawn from the seed."""
+    return [(ParallelDims(world, **config), rank) for config in random.Random(seed).sample(HIDDEN_CONFIGS[world], 2)]
 
 
 def mesh_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
@@ -51,9 +70,13 @@ EXERCISES = [
             "lb mesh `(world // lb, lb)`. Leave out axes of size 1 (and the dp axes when "
             "`parallel_dims.dp_enabled` is false). The check builds the real meshes on 4 and 8 ranks."
         ),
-        hint="along a mesh dim of size n with stride s (product of the later dims), the group of r "
-             "starts at r - (r // s % n) * s and steps by s",
+        hint="return {axis: sorted global ranks of rank's group} for every enabled axis of size > 1, "
+             "computed by arithmetic, the groups the row-major device meshes would build",
         cases=_cases,
+        kinds=_kinds,
+        hidden=_hidden_cases,
+        hidden_kinds=lambda world: [f"another layout of {world} ranks", f"a second other layout of {world} ranks"],
+        hidden_world_sizes=(6, 8),
         world_sizes=(4, 8),
         points=2,
         minutes=15,

@@ -49,6 +49,21 @@ def _gather_cases(rank: int, world: int) -> list[tuple]:
     return cases
 
 
+def _gather_kinds(world: int) -> list[str]:
+    kinds = [f"ZeRO-3 over all {world} ranks: first gather", f"ZeRO-3 over all {world} ranks: refill of freed storage"]
+    return kinds + (["HSDP 2 x 2 (shard groups {0,1} {2,3}): first gather",
+                     "HSDP 2 x 2 (shard groups {0,1} {2,3}): refill of freed storage"] if world == 4 else [])
+
+
+def _hidden_gather_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Other parameters (drawn from the seed), sharded over a world whose size does not divide the unit."""
+    shard_group, _ = _meshes(world, 1)
+    fresh, refill = _unit(seed, shard_group), _unit(seed + 1, shard_group)
+    refill.full = torch.zeros(refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64)
+    refill.full.untyped_storage().resize_(0)
+    return [(fresh, shard_group), (refill, shard_group)]
+
+
 def _layout() -> FlatUnit:
     """The exercise unit's names and shapes only (built on the meta device: no numbers, no RNG)."""
     with torch.device("meta"):
@@ -96,6 +111,22 @@ def _reduce_cases(rank: int, world: int) -> list[tuple]:
     for i, dp_replicate in enumerate(_layouts(world)):
         shard_group, replicate_group = _meshes(world, dp_replicate)
         g = torch.Generator().manual_seed(100 * i + rank)
+        full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
+        cases.append((full_grad, shard_group, replicate_group))
+    return cases
+
+
+def _reduce_kinds(world: int) -> list[str]:
+    return [f"ZeRO-3 over all {world} ranks"] + (["HSDP 2 x 2: shard groups {0,1} {2,3}, replicas {0,2} {1,3}"]
+                                                  if world == 4 else [])
+
+
+def _hidden_reduce_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Other gradients (drawn from the seed): ZeRO-3 over the world, and HSDP with 2 replicas of world/2 shards."""
+    cases = []
+    for i, dp_replicate in enumerate([1, 2]):
+        shard_group, replicate_group = _meshes(world, dp_replicate)
+        g = torch.Generator().manual_seed(seed + 100 * i + rank)
         full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
         cases.append((full_grad, shard_group, replicate_group))
     return cases
@@ -155,10 +186,14 @@ EXERCISES = [
             "`group` None means one rank: copy the shard. The check runs on 2 and 4 ranks (and on the "
             "shard groups of 2 of an HSDP 2x2 mesh), on a 17-parameter unit, fresh and refilled."
         ),
-        hint="padded = unit.shard.numel() * n; allocate with torch.empty or refill with "
-             "unit.full.untyped_storage().resize_(padded * element_size); then "
-             "dist.all_gather_into_tensor(unit.full, unit.shard.detach(), group=group)",
+        hint="afterwards unit.full holds every rank's shard in rank order (padding included) and the "
+             "unit's parameters view it; nothing is returned",
         cases=_gather_cases,
+        kinds=_gather_kinds,
+        hidden=_hidden_gather_cases,
+        hidden_kinds=lambda world: [f"other parameters over {world} ranks: first gather",
+                                    f"other parameters over {world} ranks: refill of freed storage"],
+        hidden_world_sizes=(3,),
         world_sizes=(2, 4),
         points=2,
         minutes=15,
@@ -183,10 +218,14 @@ EXERCISES = [
             "number of replicas. A group of None means one rank (no collective, return a copy). The check "
             "runs ZeRO-3 on 2 and 4 ranks and HSDP 2x2 (`ParallelDims(4, dp_shard=2, dp_replicate=2)`)."
         ),
-        hint="dist.reduce_scatter_tensor(out, full_grad, op=SUM, group=shard_group), out /= shard size; then "
-             "dist.all_reduce(out, op=SUM, group=replicate_group), out /= replicas — the two divisions "
-             "multiply to the world size",
+        hint="return this rank's shard of the gradient averaged over every rank of the world (both the "
+             "shard group and, in HSDP, the replicas), shape of one shard",
         cases=_reduce_cases,
+        kinds=_reduce_kinds,
+        hidden=_hidden_reduce_cases,
+        hidden_kinds=lambda world: [f"other gradients, ZeRO-3 over {world} ranks",
+                                    f"other gradients, HSDP with 2 replicas of {world // 2} shards"],
+        hidden_world_sizes=(6,),
         world_sizes=(2, 4),
         points=3,
         minutes=15,

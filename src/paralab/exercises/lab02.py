@@ -5,6 +5,7 @@ clinic and tests/test_cp_dist.py import them from here, so each bug is written o
 """
 from __future__ import annotations
 
+import random
 from typing import ContextManager
 
 import torch
@@ -34,6 +35,28 @@ def _partials(seed: int, q_scale: float, k2_scale: float = 1.0) -> tuple:
 def _merge_cases(rank: int, world: int) -> list[tuple]:
     """Ordinary scores, scores near 1e3 (exp overflows float64), and blocks whose lse differ by ~700."""
     return [_partials(0, 1.0), _partials(1, 4.0), _partials(2, 400.0), _partials(3, 300.0, k2_scale=0.001)]
+
+
+MERGE_KINDS = ["ordinary scores", "scores around 10", "scores near 1e3 (exp(lse) overflows)",
+               "blocks whose lse differ by ~700"]
+
+
+def _hidden_merge_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Other shapes and key splits, drawn from the grading seed, at the same three score regimes."""
+    draw = random.Random(seed)
+    cases = []
+    for q_scale, k2_scale in [(1.0, 1.0), (draw.uniform(100, 500), 1.0), (draw.uniform(200, 400), 0.001)]:
+        b, h, n, d, split = draw.randint(1, 3), draw.randint(1, 4), draw.randint(1, 9), draw.randint(2, 8), draw.randint(1, 6)
+        g = torch.Generator().manual_seed(draw.randrange(10**6))
+        q = torch.randn(b, h, n, d, dtype=torch.float64, generator=g) * q_scale
+        k, v = (torch.randn(b, h, split + 3, d, dtype=torch.float64, generator=g) for _ in range(2))
+        cases.append((*attention_block(q, k[:, :, :split], v[:, :, :split]),
+                      *attention_block(q, k[:, :, split:] * k2_scale, v[:, :, split:])))
+    return cases
+
+
+HIDDEN_MERGE_KINDS = ["another shape, ordinary scores", "another shape, scores in the hundreds",
+                      "another shape, one block's lse far below the other's"]
 
 
 def _out_and_lse(result: tuple) -> dict[str, torch.Tensor]:
@@ -78,6 +101,36 @@ def _cp_groups(world: int) -> list[tuple[dist.ProcessGroup, int]]:
 
 def _blocks(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def _group_kinds(world: int) -> list[str]:
+    return [f"the whole world as one cp group of {world}"] + (
+        ["the {0,1} and {2,3} cp groups of 2 inside 4 ranks"] if world == 4 else [])
+
+
+CP_KINDS = ["cp = 2", "cp = 4", "cp = 3"]
+HIDDEN_CP_KINDS = ["another shape, cp = 5", "another shape, cp = 6"]
+
+
+def _hidden_sizes(seed: int) -> tuple[int, int, int, int]:
+    """(batch, heads per rank, tokens per rank, head_dim) drawn from the grading seed."""
+    draw = random.Random(seed)
+    return draw.randint(1, 3), draw.randint(1, 3), draw.randint(1, 6), draw.randint(1, 4)
+
+
+def _hidden_pack_heads_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    b, heads, tokens, d = _hidden_sizes(seed)
+    return [(_blocks(seed + cp, (b, heads * cp, tokens, d)), cp) for cp in (5, 6)]
+
+
+def _hidden_pack_seq_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    b, heads, tokens, d = _hidden_sizes(seed)
+    return [(_blocks(seed + 10 + cp, (b, heads, tokens * cp, d)), cp) for cp in (5, 6)]
+
+
+def _hidden_received_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    b, heads, tokens, d = _hidden_sizes(seed)
+    return [(_blocks(seed + 20 + cp, (cp, b, heads, tokens, d)),) for cp in (5, 6)]
 
 
 def _pack_heads_cases(rank: int, world: int) -> list[tuple]:
@@ -133,6 +186,25 @@ def _ring_cases(rank: int, world: int) -> list[tuple]:
         g = torch.Generator().manual_seed(100 * i + rank)
         cases.append((torch.randn(2, 1, 3, 4, 5, dtype=torch.float64, generator=g), group, KV_TAG + i % 2))
     return cases
+
+
+def _ring_kinds(world: int) -> list[str]:
+    return [f"the whole world (group=None) of {world}"] + _group_kinds(world)
+
+
+def _hidden_ring_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Blocks of another shape, drawn from the seed, on WORLD and on every cp group."""
+    draw = random.Random(seed)
+    shape = (2, draw.randint(1, 2), draw.randint(1, 4), draw.randint(1, 6), draw.randint(1, 5))
+    cases = []
+    for i, group in enumerate([None] + [group for group, _ in _cp_groups(world)]):
+        g = torch.Generator().manual_seed(seed + 100 * i + rank)
+        cases.append((torch.randn(*shape, dtype=torch.float64, generator=g), group, KV_TAG + i % 2))
+    return cases
+
+
+def _hidden_ring_kinds(world: int) -> list[str]:
+    return [f"another shape, {kind}" for kind in _ring_kinds(world)]
 
 
 def _received(result: tuple) -> torch.Tensor:
@@ -194,8 +266,12 @@ EXERCISES = [
             "log-sum-exp over both blocks, and `out`, attention over both blocks. It must stay finite for "
             "scores in the thousands (the check uses some), so never form `exp(lse)` itself."
         ),
-        hint="new_lse = logaddexp(lse, block_lse); each output is weighted by exp(its lse - new_lse)",
+        hint="return (out, new_lse) with the shapes of (out, lse): attention over the union of both key "
+             "blocks and the log-sum-exp of all their scores, finite even when scores are in the thousands",
         cases=_merge_cases,
+        kinds=lambda world: MERGE_KINDS,
+        hidden=_hidden_merge_cases,
+        hidden_kinds=lambda world: HIDDEN_MERGE_KINDS,
         world_sizes=(0,),
         points=2,
         minutes=15,
@@ -221,6 +297,9 @@ EXERCISES = [
         ),
         hint="reshape the heads into (cp, h/cp), then move that cp dim first (transpose with the batch dim)",
         cases=_pack_heads_cases,
+        kinds=lambda world: CP_KINDS,
+        hidden=_hidden_pack_heads_cases,
+        hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=2,
         minutes=10,
         bugs=[("transpose missing: the batch is cut instead of the heads", pack_heads_without_transpose,
@@ -237,6 +316,9 @@ EXERCISES = [
         ),
         hint="move the block dim (the source rank = sequence shard) just before the tokens, then merge the two",
         cases=_received_cases,
+        kinds=lambda world: CP_KINDS,
+        hidden=_hidden_received_cases,
+        hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=1,
         minutes=10,
         bugs=[("received shards interleaved instead of in rank order", unpack_heads_interleaved, "case 0:")],
@@ -252,6 +334,9 @@ EXERCISES = [
         ),
         hint="cut the tokens into (cp, n/cp), then move that cp dim first",
         cases=_pack_seq_cases,
+        kinds=lambda world: CP_KINDS,
+        hidden=_hidden_pack_seq_cases,
+        hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=1,
         minutes=10,
         bugs=[("tokens cut strided: every cp-th token instead of a contiguous shard", pack_seq_strided, "case 0:")],
@@ -268,6 +353,9 @@ EXERCISES = [
         ),
         hint="put the block dim (the source rank = head group) just before the heads it holds, then merge the two",
         cases=_received_cases,
+        kinds=lambda world: CP_KINDS,
+        hidden=_hidden_received_cases,
+        hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=1,
         minutes=5,
         bugs=[
@@ -285,9 +373,13 @@ EXERCISES = [
             "`(received, works)`, the works of `dist.batch_isend_irecv`. Peers of a P2P op are *global* "
             "ranks. The check waits on your works, on 2 and 4 ranks and on cp groups of 2 inside 4 ranks."
         ),
-        hint="next = (my group rank + 1) % world, previous = (my group rank - 1) % world, each turned into a "
-             "global rank with dist.get_global_rank(group, ...); one isend and one irecv P2POp",
+        hint="return (received, works) at once, without waiting: received is a new tensor that will hold the "
+             "previous group member's t; works are the requests to wait on; peers of P2POp are global ranks",
         cases=_ring_cases,
+        kinds=_ring_kinds,
+        hidden=_hidden_ring_cases,
+        hidden_kinds=_hidden_ring_kinds,
+        hidden_world_sizes=(3, 4),
         world_sizes=(2, 4),
         points=2,
         minutes=15,

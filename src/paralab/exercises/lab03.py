@@ -5,6 +5,7 @@ tests prove the grader fails it and that its report points at the place.
 """
 from __future__ import annotations
 
+import random
 from typing import ContextManager
 
 import torch
@@ -21,6 +22,15 @@ LATENT_SHAPE = (1, 12, 4)  # (batch, tokens, channels): small, tokens divisible 
 # World 2: one cfgp pair. World 4: two cfgp pairs, once as neighbours (cfgp alone: {0,1} {2,3})
 # and once strided (cfgp x cp = 2 x 2: {0,2} {1,3}), where the peer is NOT the adjacent rank.
 LAYOUTS = {2: [dict(cfgp=2)], 4: [dict(cfgp=2), dict(cfgp=2, cp=2)]}
+LAYOUT_KINDS = {2: ["one cfgp pair {0,1}"], 4: ["two cfgp pairs of neighbours, {0,1} and {2,3}",
+                                                "two cfgp pairs strided by cp = 2, {0,2} and {1,3}"]}
+HIDDEN_LAYOUTS = {6: [dict(cfgp=2, cp=3)]}
+HIDDEN_LAYOUT_KINDS = {6: ["another latent shape, three cfgp pairs strided by cp = 3 inside 6 ranks"]}
+
+
+def _hidden_shape(seed: int) -> tuple[int, int, int]:
+    draw = random.Random(seed)
+    return draw.randint(1, 2), 6 * draw.randint(1, 3), draw.randint(1, 5)
 
 
 def _meshes(world: int, dims: dict) -> ParallelDims:
@@ -38,6 +48,12 @@ def _exchange_cases(rank: int, world: int) -> list[tuple]:
         mine = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(100 * i + rank), dtype=torch.float64)
         cases.append((mine, group))
     return cases
+
+
+def _hidden_exchange_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    group = _meshes(world, HIDDEN_LAYOUTS[world][0]).cfgp_mesh.get_group()
+    mine = torch.randn(_hidden_shape(seed), generator=torch.Generator().manual_seed(seed + rank), dtype=torch.float64)
+    return [(mine, group)]
 
 
 def _as_received(theirs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -85,6 +101,17 @@ def _combine_cases(rank: int, world: int) -> list[tuple]:
     return cases
 
 
+def _hidden_combine_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    draw = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    cases = []
+    for w in (draw.uniform(1.5, 12.0), draw.uniform(-1.0, -0.1)):
+        shape = _hidden_shape(draw.randrange(10**6))
+        cond, uncond = (torch.randn(shape, generator=generator, dtype=torch.float64) for _ in range(2))
+        cases.append((cond, uncond, w))
+    return cases
+
+
 def _as_guided(velocity: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"guided velocity": velocity}
 
@@ -107,6 +134,10 @@ def branches_swapped(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidanc
 # ----------------------------------------------------------------------------- the initial noise
 def _noise_cases(rank: int, world: int) -> list[tuple]:
     return [(LATENT_SHAPE, 7, _meshes(world, dims)) for dims in LAYOUTS[world]]
+
+
+def _hidden_noise_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    return [(_hidden_shape(seed), seed, _meshes(world, HIDDEN_LAYOUTS[world][0]))]
 
 
 def _as_latent(latent: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -147,9 +178,13 @@ EXERCISES = [
             "receive together (`dist.batch_isend_irecv`) rather than a blocking send first. "
             "The check runs on 2 ranks and on 4 (two cfgp pairs, as neighbours and strided by cp)."
         ),
-        hint="the peer's global rank is dist.get_global_rank(group, 1 - dist.get_rank(group)); post the "
-             "isend and the irecv together with dist.batch_isend_irecv and wait on every request",
+        hint="return the other group member's `mine` (same shape and dtype); both ranks call this at once, so "
+             "neither may block on a send before its receive is posted; P2P peers are global ranks",
         cases=_exchange_cases,
+        kinds=lambda world: LAYOUT_KINDS[world],
+        hidden=_hidden_exchange_cases,
+        hidden_kinds=lambda world: HIDDEN_LAYOUT_KINDS[world],
+        hidden_world_sizes=(6,),
         world_sizes=(2, 4),
         points=3,
         minutes=20,
@@ -172,8 +207,12 @@ EXERCISES = [
             "allows rounding-level differences (1e-12), so `(1 − w)·uncond + w·cond` passes; the lab "
             "explains why both cfgp ranks must still call the very same expression."
         ),
-        hint="it is linear in w: w = 0 must give uncond_pred, w = 1 cond_pred",
+        hint="return the guided velocity, the shape of cond_pred: equal to uncond_pred at w = 0, to cond_pred "
+             "at w = 1, and linear in w",
         cases=_combine_cases,
+        kinds=lambda world: [f"guidance scale w = {w:g}" for w in GUIDANCE_SCALES],
+        hidden=_hidden_combine_cases,
+        hidden_kinds=lambda world: ["another shape, a large guidance scale", "another shape, a negative guidance scale"],
         world_sizes=(0,),
         points=1,
         minutes=5,
@@ -199,9 +238,13 @@ EXERCISES = [
             "`pd.cfgp_mesh.get_group()` fills it. The check runs on 2 ranks and on 4 (cfgp alone and "
             "cfgp x cp)."
         ),
-        hint="only cfgp rank 0 draws; the other rank needs a float64 buffer of the shard's shape "
-             "for broadcast_noise to fill",
+        hint="return this rank's cp shard of the noise, (B, S / cp_size, C) float64, identical on both ranks of "
+             "every cfgp pair and equal to the matching shard of draw_noise(shape, seed)",
         cases=_noise_cases,
+        kinds=lambda world: LAYOUT_KINDS[world],
+        hidden=_hidden_noise_cases,
+        hidden_kinds=lambda world: HIDDEN_LAYOUT_KINDS[world],
+        hidden_world_sizes=(6,),
         world_sizes=(2, 4),
         points=2,
         minutes=15,

@@ -6,6 +6,7 @@ here, so the bug is written once.
 """
 from __future__ import annotations
 
+import random
 from typing import ContextManager
 
 import torch
@@ -26,6 +27,13 @@ def _pixel_cases(rank: int, world: int) -> list[tuple]:
     generator = torch.Generator().manual_seed(40)
     edges = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).reshape(3, 1, 1, 2)
     return [(edges,), (torch.randint(0, 256, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),)]
+
+
+def _hidden_pixel_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """A video of another shape, drawn from the seed."""
+    draw = random.Random(seed)
+    shape = (3, draw.randint(1, 5), draw.randint(1, 9), draw.randint(1, 9))
+    return [(torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8),)]
 
 
 def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
@@ -71,8 +79,24 @@ PLANNER_CASES = [
 ]
 
 
+PLANNER_KINDS = ["the lab's small example", "rank labels 3, 7, 10", "a load tie: the first rank in dict order gives",
+                 "ties between candidate samples", "max_iterations=2", "the only move leaves the gap as it is",
+                 "max_iterations=0", "a guest must not move on", "balanced already",
+                 "nearest the whole gap is not nearest half of it", "Cosmos's test batch, a tie between samples"]
+
+
 def _planner_cases(rank: int, world: int) -> list[tuple]:
     return [({r: list(c) for r, c in costs.items()}, limit) for costs, limit in PLANNER_CASES]
+
+
+def _hidden_planner_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Batches drawn from the seed: 3 to 6 ranks with scattered labels, small integer costs (so ties happen)."""
+    draw = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        labels = draw.sample(range(12), draw.randint(3, 6))
+        cases.append(({r: [float(draw.randint(1, 9)) for _ in range(draw.randint(0, 4))] for r in labels}, None))
+    return cases
 
 
 def moves_as_rows(moves: list[Move]) -> torch.Tensor:
@@ -141,6 +165,19 @@ def _return_cases(rank: int, world: int) -> list[tuple]:
             _return_case(RETURN_PLANS[2], pd.lb_mesh.get_group(), varied_shapes=True)]
 
 
+def _return_kinds(world: int) -> list[str]:
+    return [f"the whole world of {world} as one group", "lb groups of 2 (group ranks are not global ranks)"]
+
+
+def _hidden_return_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """A plan drawn from the seed over the whole world: each sample moves at most once, in a shuffled order."""
+    draw = random.Random(seed)
+    moves = [Move(owner, draw.choice([r for r in range(world) if r != owner]), index)
+             for owner in range(world) for index in range(draw.randint(1, 3)) if draw.random() < 0.6]
+    draw.shuffle(moves)
+    return [_return_case(moves, None, varied_shapes=True)]
+
+
 def latents_by_index(latents: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Name each returned latent by the owner's local index, in index order."""
     return {f"local index {i}": latents[i] for i in sorted(latents)}
@@ -170,8 +207,11 @@ EXERCISES = [
             "between. The check feeds a video holding 0, 1, 127, 128, 254 and 255 and a random one, "
             "and accepts differences up to 1e-12 (any exact formula passes)."
         ),
-        hint="cast to float64 first (uint8 arithmetic wraps around), then x / 127.5 - 1",
+        hint="return float64 pixels in [-1, 1], 0 -> -1 and 255 -> 1, same shape as the uint8 input",
         cases=_pixel_cases,
+        kinds=lambda world: ["the edge values 0, 1, 127, 128, 254, 255", "a random video"],
+        hidden=_hidden_pixel_cases,
+        hidden_kinds=lambda world: ["a random video of another shape"],
         points=1,
         minutes=5,
         atol=1e-12,
@@ -201,9 +241,12 @@ EXERCISES = [
             "that must not move on; a balanced batch; a sample near the whole gap that is not the best "
             "fit; Cosmos's own test batch."
         ),
-        hint="keep loads and a list of (index, cost) still movable per rank; loop: heavy, light, gap, "
-             "closest fit, stop unless it shrinks the gap, else update both loads and record Move(heavy, light, index)",
+        hint="return the list of Moves the greedy planner described above makes, in order; it stops as "
+             "soon as no move strictly shrinks the gap between the most and least loaded ranks",
         cases=_planner_cases,
+        kinds=lambda world: PLANNER_KINDS,
+        hidden=_hidden_planner_cases,
+        hidden_kinds=lambda world: ["a random batch", "a second random batch", "a third random batch"],
         points=3,
         minutes=25,
         normalize=moves_as_rows,
@@ -232,9 +275,13 @@ EXERCISES = [
             "global ranks there). Every test latent starts with the value 100 × owner's global rank + "
             "local index, so a report's expected/actual values tell whose latent landed where."
         ),
-        hint="one exchange: each guest latent goes to its move's from_rank; receive from each outgoing "
-             "move's to_rank in plan order, and file the k-th received latent under outgoing[k].local_index",
+        hint="return this rank's own samples' latents in their original local order, each one "
+             "computed by whichever rank the plan sent it to",
         cases=_return_cases,
+        kinds=_return_kinds,
+        hidden=_hidden_return_cases,
+        hidden_kinds=lambda world: [f"a random plan over {world} ranks"],
+        hidden_world_sizes=(3,),
         world_sizes=(2, 4),
         points=2,
         minutes=15,
