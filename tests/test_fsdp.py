@@ -167,10 +167,11 @@ def test_lab01_plots_build():
     numels = unit_numels()
     figs = [
         plot_shard_layout(numels, 8, 2),
-        plot_traffic({"ZeRO-3": {2: (3024, 3024), 4: (4680, 4680)}, "DDP": {2: (2016, 2016)}}),
+        plot_traffic({"ZeRO-3": {2: (3024, 3024), 4: (4680, 4680)}, "DDP": {2: (2016, 2016)},
+                      "HSDP": {4: (3024, 1008, 4032)}}),  # one panel per strategy; HSDP split within / across
         plot_memory({"ZeRO-3 n=8": memory_formula("hand", numels, 8, "adam")}, {"ZeRO-3 n=8": 1792}),
     ]
-    assert all(len(f.axes) == 1 for f in figs)
+    assert [len(f.axes) for f in figs] == [1, 3, 1]
     for f in figs:
         plt.close(f)
 

@@ -30,10 +30,19 @@ def test_planted_refuses_a_name_the_module_lacks():
 def test_claim_reads_as_claim_and_observation():
     rows = [claim("every sample encoded once", True, "8 of 8"), claim("no rank idles", False, "rank 3 idle")]
     table = verdict_table(rows)
-    assert "every sample encoded once  claim" in table and "8 of 8" in table
+    assert table.splitlines()[0].split() == ["claim", "observed", "verdict"]
+    assert "every sample encoded once  8 of 8" in table
     assert "rank 3 idle" in table and table.endswith("1/2 passed")
     assert "FAIL (" not in table
     assert rows[1].describe() == "no rank idles: does not hold (rank 3 idle)"
+
+
+def test_a_mixed_table_keeps_the_tensor_columns():
+    import torch
+    from paralab.check import compare
+    table = verdict_table([*compare(torch.ones(2), torch.ones(2), name="x"), claim("holds", True, "yes")])
+    assert table.splitlines()[0].split()[:3] == ["tensor", "shape", "dtype"]
+    assert table.endswith("2/2 passed")
 
 
 def test_ledger_queries_filter_by_any_field():

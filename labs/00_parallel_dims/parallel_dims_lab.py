@@ -5,6 +5,18 @@
 # `paralab.ParallelDims` answers it for every parallel axis at once, and builds the
 # `torch.distributed` process groups (as `DeviceMesh`es) that the axes use.
 #
+# **You will learn** to
+# - read a rank's groups on every axis off a real `DeviceMesh`, and predict them by hand
+#   with row-major arithmetic;
+# - tell the two kinds of axis apart: *partition* axes that fill the world, *overlay*
+#   axes that group the same ranks again;
+# - say which data each rank gets under the overlay (cp partners share a sample);
+# - recognise every rule a config can break, and the two configs that are changed
+#   instead of rejected.
+#
+# **Prerequisites:** the collectives primer (`00_collectives_primer`): what a process
+# group is, and all-gather / all-reduce. **Reading time:** about 20 minutes.
+#
 # There are two kinds of axis:
 #
 # | kind | axes | rule | question it answers |
@@ -14,20 +26,17 @@
 #
 # So on 8 ranks one rank is, *at the same time*, in a dp shard group of 4, a dp
 # replica group of 2, a cp group of 2, a cfgp group of 2 and an lb group of 2.
-# This lab builds that descriptor on 8 real gloo ranks, reads each rank's groups off
-# the real `DeviceMesh`, checks them against arithmetic you can do by hand, draws
-# them, fires every validation rule, and contrasts the overlay reading with
-# torchtitan's *consuming* reading of the same 8 ranks.
 #
-# **Reading guide.** Sections 1–2 are the descriptor and its pictures; 3 is every way a
-# config can be wrong; 4 the contrast with torchtitan; 5 which workload uses which
-# axis; 6 `fsdp_mesh` and the trap it avoids (lab 01 goes deeper). Code:
-# `src/paralab/parallel_dims.py` (descriptor, meshes, `predict_groups`, `fsdp_mesh`),
-# `src/paralab/launch.py` (ranks), `src/paralab/check.py` (verdicts),
-# `src/paralab/ledger.py` (collective counts), `src/paralab/viz.py` (pictures).
+# **Reading guide.** 1 the descriptor on 8 real ranks, checked against arithmetic;
+# 2 its pictures; 3 which data each rank gets; 4 every way a config can be wrong;
+# 5 which workload uses which axis; 6 a bug clinic. Lab 01 continues with the mesh
+# FSDP2 is handed (`fsdp_mesh`) and torchtitan's other reading of the same knobs.
+# Code: `src/paralab/parallel_dims.py` (descriptor, meshes, `predict_groups`),
+# `src/paralab/launch.py` (ranks), `src/paralab/check.py` (verdicts), `src/paralab/viz.py` (pictures).
 
 # %%
 import logging
+import sys
 import warnings
 
 import torch
@@ -35,10 +44,9 @@ import torch.distributed as dist
 
 from paralab import ParallelDims
 from paralab.check import claim, compare, verdict_table
-from paralab.fsdp.runs import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
-from paralab.viz import plot_dp_grid, plot_rank_groups, show
+from paralab.viz import plot_dp_grid, plot_rank_groups, plot_rank_strip, show
 
 WORLD = 8
 CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
@@ -67,12 +75,27 @@ print("meshes before build_meshes:", pd.mesh)
 # The code, exactly as the package runs it:
 
 # %%
-# show: paralab.parallel_dims.ParallelDims.build_meshes paralab.parallel_dims.ParallelDims._build_mesh
+# show: paralab.parallel_dims.ParallelDims.build_meshes
+
+# %% [markdown]
+# `_build_mesh`, the one call to `init_device_mesh` per family (folded):
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.parallel_dims.ParallelDims._build_mesh
 
 # %% [markdown]
 # Every rank builds the meshes and reports its groups, read off the `DeviceMesh`
 # (`mesh.mesh` is the tensor of global ranks in this rank's sub-mesh). The function
 # below runs on each of the 8 ranks; its return values come back to this notebook.
+#
+# **Predict before you run:** the overlay mesh is `(rest, cfgp, cp) = (2, 2, 2)`,
+# row-major. Who are rank 5's `cp` partners, and who are its `cfgp` partners?
+#
+# <details><summary>Answer</summary>
+#
+# `cp` is the last, fastest-varying dimension: rank 5's cp group is `4,5` (neighbours).
+# One step along `cfgp` skips a whole cp group of 2, so its cfgp group is `5,7`.
+# </details>
 
 
 # %%
@@ -107,9 +130,16 @@ def as_tensors(per_rank_groups):
 
 predicted = [predict_groups(pd, rank) for rank in range(WORLD)]
 group_verdicts = compare(as_tensors(groups), as_tensors(predicted), name="groups")
-verdicts += group_verdicts
 matching = sum(v.passed for v in group_verdicts)
-print(f"{matching} of {len(group_verdicts)} (rank, axis) groups from the DeviceMesh equal predict_groups")
+verdicts.append(claim("every rank's groups on every axis, read off the real DeviceMesh, equal predict_groups",
+                      matching == len(group_verdicts), f"{matching} of {len(group_verdicts)} (rank, axis) groups equal"))
+print(verdicts[-1].describe())
+
+# %% [markdown]
+# The detail, one row per (rank, axis) group (folded: click the output to open it):
+
+# %% jupyter={"outputs_hidden": true}
+print(verdict_table(group_verdicts, "each (rank, axis) group: DeviceMesh vs predict_groups"))
 
 # %% [markdown]
 # ## 2. Pictures
@@ -123,8 +153,8 @@ print(f"{matching} of {len(group_verdicts)} (rank, axis) groups from the DeviceM
 show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %% [markdown]
-# The overlay axes group the *same* 8 ranks again. Each panel colours every rank by
-# its group on that axis (`g0`, `g1`, … are the groups). Note that `cp` pairs
+# The overlay axes group the *same* 8 ranks again. Each panel colours every rank (`r0`…`r7`) by
+# its group on that axis (`g0`, `g1`, …; the panel's title lists each group's ranks). Note that `cp` pairs
 # neighbours (0,1), while `cfgp` pairs ranks two apart (0,2): `cp` is the last,
 # fastest-varying mesh dimension, so on GPUs cp partners sit on one node. That suits
 # cp, whose attention traffic sits inside every layer's forward and backward. It
@@ -135,16 +165,54 @@ show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 
 # %%
 show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                      title="One world of 8 ranks, five groupings (ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2))"))
+                      title="One world of 8 ranks (r0-r7), five groupings: ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2)"))
 
 # %% [markdown]
-# ## 3. Every validation rule, firing
+# ## 3. Which data each rank gets in the overlay
+#
+# In the overlay the cp and cfgp partners of a rank work on **the same sample**: cp
+# partners each take a slice of its tokens (lab 02), cfgp partners each run one branch
+# of its guided prediction (lab 03). So the data a rank loads follows the `rest`
+# coordinate of the overlay mesh `(rest, cfgp, cp)`: `rank // (cfgp·cp)` is its
+# sample group, `cfgp` rank picks the branch, `cp` rank the token slice. The dp axes do
+# not decide the data here; they decide how the *weights* are sharded and replicated.
+#
+# **Predict before you run:** with `(rest, cfgp, cp) = (2, 2, 2)`, which ranks work on
+# the samples of group 1, and which of them holds the second token half of the
+# unconditional branch?
+#
+# <details><summary>Answer</summary>
+#
+# Ranks 4–7 (`rank // 4 == 1`). The unconditional branch is cfgp rank 1 (ranks 6, 7),
+# and the second token half is cp rank 1: rank 7.
+# </details>
+
+# %%
+per_group = pd.cfgp * pd.cp
+print(f"{'rank':>4}  {'sample group':<13} {'branch (cfgp rank)':<19} {'token slice (cp rank)':<22} cp group  cfgp group")
+for rank, (g, local) in enumerate(results):
+    cfgp_rank, cp_rank = local["cfgp"][0], local["cp"][0]
+    branch, tokens = f"{['cond', 'uncond'][cfgp_rank]} ({cfgp_rank})", f"{cp_rank + 1} of {pd.cp}"
+    cp_group, cfgp_group = ",".join(map(str, g["cp"])), ",".join(map(str, g["cfgp"]))
+    print(f"{rank:>4}  {rank // per_group:<13} {branch:<19} {tokens:<22} {cp_group:<9} {cfgp_group}")
+same_sample = {axis: all(len({m // per_group for m in g[axis]}) == 1 for g in groups) for axis in ("cp", "cfgp")}
+verdicts.append(claim("cp partners share a sample (same rank // (cfgp*cp))", same_sample["cp"],
+                      "every cp group inside one sample group"))
+verdicts.append(claim("cfgp partners share a sample, and run different branches", same_sample["cfgp"]
+                      and all(len({results[m][1]["cfgp"][0] for m in g["cfgp"]}) == pd.cfgp for g in groups),
+                      "every cfgp group inside one sample group, cfgp ranks 0 and 1"))
+print("\n".join(v.describe() for v in verdicts[-2:]))
+
+# %% [markdown]
+# ## 4. Every validation rule, firing
 #
 # Construction validates in a fixed order, and every rejection is a `ValueError`
 # naming the axis and its value. Two configs are not rejected but changed: a
 # non-positive `dp_shard` is inferred as `world_size` (logged at info level) and a
 # `dp_shard` larger than the world is clamped **with a warning** — a mis-sized launch
-# silently running another topology is exactly the bug you want to see.
+# silently running another topology is exactly the bug you want to see. The info line is
+# printed here to stdout (by a handler this notebook adds), so it reads as output, not
+# as an error.
 
 # %%
 bad_configs = [
@@ -166,8 +234,9 @@ for rule, kwargs in bad_configs:
         rule_rows.append((rule, f"ValueError: {exc}"))
 for rule, outcome in rule_rows:
     print(f"{rule:<40} {outcome}")
-rules_fired = torch.tensor([outcome.startswith("ValueError") for _, outcome in rule_rows])
-verdicts += compare(rules_fired, torch.ones(len(bad_configs), dtype=torch.bool), name="every bad config rejected")
+fired = sum(outcome.startswith("ValueError") for _, outcome in rule_rows)
+verdicts.append(claim("every bad config is rejected with a ValueError", fired == len(bad_configs),
+                      f"{fired} of {len(bad_configs)} rejected"))
 
 # %%
 with warnings.catch_warnings(record=True) as caught:
@@ -175,60 +244,23 @@ with warnings.catch_warnings(record=True) as caught:
     clamped = ParallelDims(8, dp_shard=16)
 print(f"dp_shard=16 on 8 ranks -> dp_shard={clamped.dp_shard}, dp_replicate={clamped.dp_replicate}")
 print("warning:", caught[0].message if caught else None)
-logging.getLogger("paralab.parallel_dims").setLevel(logging.INFO)
-logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", force=True)
+logged = []
+to_stdout = logging.StreamHandler(sys.stdout)  # stderr would show as a red box in JupyterLab
+to_stdout.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+to_stdout.addFilter(lambda record: logged.append(record) or True)
+descriptor_log = logging.getLogger("paralab.parallel_dims")
+descriptor_log.setLevel(logging.INFO)
+descriptor_log.handlers[:] = [to_stdout]  # replace, so re-running the cell prints the line once
+descriptor_log.propagate = False
 inferred = ParallelDims(8, cp=2)
 print(f"dp_shard=-1 on 8 ranks with cp=2 -> dp_shard={inferred.dp_shard} (cp does not eat the dp budget)")
-verdicts += compare(torch.tensor([clamped.dp_shard, inferred.dp_shard, len(caught)]), torch.tensor([8, 8, 1]),
-                    name="clamp + warning, auto-infer")
+verdicts.append(claim("dp_shard=16 on 8 ranks is clamped to 8 with one warning; dp_shard=-1 is inferred as 8",
+                      (clamped.dp_shard, inferred.dp_shard, len(caught)) == (8, 8, 1),
+                      f"clamped {clamped.dp_shard}, {len(caught)} warning, inferred {inferred.dp_shard}"))
+verdicts.append(claim("the auto-infer is logged at info level", [r.levelno for r in logged] == [logging.INFO],
+                      f"{len(logged)} record(s): {', '.join(logging.getLevelName(r.levelno) for r in logged)}"))
 
 # %% [markdown]
-# ## 4. Overlay vs consuming: the same 8 ranks, read two ways
-#
-# torchtitan's `ParallelDims` **consumes** ranks: `dp_replicate × dp_shard × cp × tp ×
-# pp == world_size`, and FSDP shards parameters over the flattened `dp_shard × cp`
-# ranks (cp ranks hold different tokens of the same sequences, so for the weights
-# they are just more data-parallel ranks). paralab's descriptor **overlays** cp: dp
-# alone fills the world and cp groups the same ranks again.
-#
-# Below, both readings of the same knobs, `dp_shard=4, cp=2` on 8 ranks, as real
-# meshes. Consuming: `dp_replicate = 8 / (4·2) = 1`, mesh `(1, 4, 2)` named
-# `(dp_replicate, dp_shard, cp)`, and FSDP's group is the `("dp_shard", "cp")`
-# sub-mesh. Overlay: `dp_replicate = 8 / 4 = 2`, and cp regroups the same ranks.
-
-
-# %%
-def consuming_vs_overlay():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    titan = init_device_mesh("cpu", (1, 4, 2), mesh_dim_names=("dp_replicate", "dp_shard", "cp"))
-    overlay = ParallelDims(dist.get_world_size(), dp_shard=4, cp=2)
-    overlay.build_meshes("cpu")
-    return {
-        "titan dp_shard": titan["dp_shard"].mesh.tolist(),
-        "titan cp": titan["cp"].mesh.tolist(),
-        "titan FSDP group": titan["dp_shard", "cp"].mesh.flatten().tolist(),
-        "overlay dp_shard = FSDP": overlay.dp_shard_mesh.mesh.tolist(),
-        "overlay dp_replicate": overlay.dp_replicate_mesh.mesh.tolist(),
-        "overlay cp": overlay.cp_mesh.mesh.tolist(),
-    }
-
-
-contrast = run(consuming_vs_overlay, WORLD)
-print(f"{'rank':>4}  " + "  ".join(f"{k:<24}" for k in contrast[0]))
-for rank, row in enumerate(contrast):
-    print(f"{rank:>4}  " + "  ".join(f"{','.join(map(str, v)):<24}" for v in row.values()))
-fsdp_sizes = torch.tensor([[len(r["titan FSDP group"]), len(r["overlay dp_shard = FSDP"])] for r in contrast])
-verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group size: consuming 8, overlay 4")
-
-# %% [markdown]
-# The cp pairs are the same, everything else differs. Consuming: cp ate a factor 2 of
-# the budget, so `dp_shard` groups are strided (`0,2,4,6`: the ranks that hold the
-# same tokens of different samples) and each weight is sharded over all 8 ranks
-# (`dp_shard × cp`). Overlay: `dp_shard` keeps its 4 neighbours, there are 2 replicas,
-# and cp regroups the same ranks; turning cp on or off (say, only for the long-video
-# stage) does not change how the model is sharded.
-#
 # ## 5. Which workload uses which axis
 #
 # | workload | dp_shard | dp_replicate | cp | cfgp |
@@ -245,60 +277,31 @@ verdicts += compare(fsdp_sizes, torch.tensor([[8, 4]] * WORLD), name="FSDP group
 #
 # Tensor and pipeline parallelism are not part of this descriptor.
 #
-# ## 6. `fsdp_mesh`: the mesh to hand `fully_shard`
+# Lab 01 goes on from here: which dp mesh to hand FSDP2 (`fsdp_mesh`, and the
+# 2-D-mesh trap it avoids), and torchtitan's *consuming* reading of the same knobs,
+# where cp eats rank slots instead of overlaying them.
 #
-# FSDP2 chooses HSDP purely from `mesh.ndim`. The dp mesh is always 2-D, so handing
-# it over with `dp_replicate == 1` puts a pure-FSDP run on the HSDP path: one extra
-# all-reduce over a **one-rank** group per FSDP unit per step. Gradients stay right,
-# so only latency shows it. `fsdp_mesh` returns the 1-D shard mesh unless there are
-# real replicas:
-
-# %%
-# show: paralab.parallel_dims.fsdp_mesh
-
-
-# %%
-counts = {}
-for use in (True, False):
-    ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
-    counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
-    label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
-    print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))
-units = 2
-expected_trap = {("all_gather_single", 4): 2 * units, ("reduce_scatter_single", 4): units}
-verdicts += compare(
-    torch.tensor([counts[True].get(k, 0) for k in [*expected_trap, ("all_reduce", 1)]]),
-    torch.tensor([*expected_trap.values(), 0]), name="fsdp_mesh: 2U all-gathers, U reduce-scatters, no all-reduce")
-verdicts += compare(torch.tensor(counts[False].get(("all_reduce", 1), 0)), torch.tensor(units),
-                    name="2-D (1,N) mesh: U extra one-rank all-reduces")
-
-# %% [markdown]
-# With `U = 2` FSDP units (the root module owns no parameters): forward all-gathers
-# each unit once, backward re-gathers each and reduce-scatters its gradients, so
-# `2U` all-gathers and `U` reduce-scatters per step — and the 2-D mesh adds `U`
-# all-reduces over a group of one rank. Lab 01 builds all of this by hand.
-#
-# ## 7. Bug clinic: a prediction that looks right on half the ranks
+# ## 6. Bug clinic: a prediction that looks right on half the ranks
 #
 # Below, a plausible `predict_groups` variant (it lives in `paralab.exercises.lab00`,
 # where the grader uses it to prove its check can fail) runs next to the real
-# `DeviceMesh` groups of section 1. The heatmap shows, per rank (rows) and per member
+# `DeviceMesh` groups of section 1. The picture shows, per rank (rows) and per member
 # slot of each axis' group (columns, axes side by side), how far the predicted rank
 # number is from the true one.
 
 # %%
 from paralab.exercises.lab00 import _cp_fastest_everywhere as buggy_predict_groups
-from paralab.viz import plot_diff_heatmap
 
 AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
 truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
 buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
 clinic = compare(buggy, truth, name="buggy predict_groups")
-print("\n".join(v.describe() for v in clinic))
-show(plot_diff_heatmap(truth, buggy, "buggy predict_groups vs the real DeviceMesh",
-                       row_label="rank", col_label="group slots: dp_shard(4) | dp_replicate(2) | cfgp(2) | cp(2) | lb(2)"))
-verdicts.append(claim("the check catches the buggy prediction", not clinic[0].passed,
-                      f"{clinic[0].n_diff} of {clinic[0].numel} group slots differ"))
+show(plot_rank_strip(truth, buggy, [(axis, len(groups[0][axis])) for axis in AXES],
+                     "buggy predict_groups vs the real DeviceMesh: each rank's group members, axis by axis",
+                     unit="|predicted - true| (rank numbers)"))
+verdicts.append(claim("the element-wise check catches the buggy prediction", not clinic[0].passed,
+                      f"the check catches the bug: {clinic[0].n_diff} of {truth.numel()} group members differ"))
+print(verdicts[-1].describe())
 
 # %% [markdown]
 # **What is wrong?** Only some columns light up, and on every rank.
@@ -315,21 +318,28 @@ verdicts.append(claim("the check catches the buggy prediction", not clinic[0].pa
 #
 # </details>
 #
-# ## Verdict
+# ## Closing table
+#
+# Every claim of this lab (the 40 per-(rank, axis) rows are in section 1's folded output).
 
 # %%
-print(verdict_table(verdicts, "Lab 00 checks"))
+print(verdict_table(verdicts, "Lab 00 claims"))
 
 # %% [markdown]
 # ## What to try
 #
 # 1. Change `CONFIG` to `cp=4, cfgp=2` on 8 ranks. Which axis pairs neighbours now,
-#    and why does `rest` become 1? (Re-run sections 1–2.)
+#    and why does `rest` become 1? (Re-run sections 1–3.)
+#    <details><summary>Hint</summary>`cp` is still the last mesh dimension, so cp groups
+#    are 4 neighbours; `rest = 8 / (cfgp·cp) = 1`: one sample group, all 8 ranks on one sample.</details>
 # 2. Set `dp_shard=2` and `dp_replicate=-1`. How many replica groups are there, and
 #    which ranks hold the same shard of the weights?
-# 3. In section 3, which rule fires for `ParallelDims(6, cfgp=2, cp=2,
+#    <details><summary>Hint</summary>`dp_replicate` is inferred as 4: a (4, 2) dp mesh, so
+#    2 replica groups of 4 (`0,2,4,6` and `1,3,5,7`); the ranks of one replica group hold the same shard.</details>
+# 3. In section 4, which rule fires for `ParallelDims(6, cfgp=2, cp=2,
 #    enable_inference_mode=True)`, and why is `lb=4` on 6 ranks rejected before that?
-# 4. In section 4, make the consuming mesh `(2, 2, 2)` and the overlay `dp_shard=4,
-#    dp_replicate=2, cp=2`. Now the FSDP groups coincide: why? What would still differ
-#    if you turned cp off?
-# 5. Give the model in section 6 three layers. Predict the counts before re-running.
+#    <details><summary>Hint</summary>`cfgp·cp = 4` does not divide 6. The rules run in a fixed
+#    order (section 4's list is that order), and `lb divides world_size` comes first.</details>
+# 4. In section 3, set `cp=1`. Which ranks share a sample now?
+#    <details><summary>Hint</summary>Only the cfgp pairs: `rest = 4`, so sample groups are
+#    `0,1`, `2,3`, … (cfgp becomes the last mesh dimension).</details>

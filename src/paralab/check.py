@@ -191,18 +191,26 @@ def _format_diff(v: Verdict) -> str:
 
 
 def verdict_table(verdicts: list[Verdict], title: str = "") -> str:
-    """A fixed-width, deterministic text table: one row per tensor."""
-    header = ("tensor", "shape", "dtype", "max |diff|", "verdict")
-    rows = [
-        (
-            v.path,
-            "claim" if v.observed is not None else "x".join(str(d) for d in v.shape) or "scalar",
-            "" if v.observed is not None else v.dtype,
-            _format_diff(v),
-            "pass" if v.passed else "FAIL" if v.observed is not None or not v.n_diff else f"FAIL ({v.n_diff} differ)",
-        )
-        for v in verdicts
-    ]
+    """A fixed-width, deterministic text table: one row per tensor, or per claim.
+
+    A table of claims only reads as claim → what was observed → verdict; a table
+    with tensors keeps shape, dtype and the largest difference.
+    """
+    if verdicts and all(v.observed is not None for v in verdicts):
+        header = ("claim", "observed", "verdict")
+        rows = [(v.path, v.observed, "pass" if v.passed else "FAIL") for v in verdicts]
+    else:
+        header = ("tensor", "shape", "dtype", "max |diff|", "verdict")
+        rows = [
+            (
+                v.path,
+                "claim" if v.observed is not None else "x".join(str(d) for d in v.shape) or "scalar",
+                "" if v.observed is not None else v.dtype,
+                _format_diff(v),
+                "pass" if v.passed else "FAIL" if v.observed is not None or not v.n_diff else f"FAIL ({v.n_diff} differ)",
+            )
+            for v in verdicts
+        ]
     out = ([title] if title else []) + [text_table(header, rows)]
     passed = sum(v.passed for v in verdicts)
     out.append(f"{passed}/{len(verdicts)} passed")

@@ -37,36 +37,43 @@ def plot_rank_groups(
     groups: list[dict[str, list[int]]],
     axes: list[str] | None = None,
     title: str = "",
+    columns: int = 3,
 ) -> Figure:
-    """One panel per axis: every rank a cell, coloured by the group it belongs to on that axis.
+    """One panel per axis, `columns` panels a row: every rank a cell, coloured by its group on that axis.
 
     `groups[rank][axis]` is the list of ranks in `rank`'s group (as returned by
-    `ParallelDims.group_ranks()` on each rank). Ranks without the axis are grey.
+    `ParallelDims.group_ranks()` on each rank). Each cell says its rank and its
+    group (`g0`, `g1`, ...); each panel lists its groups. Ranks without the axis are grey.
     """
     world = len(groups)
     if axes is None:
         axes = list(dict.fromkeys(a for g in groups for a in g))
     rows, cols = _grid_shape(world)
-    fig, panels = plt.subplots(1, len(axes), figsize=(2.6 * len(axes) * cols / 4 + 0.6, 1.2 * rows + 0.9), squeeze=False)
-    for panel, axis in zip(panels[0], axes):
+    columns = min(columns, len(axes))
+    lines = -(-len(axes) // columns)
+    fig, panels = plt.subplots(lines, columns, figsize=(3.0 * columns, (0.62 * rows + 1.25) * lines), squeeze=False)
+    for panel in panels.flat[len(axes):]:
+        panel.axis("off")
+    for panel, axis in zip(panels.flat, axes):
         group_ids: dict[tuple[int, ...], int] = {}
         for rank in range(world):
             members = tuple(groups[rank].get(axis, ()))
             r, c = divmod(rank, cols)
             if members:
                 gid = group_ids.setdefault(members, len(group_ids))
-                color, label = PALETTE[(2 * gid) % len(PALETTE)], f"{rank}\ng{gid}"
+                color, label = PALETTE[(2 * gid + 1) % len(PALETTE)], f"r{rank}\ng{gid}"
             else:
-                color, label = (0.85, 0.85, 0.85), str(rank)
-            panel.add_patch(plt.Rectangle((c, rows - 1 - r), 0.94, 0.94, color=color))
-            panel.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=8)
+                color, label = (0.85, 0.85, 0.85), f"r{rank}"
+            panel.add_patch(plt.Rectangle((c, rows - 1 - r), 0.94, 0.94, facecolor=color, edgecolor="black"))
+            panel.text(c + 0.47, rows - 1 - r + 0.47, label, ha="center", va="center", fontsize=10)
         panel.set_xlim(-0.05, cols)
         panel.set_ylim(-0.05, rows)
         panel.set_aspect("equal")
         panel.axis("off")
-        panel.set_title(f"{axis}: {len(group_ids)} group(s)", fontsize=9)
+        listed = "  ".join(f"g{g}={{{','.join(map(str, m))}}}" for m, g in group_ids.items())
+        panel.set_title(f"{axis}: {len(group_ids)} groups of {len(next(iter(group_ids), ()))}\n{listed}", fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -117,6 +124,34 @@ def plot_diff_heatmap(expected: torch.Tensor, actual: torch.Tensor, title: str =
     return fig
 
 
+def plot_rank_strip(expected: torch.Tensor, actual: torch.Tensor, segments: list[tuple[str, int]], title: str = "",
+                    unit: str = "|buggy - correct|") -> Figure:
+    """|actual - expected| with one row per rank (every rank labelled) and the columns cut into named segments.
+
+    `expected` and `actual` are (ranks, columns); `segments` names consecutive column
+    blocks and their widths (an axis' group slots, a unit's shard), drawn apart by
+    black lines and labelled under the picture. `unit` labels the colour bar.
+    """
+    diff = (actual.detach().double() - expected.detach().double()).abs()
+    ranks, width = diff.shape
+    fig, ax = plt.subplots(figsize=(min(10.0, 3.0 + 0.45 * width), 1.6 + 0.36 * ranks))
+    image = ax.imshow(diff.numpy(), cmap="Reds", aspect="auto", interpolation="nearest", vmin=0)
+    fig.colorbar(image, ax=ax, label=unit, fraction=0.04, pad=0.02)
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=9)
+    start, centres = 0, []
+    for name, size in segments:
+        centres.append((start + (size - 1) / 2, f"{name}\n({size})"))
+        start += size
+        if start < width:
+            ax.axvline(start - 0.5, color="black", linewidth=1.5)
+    ax.set_xticks([c for c, _ in centres], [n for _, n in centres], fontsize=9)
+    ax.tick_params(axis="x", length=0)
+    wrong = int((diff != 0).sum())
+    ax.set_title(f"{title}\n{wrong} of {diff.numel()} elements differ (white: equal)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # =====================================================================================
 # Lab 01 (FSDP / HSDP): who holds which shard, bytes per step, memory per rank.
 # =====================================================================================
@@ -145,44 +180,66 @@ def plot_shard_layout(numels: list[int], world: int, dp_replicate: int = 1, unit
     return fig
 
 
-def plot_traffic(table: dict[str, dict[int, tuple[int, int]]]) -> Figure:
-    """Grouped bars: bytes sent per rank per step against world size; dots = the formula."""
+def plot_traffic(table: dict[str, dict[int, tuple[int, ...]]]) -> Figure:
+    """Bytes sent per rank per step: one panel per strategy, world sizes along x; black tick = the formula.
+
+    `table[strategy][world]` is `(measured, formula)`, or `(within, across, formula)`
+    to split the bytes into those inside the shard (or DDP) group and those
+    crossing between replicas (HSDP's gradient all-reduce).
+    """
     strategies = list(table)
-    worlds = sorted({w for rows in table.values() for w in rows})
-    width = 0.8 / len(strategies)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for i, name in enumerate(strategies):
-        xs = [worlds.index(w) + (i - (len(strategies) - 1) / 2) * width for w in table[name]]
-        measured = [m for m, _ in table[name].values()]
-        formula = [f for _, f in table[name].values()]
-        ax.bar(xs, measured, width, label=name)
-        ax.plot(xs, formula, "k.", markersize=8)
-    ax.plot([], [], "k.", label="formula")
-    ax.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
-    ax.set_ylabel("bytes sent per rank per step")
-    ax.set_title("Traffic per step (ledger, ring model)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    all_worlds = sorted({w for rows in table.values() for w in rows})
+    fig, panels = plt.subplots(1, len(strategies), figsize=(2.3 * len(strategies) + 1.0, 3.8), sharey=True,
+                               squeeze=False)
+    for panel, name in zip(panels[0], strategies):
+        worlds = sorted(table[name])
+        xs = [all_worlds.index(w) for w in worlds]
+        within = [table[name][w][0] for w in worlds]
+        across = [table[name][w][1] if len(table[name][w]) == 3 else 0 for w in worlds]
+        formula = [table[name][w][-1] for w in worlds]
+        panel.bar(xs, within, 0.6, color="tab:blue", label="within the shard group")
+        panel.bar(xs, across, 0.6, bottom=within, color="tab:orange", label="across replicas")
+        panel.plot(xs, formula, "k_", markersize=26, mew=2, label="formula (total)")
+        for x, w, a in zip(xs, within, across):
+            panel.text(x, w + a, f"{w + a:,}", ha="center", va="bottom", fontsize=8)
+        panel.set_xticks(range(len(all_worlds)), [f"{w}" for w in all_worlds], fontsize=9)
+        panel.set_xlim(-0.6, len(all_worlds) - 0.4)
+        panel.set_xlabel("ranks", fontsize=9)
+        panel.set_title(name, fontsize=10)
+        for side in ("top", "right"):
+            panel.spines[side].set_visible(False)
+    panels[0][0].set_ylabel("bytes sent per rank per step")
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, ncol=3, loc="lower center", frameon=False)
+    fig.suptitle("Traffic per step (ledger, ring model), one strategy per panel", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
 def plot_memory(table: dict[str, dict[str, int]], formulas: dict[str, int]) -> Figure:
-    """Stacked bars of bytes one rank holds; a black tick marks the formula's total."""
+    """Stacked horizontal bars of the bytes one rank holds, one row per job; a black tick marks the formula's total."""
     parts = ["params", "grads", "optimizer", "gathered peak"]
     labels = list(table)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    bottom = [0] * len(labels)
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.42 * len(labels)))
+    left = [0] * len(labels)
     for part in parts:
-        heights = [table[label][part] for label in labels]
-        ax.bar(range(len(labels)), heights, 0.6, bottom=bottom, label=part)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.plot(range(len(labels)), [formulas[label] for label in labels], "k_", markersize=30, mew=2, label="formula total")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylim(0, 1.25 * max(max(bottom), max(formulas.values())))
-    ax.set_ylabel("bytes held by one rank")
-    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)")
-    ax.legend(fontsize=8, ncol=5, loc="upper center")
-    fig.tight_layout()
+        widths = [table[label][part] for label in labels]
+        ax.barh(range(len(labels)), widths, 0.6, left=left, label=part)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.plot([formulas[label] for label in labels], range(len(labels)), "k|", markersize=18, mew=2,
+            label="formula total")
+    for y, total in enumerate(left):
+        ax.text(total + 0.01 * max(left), y, f"{total:,} B", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max(max(left), max(formulas.values())))
+    ax.set_xlabel("bytes held by one rank")
+    ax.set_title("Memory per rank, float64 + Adam (measured on the real tensors)", fontsize=10)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, ncol=5, loc="lower center", frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
     return fig
 
 
