@@ -145,6 +145,8 @@ def build(source: Path) -> nbformat.NotebookNode:
         if match:
             cell.source, defined = show_cell(match.group(1), shown)
             shown |= defined
+        if cell.metadata.get("jupyter", {}).get("outputs_hidden"):
+            cell.metadata["collapsed"] = True  # what JupyterLab writes for a folded output; else the tab opens "modified"
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata.pop("jupytext", None)
     stable_cell_ids(nb)
@@ -162,12 +164,14 @@ def stable_cell_ids(nb: nbformat.NotebookNode) -> None:
 
 
 def strip_volatile(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop what changes on every run or machine but teaches nothing: execution
-    timestamps in each cell, and the Python patch version of the building machine.
-    Rebuilding an unchanged lab then changes only outputs that truly vary."""
+    """Drop what changes on every run but teaches nothing: execution timestamps in each cell.
+    Rebuilding an unchanged lab then changes only outputs that truly vary.
+
+    `language_info.version` stays: the kernel writes it back the moment JupyterLab
+    opens the notebook, so stripping it would mark every lab "modified" on open.
+    """
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    nb.metadata.get("language_info", {}).pop("version", None)
     return nb
 
 
@@ -176,8 +180,6 @@ def volatile_metadata(nb: nbformat.NotebookNode) -> str | None:
     for i, cell in enumerate(nb.cells):
         if "execution" in cell.metadata:
             return f"cell {i} carries execution timestamps"
-    if "version" in nb.metadata.get("language_info", {}):
-        return "language_info carries the building machine's Python version"
     if nb.metadata.get("kernelspec") != KERNELSPEC:
         return f"kernelspec is {nb.metadata.get('kernelspec')}, not {KERNELSPEC}"
     return None
