@@ -1,15 +1,18 @@
-"""paralab.launch.run: results, errors, hangs, cleanup, notebooks and torchrun."""
+"""paralab.launch.run: results, errors, hangs, cleanup, notebooks and torchrun.
+
+Ranks unpickle this module's functions by reference, so each rank imports this
+module: keep its top-level imports light (nbformat pulls in a jsonschema format
+checker that is slow to import), or every launch pays for them.
+"""
 import os
 import subprocess
 import sys
 import textwrap
 import time
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
-from nbclient import NotebookClient
 
 from paralab.launch import LaunchError, LaunchTimeout, run
 
@@ -157,6 +160,9 @@ def test_warm_forkserver_launch_beats_spawn():
 
 
 def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(textwrap.dedent("""
