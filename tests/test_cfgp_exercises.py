@@ -8,7 +8,7 @@ from paralab.grade import grade, report
 
 
 def test_blocking_send_on_both_ranks_is_reported_as_a_hang():
-    exercise = dataclasses.replace(EXERCISES["exchange_prediction"], timeout=8.0)
+    exercise = dataclasses.replace(EXERCISES["exchange_prediction"], timeout=4.0)
     outcome = grade(exercise, send_then_receive)
     text = report(exercise, outcome)
     assert outcome.verdict == "TIMEOUT" and outcome.points == 0, text

@@ -62,7 +62,7 @@ def test_stub_exception_and_hang_each_get_their_own_words():
     error = grade(exercise, _raises_on_rank_one)
     assert error.verdict == "ERROR" and "rank 1: ValueError: index out of range in my code" in error.details[0]
     assert "test_grade.py" not in report(exercise, error), "only the learner's own frames (cells) are shown"
-    hang = grade(dataclasses.replace(exercise, timeout=8.0), _collective_on_rank_zero_only)
+    hang = grade(dataclasses.replace(exercise, timeout=4.0), _collective_on_rank_zero_only)
     assert hang.verdict == "TIMEOUT" and "never finished" in hang.details[0]
 
 
