@@ -4,7 +4,7 @@ import types
 import pytest
 
 from paralab import ledger
-from paralab.check import claim, verdict_table
+from paralab.check import claim, closing_table, verdict_table
 from paralab.exercises import planted
 from paralab.ledger import Record
 from paralab.tables import text_table
@@ -62,3 +62,11 @@ def test_ledger_queries_filter_by_any_field():
 def test_text_table_pads_and_aligns():
     assert text_table(("a", "bytes"), [("x", 5), ("long", 12345)], align_right=(1,)).splitlines() == [
         "a     bytes", "----  -----", "x         5", "long  12345"]
+
+
+def test_closing_table_counts_each_group_and_flags_a_failing_one():
+    groups = {"a": [claim("x", True, "ok"), claim("y", True, "ok")], "b": [claim("z", False, "broke")]}
+    lines = closing_table(groups).splitlines()
+    assert lines[2].split() == ["a", "2", "yes"] and lines[3].split() == ["b", "1", "NO"]
+    assert lines[-1].split() == ["all", "3", "NO"]
+    assert "passed" not in closing_table(groups), "a restatement must not count its checks twice"

@@ -56,12 +56,11 @@ import time
 LAB_START = time.perf_counter()
 
 import torch
-from IPython.display import Markdown, display
 
 from paralab import ParallelDims
 from paralab.cfgp.costs import cfgp_bytes, cp_attention_bytes, latent_shard_bytes
 from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
-from paralab.check import claim, compare, verdict_table
+from paralab.check import claim, closing_table, compare, verdict_table
 from paralab.exercises.lab03 import SAMPLER_BUGS
 from paralab.launch import run
 from paralab.ledger import format_table, received, sent
@@ -662,11 +661,7 @@ checks = {
     "9 · cfgp × cp ledger: the swap shrinks with cp, attention traffic per layer": cp_ledger,
     "10 · the clinic's per-rank noise is caught (check and grader)": clinic_verdicts,
 }
-rows = ["| section · claim | checks | pass |", "|---|---|---|"]
-rows += [f"| {name} | {len(found)} | {'yes' if all(v.passed for v in found) else 'NO'} |" for name, found in checks.items()]
-every = [v for found in checks.values() for v in found]
-rows.append(f"| **all** | **{len(every)}** | **{'yes' if all(v.passed for v in every) else 'NO'}** |")
-display(Markdown("\n".join(rows)))
+print(closing_table(checks))
 
 # %% [markdown]
 # Measured when this notebook last ran (CI does not compare these lines): the

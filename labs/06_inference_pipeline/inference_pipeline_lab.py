@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import ParallelDims
-from paralab.check import claim, compare, verdict_table
+from paralab.check import claim, closing_table, compare, verdict_table
 from paralab.launch import LaunchError, run
 from paralab.ledger import calls, sent
 from paralab.parallel_dims import predict_groups
@@ -479,10 +479,7 @@ checks = {
     "6 bug clinic": clinic_verdicts,
     "7 dp_replicate > 1": replica_verdicts,
 }
-print(text_table(["section", "passed", "checks"],
-                 [[s, sum(v.passed for v in found), len(found)] for s, found in checks.items()], align_right=(1, 2)))
-every = [v for found in checks.values() for v in found]
-print(f"closing verdict: {sum(v.passed for v in every)} of {len(every)} checks pass")
+print(closing_table(checks))
 
 # %% [markdown]
 # ## What to try

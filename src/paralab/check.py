@@ -215,3 +215,15 @@ def verdict_table(verdicts: list[Verdict], title: str = "") -> str:
     passed = sum(v.passed for v in verdicts)
     out.append(f"{passed}/{len(verdicts)} passed")
     return "\n".join(out)
+
+
+def closing_table(groups: dict[str, list[Verdict]]) -> str:
+    """A lab's closing table: one row per claim group with its check count, then the total.
+
+    It restates the tables above it, so it prints no `N/M passed` line (each check counts once).
+    """
+    every = [v for found in groups.values() for v in found]
+    rows = [(name, len(found), "yes" if all(v.passed for v in found) else "NO") for name, found in groups.items()]
+    rows.append(("all", len(every), "yes" if all(v.passed for v in every) else "NO"))
+    return text_table(("section · claim", "checks", "all pass"), rows, align_right=(1,))
+

@@ -879,13 +879,20 @@ def plot_lb_protocol(moves, world: int) -> Figure:
     band(y, "plan_rebalance on every rank: the same plan, no message", "0.8")
     phase(y, "2 plan")
     y -= 1.0
+    def lane(y: float, home: bool) -> float:
+        """One arrow per move: videos out to their helpers, or latents home to their owners."""
+        for m in moves:
+            start, end = (m.to_rank, m.from_rank) if home else (m.from_rank, m.to_rank)
+            ax.annotate("", xy=(xs[end], y), xytext=(xs[start], y),
+                        arrowprops=dict(arrowstyle="-|>", color="tab:red" if home else "tab:orange", linewidth=2))
+            label = f"latent {m.local_index} home to rank {m.from_rank}" if home else f"video {m.local_index} of rank {m.from_rank}"
+            ax.text((xs[m.from_rank] + xs[m.to_rank]) / 2, y + 0.12, label,
+                    ha="center", va="bottom", fontsize=9, bbox=dict(facecolor="white", edgecolor="none", pad=1))
+            y -= 1.0
+        return y
+
     phase(y - (len(moves) - 1) / 2 if moves else y, "3 exchange\n(metadata,\nthen payload)")
-    for m in moves:
-        ax.annotate("", xy=(xs[m.to_rank], y), xytext=(xs[m.from_rank], y),
-                    arrowprops=dict(arrowstyle="-|>", color="tab:orange", linewidth=2))
-        ax.text((xs[m.from_rank] + xs[m.to_rank]) / 2, y + 0.12, f"video {m.local_index} of rank {m.from_rank}",
-                ha="center", va="bottom", fontsize=9, bbox=dict(facecolor="white", edgecolor="none", pad=1))
-        y -= 1.0
+    y = lane(y, home=False)
     if not moves:
         ax.text((xs[0] + xs[-1]) / 2, y, "no move: the load was already balanced", ha="center", fontsize=9)
         y -= 1.0
@@ -893,12 +900,7 @@ def plot_lb_protocol(moves, world: int) -> Figure:
     phase(y, "4 encode")
     y -= 1.0
     phase(y - (len(moves) - 1) / 2 if moves else y, "5 return\n(metadata,\nthen payload)")
-    for m in moves:
-        ax.annotate("", xy=(xs[m.from_rank], y), xytext=(xs[m.to_rank], y),
-                    arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=2))
-        ax.text((xs[m.from_rank] + xs[m.to_rank]) / 2, y + 0.12, f"latent {m.local_index} home to rank {m.from_rank}",
-                ha="center", va="bottom", fontsize=9, bbox=dict(facecolor="white", edgecolor="none", pad=1))
-        y -= 1.0
+    y = lane(y, home=True)
     ax.set_xlim(xs[0] - 0.9, xs[-1] + 2.6)
     ax.set_ylim(y + 0.3, top + 0.9)
     ax.axis("off")
