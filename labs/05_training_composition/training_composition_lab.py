@@ -59,7 +59,18 @@ print(SHAPE)
 # rank holds; positions come from the same shard, so a cp rank knows where its tokens sit.
 
 # %%
-# show: paralab.train.model.SequenceShard paralab.train.model.Block paralab.train.model.loss_of
+# show: paralab.train.model.Block
+
+# %% [markdown]
+# `SequenceShard` is the other seam: shard `rank` of `size`, contiguous or zigzag (lab 02).
+# The same rule cuts the input tokens, the noise target and the position table.
+
+# %%
+# show: paralab.train.model.SequenceShard
+
+# %%
+for shard in (SequenceShard(), SequenceShard(1, 2), SequenceShard(1, 2, zigzag=True)):
+    print(f"{str(shard):<50} holds positions {shard.positions(SHAPE['tokens']).tolist()}")
 
 # %% [markdown]
 # **Which sample a rank loads** follows the overlay (lab 00): the cp partners of a sample are
@@ -103,46 +114,137 @@ show(viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=
 # So the parameter gradient is **summed over cp partners** (each holds a different part of the
 # same sample's loss, and the ring/Ulysses backward already sent each partner the gradient of
 # the keys and values it owns) and **averaged over samples** — by one FSDP reduce-scatter,
-# with no extra cp all-reduce. The first check below: the average over ranks of the cp-local
-# losses equals the mean over samples computed by one process.
+# with no extra cp all-reduce. The loss is the plain local mean; section 3a checks on real
+# ranks that the average over ranks of the cp-local losses equals the mean over samples
+# computed by one process.
+
+# %%
+# show: paralab.train.model.loss_of
 
 # %% [markdown]
 # ## 2. The four steps, in Cosmos's order
 #
-# - `apply_cp` swaps every block's attention for lab 02's ring or Ulysses over the cp group
-#   (the same `autograd.Function`s, with their hand-written backward) and sets the model's
-#   `SequenceShard` (zigzag for the causal ring).
-# - `apply_ac` wraps with real `torch.utils.checkpoint` (non-reentrant, through torch's
-#   `checkpoint_wrapper`, as torchtitan and Cosmos do). **full**: each block; its backward
-#   re-runs the block's forward, the attention's collectives included. **selective**: a
-#   *region split* — the norm+qkv region and the MLP are checkpointed, the attention is not, so
-#   its output is saved and the recompute sends nothing. Why not torch's selective policy
-#   (`create_selective_checkpoint_contexts`, which Cosmos feeds op-name MUST_SAVE/RECOMPUTE
-#   lists; torchtitan's `_op_sac_save_list` saves the SDPA ops and the functional
-#   `reduce_scatter_tensor`)? The policy sees ATen ops; our ring and Ulysses are Python
-#   `autograd.Function`s that call `torch.distributed` themselves, so a policy cannot mark "the
-#   CP attention" as saved (it would need the attention registered as one custom op). The region
-#   split states the same decision — save the attention, recompute the rest — in plain modules.
-#   The wrapper's `context_fn` labels the recompute in the ledger as its own phase.
-# - `apply_compile`: `torch.compile` per block with the `aot_eager` backend (AOTAutograd traces
-#   forward and backward graphs, runs them eagerly: no C++ compiler needed on this CPU).
-# - `apply_fsdp`: FSDP2 `fully_shard` on every block, then the root, on `fsdp_mesh` (2-D only
-#   when dp_replicate > 1, lab 01's trap).
+# `parallelize` runs `apply_cp → apply_ac → apply_compile → apply_fsdp`. Each step below is
+# shown on its own, with a tiny run right after it; the whole composition trains in section 3.
+#
+# **`apply_cp`** swaps every block's attention for lab 02's ring or Ulysses over the cp group
+# (the same `autograd.Function`s, with their hand-written backward) and sets the model's
+# `SequenceShard` (zigzag for the causal ring). `CPAttention`, folded under it, only picks
+# ring or Ulysses and passes the cp group.
 
 # %%
-# show: paralab.train.parallelism.CPAttention paralab.train.parallelism.apply_cp paralab.train.parallelism._recompute_labelled paralab.train.parallelism.checkpointed paralab.train.parallelism.apply_ac paralab.train.parallelism.apply_compile paralab.train.parallelism.shard_on paralab.train.parallelism.apply_fsdp paralab.train.parallelism.parallelize
+# show: paralab.train.parallelism.apply_cp
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.train.parallelism.CPAttention
 
 # %% [markdown]
-# A tiny run, in this process: what sits in `model.blocks[0]` after each wrapper (no ranks
-# needed; `torch.compile` compiles lazily, at the first call).
+# A tiny run: 2 ranks, cp 2, CP only (no FSDP yet). Each rank predicts the noise for its 16
+# tokens of sample 0; one process predicts all 32. Each rank's prediction should be the
+# one-process prediction at its positions.
 
 # %%
-for ac in ("none", "full", "selective"):
-    model = apply_compile(apply_ac(build_model(), ac), True)
-    block = model.blocks[0]
-    inner = getattr(block, "_orig_mod", block)
-    print(f"ac={ac:<9} blocks[0]: {type(block).__name__} -> {type(inner).__name__}; "
-          f"qkv: {type(getattr(inner, '_checkpoint_wrapped_module', inner).qkv).__name__}")
+def cp_forward(dims):
+    """This rank's prediction for sample 0 with CP installed, and which tokens it holds."""
+    model = apply_cp(build_model(), runs.dims_of(dims))
+    noisy, sigma, _ = make_sample(0, 0, 0)
+    with torch.no_grad():
+        prediction = model(noisy, sigma)
+    return {"attention": type(model.blocks[0].attention).__name__, "prediction": prediction,
+            "positions": model.shard.positions(SHAPE["tokens"]).tolist()}
+
+
+cp_run = run(cp_forward, 2, dict(dp_shard=2, cp=2), timeout=120)
+noisy, sigma, _ = make_sample(0, 0, 0)
+with torch.no_grad():
+    whole = build_model()(noisy, sigma)
+for rank, r in enumerate(cp_run):
+    print(f"rank {rank}: blocks[i].attention is {r['attention']}, positions {r['positions'][0]}..{r['positions'][-1]}, "
+          f"prediction {tuple(r['prediction'].shape)}")
+cp_verdicts = [claim(f"rank {rank}: CP prediction = one process at its positions",
+                     torch.allclose(r["prediction"], whole[:, r["positions"]], rtol=0, atol=1e-12), "within 1e-12")
+               for rank, r in enumerate(cp_run)]
+print(verdict_table(cp_verdicts, "apply_cp on 2 ranks"))
+
+# %% [markdown]
+# **`apply_ac`** wraps with real `torch.utils.checkpoint` (non-reentrant, through torch's
+# `checkpoint_wrapper`, as torchtitan and Cosmos do; `checkpointed`, folded). **full**: each
+# block; its backward re-runs the block's forward, the attention's collectives included.
+# **selective**: a *region split*: the norm+qkv region and the MLP are checkpointed, the
+# attention is not, so its output is saved and the recompute sends nothing.
+
+# %%
+# show: paralab.train.parallelism.apply_ac
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.train.parallelism._recompute_labelled paralab.train.parallelism.checkpointed
+
+# %% [markdown]
+# A tiny run, in this process (wrapping needs no ranks): what sits in `model.blocks[0]` and in
+# its `qkv` after each mode.
+
+# %%
+def unwrapped(module):
+    return getattr(module, "_checkpoint_wrapped_module", module)
+
+
+for ac in AC_MODES:
+    block = apply_ac(build_model(), ac).blocks[0]
+    print(f"ac={ac:<9} blocks[0]: {type(block).__name__:<17} qkv: {type(unwrapped(block).qkv).__name__}")
+
+# %% [markdown]
+# Why not torch's selective policy (`create_selective_checkpoint_contexts`, which Cosmos feeds
+# op-name MUST_SAVE/RECOMPUTE lists; torchtitan's `_op_sac_save_list` saves the SDPA ops and
+# the functional `reduce_scatter_tensor`)? The policy sees ATen ops; our ring and Ulysses are
+# Python `autograd.Function`s that call `torch.distributed` themselves, so a policy cannot mark
+# "the CP attention" as saved (it would need the attention registered as one custom op). The
+# region split states the same decision (save the attention, recompute the rest) in plain
+# modules. The wrapper's `context_fn` labels the recompute in the ledger as its own phase.
+#
+# **`apply_compile`**: `torch.compile` per block with the `aot_eager` backend (AOTAutograd
+# traces forward and backward graphs, runs them eagerly: no C++ compiler needed on this CPU).
+
+# %%
+# show: paralab.train.parallelism.apply_compile
+
+# %%
+block = apply_compile(apply_ac(build_model(), "full"), True).blocks[0]
+print(f"blocks[0]: {type(block).__name__} -> {type(block._orig_mod).__name__} -> "
+      f"{type(unwrapped(block._orig_mod)).__name__} (compiled lazily, at the first call)")
+
+# %% [markdown]
+# **`apply_fsdp`**: FSDP2 `fully_shard` on every block, then the root, on `fsdp_mesh` (2-D only
+# when dp_replicate > 1, lab 01's trap).
+
+# %%
+# show: paralab.train.parallelism.shard_on paralab.train.parallelism.apply_fsdp
+
+# %% [markdown]
+# A tiny run: 2 ranks, dp_shard 2. Each rank keeps half the rows of every parameter (a
+# `DTensor` shard); its shard of block 0's qkv projection, stacked with its partner's, is the
+# full weight.
+
+# %%
+def fsdp_shards(dims, name="blocks.0.qkv.proj.weight"):
+    """This rank's local shard of one parameter after apply_fsdp."""
+    model = apply_fsdp(build_model(), runs.dims_of(dims))
+    return dict(model.named_parameters())[name].to_local().clone()
+
+
+shards = run(fsdp_shards, 2, dict(dp_shard=2), timeout=120)
+full_weight = build_model().blocks[0].qkv.proj.weight.detach()
+print(f"blocks.0.qkv.proj.weight: full {tuple(full_weight.shape)}, "
+      f"shards {[tuple(s.shape) for s in shards]} on ranks 0 and 1")
+fsdp_verdicts = [claim("rank 0's rows then rank 1's = the full weight", torch.equal(torch.cat(shards), full_weight),
+                       "bitwise")]
+print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
+
+# %% [markdown]
+# **`parallelize`** is the four steps in the order `ORDER` names (section 6 plants other
+# orders through it):
+
+# %%
+# show: paralab.train.parallelism.parallelize
 
 # %% [markdown]
 # And the training loop every rank runs: `train` builds the model, calls `parallelize`, loads
@@ -150,7 +252,14 @@ for ac in ("none", "full", "selective"):
 # the same full tensors.
 
 # %%
-# show: paralab.train.runs.training_loop paralab.train.runs.train paralab.train.runs.reference
+# show: paralab.train.runs.training_loop paralab.train.runs.train
+
+# %% [markdown]
+# The reference every check compares with: one process, the whole global batch, the same
+# samples, the same loss.
+
+# %%
+# show: paralab.train.runs.reference
 
 # %% [markdown]
 # ## 3. Real runs: one launch per world size
@@ -279,7 +388,14 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 # the overlay's dp group, in the same order, so the parameters should not differ by a bit.
 
 # %%
-# show: paralab.train.runs.titan_meshes paralab.train.runs.run_titan
+# show: paralab.train.runs.titan_meshes
+
+# %% [markdown]
+# `run_titan` (folded) is `train` with those meshes: the cp group and the FSDP mesh come from
+# the 3-D mesh, the sample from the dp coordinate; the wrappers are the same four.
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.train.runs.run_titan
 
 # %%
 titan_verdicts = []
@@ -497,6 +613,8 @@ show(viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank)
 
 # %%
 sections = {
+    "2 apply_cp on 2 ranks": cp_verdicts,
+    "2 apply_fsdp on 2 ranks": fsdp_verdicts,
     "3a loss normalization": loss_verdicts,
     "3b parameters vs one process": param_rows,
     "3c torchtitan reading": titan_verdicts,

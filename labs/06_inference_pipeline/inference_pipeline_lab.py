@@ -63,20 +63,76 @@ STEPS, W, SEED = 4, 5.0, 0
 # and 8) over a 2 × 4 × 4 latent (32 tokens, divisible by 16). A tiny decoder
 # turns each final latent into a video.
 #
-# The stages, in the order `generate` runs them:
+# The stages, in the order `generate` runs them; each is shown below it.
 
 # %%
-# show: paralab.pipeline.inference.generate paralab.pipeline.inference.check_layout paralab.pipeline.inference.encode_conditioning paralab.pipeline.inference.shard_denoiser
+# show: paralab.pipeline.inference.generate
 
 # %% [markdown]
-# The sampling loop. Steps outside, samples inside: at every step a rank runs
-# one forward per sample of its group, so **every rank runs the same FSDP
-# units the same number of times** (they all share one dp_shard group),
-# whichever branch and samples it holds. `predict` is lab 03's cfgp step plus
-# one decision, `should_skip_uncond` (section 6 is about it).
+# **Stage 1, encode.** On ranks, the loader holds its group's raw videos; the
+# lb group shares their encode (lab 04's `offload_encode`; every lb rank
+# enters it, with or without videos), and the loader broadcasts each latent
+# to its cp peers of the cond branch. `conditioning_contexts` (folded) wraps
+# it: which samples this rank holds, the cond contexts, and zeros for the
+# uncond branch; `check_layout` (folded) refuses layouts the pipeline cannot
+# run (section 7).
 
 # %%
-# show: paralab.pipeline.inference.denoise paralab.pipeline.inference.predict paralab.pipeline.inference.should_skip_uncond paralab.pipeline.inference.guided_velocity
+# show: paralab.pipeline.inference.encode_conditioning
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pipeline.inference.conditioning_contexts paralab.pipeline.inference.check_layout
+
+# %% [markdown]
+# A tiny run of the one-process path: videos of unequal sizes become
+# contexts of unequal lengths (the latent's tokens × its 4 channels), which is
+# why their encode costs differ and lb has something to balance.
+
+# %%
+samples, conds, unconds = conditioning_contexts(None, inference.TinyVideoEncoder())
+print(text_table(["sample", "raw video (3, T, H, W)", "cond context (1, tokens, C)", "uncond context"],
+                 [[i, tuple(video.shape), tuple(c.shape), f"zeros {tuple(u.shape)}"]
+                  for i, video, c, u in zip(samples, inference.conditioning_videos(), conds, unconds)]))
+
+# %% [markdown]
+# **Stage 2, the denoiser on FSDP2.** Each block is one unit, the rest the
+# root unit, all over `dp_shard` = the whole world. Sections 4 and 5 measure
+# what this costs per step (all-gathers) and per rank (memory).
+
+# %%
+# show: paralab.pipeline.inference.shard_denoiser
+
+# %% [markdown]
+# **Stage 2, the sampling loop.** Steps outside, samples inside: at every
+# step a rank runs one forward per sample of its group, so **every rank runs
+# the same FSDP units the same number of times** (they all share one
+# dp_shard group), whichever branch and samples it holds.
+
+# %%
+# show: paralab.pipeline.inference.denoise
+
+# %% [markdown]
+# `predict` is lab 03's cfgp step (this rank's branch, then the swap with its
+# cfgp peer) plus one decision, `should_skip_uncond` (section 6 is about it).
+
+# %%
+# show: paralab.pipeline.inference.predict
+
+# %%
+# show: paralab.pipeline.inference.should_skip_uncond paralab.pipeline.inference.guided_velocity
+
+# %% [markdown]
+# A tiny run of the decision and the combine, in this process (a
+# `ParallelDims` answers without building meshes):
+
+# %%
+pd_sharded = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
+for w, pd in ((5.0, None), (1.0, None), (1.0, pd_sharded)):
+    print(f"w = {w}, {'one process' if pd is None else f'dp_shard {pd.dp_shard}'}: skip the uncond forward? "
+          f"{should_skip_uncond(w, pd)}")
+cond_pred, uncond_pred = torch.ones(2), torch.zeros(2)
+print(f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, uncond_pred, 1.0).tolist()}, "
+      f"w=5 -> {guided_velocity(cond_pred, uncond_pred, 5.0).tolist()}")
 
 # %% [markdown]
 # The reference is the same code with `parallel_dims=None`: one process, each
@@ -146,7 +202,7 @@ print(text_table(["rank", "samples", "branch", "token half", "cp group", "cfgp g
 #
 # </details>
 
-# %%
+# %% jupyter={"source_hidden": true}
 VARIANTS_4 = {
     "ulysses, reshard": dict(attention="ulysses", reshard_after_forward=True),
     "ulysses, keep": dict(attention="ulysses", reshard_after_forward=False),
@@ -165,7 +221,6 @@ def world4(variants, meshes):
             "replicated": runs.replicated_denoiser_job(meshes)}
 
 
-out4 = run(world4, 4, VARIANTS_4, MESHES, timeout=240)
 VARIANTS_8 = {
     "w8 lb2": {name: VARIANTS_4[name] for name in ("ulysses, reshard", "ulysses, keep")},
     "w8 cp4": {name: VARIANTS_4[name] for name in ("ring, reshard", "ring, keep")},
@@ -179,6 +234,8 @@ def world8(variants):
             for k, v in runs.pipeline_job({name: dims}, variants[name]).items()}
 
 
+# %%
+out4 = run(world4, 4, VARIANTS_4, MESHES, timeout=240)
 out8 = run(world8, 8, VARIANTS_8, timeout=240)
 RUNS = {key: [r["pipeline"][key] for r in out4] for key in out4[0]["pipeline"]}
 RUNS.update({key: [r[key] for r in out8] for key in out8[0]})

@@ -139,6 +139,27 @@ def encode_conditioning(pd: ParallelDims, samples: list[int], encoder: TinyVideo
     return out
 
 
+def conditioning_contexts(pd: ParallelDims | None,
+                          encoder: TinyVideoEncoder) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor]]:
+    """This process's samples, their cond contexts (None on an uncond rank) and uncond (zero) contexts.
+
+    One process: every sample, encoded here, each branch at batch 1. On ranks:
+    this rank's sample group, encoded by `encode_conditioning` in the ledger's
+    "encode" phase; the uncond context is zeros of the latent's token shape,
+    known from the manifest alone.
+    """
+    if pd is None:
+        with torch.no_grad():
+            conds = [conditioning_tokens(encoder(v)) for v in conditioning_videos()]
+        return list(range(BATCH)), conds, [torch.zeros_like(c) for c in conds]
+    samples = samples_of_rank(pd, dist.get_rank())
+    with in_phase("encode"), torch.no_grad():
+        latents = encode_conditioning(pd, samples, encoder)
+    conds = [None if z is None else conditioning_tokens(z) for z in latents]
+    shapes = [encoder.latent_shape(conditioning_shapes()[i]) for i in samples]
+    return samples, conds, [torch.zeros(1, s[1] * s[2] * s[3], s[0], dtype=torch.float64) for s in shapes]
+
+
 # ------------------------------------------------------------------ 2. denoise
 def shard_denoiser(model: CondDenoiser, pd: ParallelDims, reshard_after_forward: bool) -> CondDenoiser:
     """FSDP2 over dp_shard: each block one unit, the rest (embeddings, head) the root unit.
@@ -194,24 +215,14 @@ def predict(model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims |
 
 
 @torch.no_grad()
-def denoise(
-    model: CondDenoiser,
-    conds: list[torch.Tensor | None],
-    unconds: list[torch.Tensor],
-    seeds: list[int],
-    *,
-    steps: int,
-    guidance_scale: float,
-    pd: ParallelDims | None,
-    attention: str,
-) -> list[torch.Tensor]:
+def denoise(model: CondDenoiser, conds: list[torch.Tensor | None], unconds: list[torch.Tensor], seeds: list[int], *,
+            steps: int, guidance_scale: float, pd: ParallelDims | None, attention: str) -> list[torch.Tensor]:
     """Guided Euler sampling of several samples, step by step; returns each whole final latent.
 
-    Steps outside, samples inside: at every step each rank runs one forward
-    per sample of its group, the same count on every rank, so the FSDP
-    all-gathers line up across the whole dp_shard group. Built from lab 03's
-    pieces (noise, cp kwargs, swap, combine, Euler step, latent return); lab
-    03's `sample` runs a single sample and has no skip decision to make.
+    Steps outside, samples inside: each rank runs one forward per sample of its
+    group at every step, the same count on every rank, so the FSDP all-gathers
+    line up across the whole dp_shard group. Built from lab 03's pieces (noise,
+    cp kwargs, swap, combine, Euler step, latent return).
     """
     forward = cfgp.cp_forward_kwargs(pd, model.latent_shape[1], attention, whole_sequence_attention)
     with in_phase("noise"):
@@ -264,44 +275,27 @@ def check_layout(pd: ParallelDims) -> None:
     samples_of_rank(pd, dist.get_rank())
 
 
-def generate(
-    parallel_dims: ParallelDims | None = None,
-    *,
-    steps: int = 4,
-    guidance_scale: float = 5.0,
-    seed: int = 0,
-    attention: str = "ulysses",
-    reshard_after_forward: bool = True,
-) -> torch.Tensor:
+def generate(parallel_dims: ParallelDims | None = None, *, steps: int = 4, guidance_scale: float = 5.0, seed: int = 0,
+             attention: str = "ulysses", reshard_after_forward: bool = True) -> torch.Tensor:
     """Every sample of the fixed batch, generated and decoded: (BATCH, 3, T, H, W) float64.
 
-    `parallel_dims=None`: one process, each sample and branch at batch 1 (the
-    reference). Otherwise the current default process group runs the pipeline
-    on that layout (inside `paralab.launch.run`) and every rank returns the
-    same tensor, which depends only on `seed`, `steps` and `guidance_scale`.
-    `attention` ("ulysses" or "ring") is the cp algorithm; `reshard_after_forward`
-    FSDP2's choice between freeing the gathered parameters after every
-    forward and keeping them.
+    `parallel_dims=None`: one process, the reference. Otherwise the current default
+    process group runs the pipeline on that layout (inside `paralab.launch.run`), and
+    every rank returns the same tensor, which depends only on `seed`, `steps` and
+    `guidance_scale`. `attention`: the cp algorithm, "ulysses" or "ring";
+    `reshard_after_forward`: FSDP2 frees the gathered parameters after each forward, or keeps them.
     """
     encoder, model = TinyVideoEncoder(), make_denoiser()
     decoder = make_decoder(model)
     pd = parallel_dims
-    if pd is None:
-        samples = list(range(BATCH))
-        with torch.no_grad():
-            conds = [conditioning_tokens(encoder(v)) for v in conditioning_videos()]
-        unconds = [torch.zeros_like(c) for c in conds]
-    else:
+    if pd is not None:
         check_layout(pd)
         if not pd.mesh:
             pd.build_meshes()
-        samples = samples_of_rank(pd, dist.get_rank())
-        with in_phase("encode"), torch.no_grad():
-            latents = encode_conditioning(pd, samples, encoder)
-        conds = [None if z is None else conditioning_tokens(z) for z in latents]
-        context_shapes = [encoder.latent_shape(conditioning_shapes()[i]) for i in samples]
-        unconds = [torch.zeros(1, s[1] * s[2] * s[3], s[0], dtype=torch.float64) for s in context_shapes]
-        shard_denoiser(model, pd, reshard_after_forward)
+    samples, conds, unconds = conditioning_contexts(pd, encoder)  # 1. encode: lb, then a cp broadcast
+    if pd is not None:
+        shard_denoiser(model, pd, reshard_after_forward)  # 2. FSDP2 over dp_shard = the world
     final = denoise(model, conds, unconds, [sample_seed(seed, i) for i in samples], steps=steps,
-                    guidance_scale=guidance_scale, pd=pd, attention=attention)
-    return decode_and_gather(final, decoder, pd)
+                    guidance_scale=guidance_scale, pd=pd, attention=attention)  # 2. cfgp branches, cp sequence
+    return decode_and_gather(final, decoder, pd)  # 3. decode, all-gather over the world
+
