@@ -23,6 +23,8 @@
 # cp 2, ring), 8 ranks (dp_replicate 2 × dp_shard 4, cp 2, ring), 8 ranks (dp_shard 8, cp 4,
 # Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1), each with AC
 # none / full / selective, and compiled once. Every byte of every step against its closed form.
+# Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
+# its positions) and `apply_fsdp` alone (the shards stack to the full weight).
 
 # %%
 import time
