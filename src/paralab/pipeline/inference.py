@@ -1,6 +1,6 @@
 """The whole VFM inference pipeline on one set of ranks: encode, denoise, decode.
 
-1. **Encode** (`encode_conditioning`). A fixed batch of conditioning videos
+1. **Encode** (`encode_conditioning`, called by `conditioning_contexts`). A fixed batch of conditioning videos
    of unequal sizes. The raw videos of a sample group arrive on its loader
    rank; the lb axis spreads their VAE encode over each lb group
    (`vae_lb.offload_encode`, lab 04), and the loader hands each latent to
