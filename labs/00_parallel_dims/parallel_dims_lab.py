@@ -65,23 +65,26 @@ print("meshes before build_meshes:", pd.mesh)
 
 # %% [markdown]
 # `build_meshes()` calls the real `torch.distributed.device_mesh.init_device_mesh`
-# three times, once per family of axes, all row-major:
-#
-# * overlay: shape `(world // (cfgp·cp), cfgp, cp)` named `("rest", "cfgp", "cp")`,
-# * dp: `(dp_replicate, dp_shard)` named `("dp_replicate", "dp_shard")` — always 2-D,
-# * lb: `(world // lb, lb)` named `("lb_rest", "lb")` — its own mesh: the raw-video
-#   exchange before the VAE encode has nothing to do with how sequences are sharded.
-#
-# The code, exactly as the package runs it:
+# once per family of axes, all row-major, from one table that says each mesh's dims,
+# their names and who uses them. The lb mesh is its own: the raw-video exchange before
+# the VAE encode has nothing to do with how sequences are sharded.
+
+# %%
+# show: paralab.parallel_dims.ParallelDims.mesh_layouts
+
+# %% [markdown]
+# Then each enabled axis keeps its 1-D slice of its family's mesh (the code, exactly as
+# the package runs it):
 
 # %%
 # show: paralab.parallel_dims.ParallelDims.build_meshes
 
 # %% [markdown]
-# `_build_mesh`, the one call to `init_device_mesh` per family (folded):
+# Which axes get a group, and `_build_mesh`, the one call to `init_device_mesh` per
+# family (folded):
 
 # %% jupyter={"source_hidden": true}
-# show: paralab.parallel_dims.ParallelDims._build_mesh
+# show: paralab.parallel_dims.ParallelDims.axes_enabled paralab.parallel_dims.ParallelDims._build_mesh
 
 # %% [markdown]
 # Every rank builds the meshes and reports its groups, read off the `DeviceMesh`
@@ -283,14 +286,14 @@ verdicts.append(claim("the auto-infer is logged at info level", [r.levelno for r
 #
 # ## 6. Bug clinic: a prediction that looks right on half the ranks
 #
-# Below, a plausible `predict_groups` variant (it lives in `paralab.exercises.lab00`,
-# where the grader uses it to prove its check can fail) runs next to the real
-# `DeviceMesh` groups of section 1. The picture shows, per rank (rows) and per member
-# slot of each axis' group (columns, axes side by side), how far the predicted rank
-# number is from the true one.
+# Below, `predict_groups` runs with one decision swapped (a seeded variant from
+# `paralab.exercises.lab00`, where the grader uses it to prove its check can fail; do not
+# read it yet) next to the real `DeviceMesh` groups of section 1. The picture shows, per
+# rank (rows) and per member slot of each axis' group (columns, axes side by side), how
+# far the predicted rank number is from the true one.
 
 # %%
-from paralab.exercises.lab00 import _cp_fastest_everywhere as buggy_predict_groups
+from paralab.exercises.lab00 import predict_groups_cfgp_last as buggy_predict_groups
 
 AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
 truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
@@ -304,17 +307,19 @@ verdicts.append(claim("the element-wise check catches the buggy prediction", not
 print(verdicts[-1].describe())
 
 # %% [markdown]
-# **What is wrong?** Only some columns light up, and on every rank.
+# **What is wrong?** Only some columns light up, and on every rank. Which axes, and what
+# single decision would move exactly those?
 #
 # <details><summary>Answer</summary>
 #
-# The variant gives `cfgp` contiguous groups (`0,1`, `2,3`, …), as if cfgp were the
-# last, fastest-varying mesh dimension like `cp`. But the overlay mesh is
-# `(rest, cfgp, cp)`: moving one step along `cfgp` skips over a whole cp group, so
-# cfgp partners are `cp` ranks apart (`0,2`, `1,3`). Every rank has the wrong cfgp
-# partner, while all other axes are right — which is why checking one axis or one
-# rank is not enough. In a real mesh the same slip would also move cp partners apart,
-# off the neighbouring ranks the layout gives them.
+# The variant plants `overlay_cp_before_cfgp` for `ParallelDims.mesh_layouts`: the
+# overlay mesh in the other order, `(rest, cp, cfgp)` instead of `(rest, cfgp, cp)`.
+# Now `cfgp` is the last, fastest-varying dimension and pairs neighbours (`0,1`,
+# `2,3`, …), while one step along `cp` skips a whole cfgp pair, so cp partners are
+# `cfgp` ranks apart (`0,2`, `1,3`). Every rank has the wrong cfgp and the wrong cp
+# partner, while the dp and lb axes are right — which is why checking one axis or one
+# rank is not enough. On GPUs the same slip would put cp's per-layer attention traffic
+# across nodes and the once-per-step cfgp exchange inside one.
 #
 # </details>
 #

@@ -140,12 +140,14 @@ for world, replicas in [(8, 1), (8, 2)]:
 # In the backward every rank computes the unit's *full* gradient from its own rows of the
 # batch. `reduce_scatter_grads` sums those over the shard group and hands each rank only
 # its slice, divided by $n$ (exact when $n$ is a power of two); for HSDP it then
-# averages that slice across the replicas holding the same shard. All-gather and
+# averages that slice across the replicas holding the same shard. What each sum is divided
+# by is one decision, kept in one small function (FSDP2 makes it in
+# `_get_gradient_divide_factors`). All-gather and
 # reduce-scatter are each other's mirror: one concatenates shards, the other sums full
 # tensors and hands back one slice each.
 
 # %%
-# show: paralab.fsdp.zero.reduce_scatter_grads
+# show: paralab.fsdp.zero.gradient_divide_factors paralab.fsdp.zero.reduce_scatter_grads
 
 # %% [markdown]
 # **A tiny run.** On 2 ranks, rank $r$'s "full gradient" is `(r + 1) · [0, 1, …, 9]`.
@@ -662,7 +664,7 @@ display(Markdown("Measured on this run (ledger and real tensors; sections 8 and 
 #
 # A bug seen in real HSDP code. Below, HSDP 2×2 (replicas {0, 2} and {1, 3}, shard
 # groups {0, 1} and {2, 3}) trains for 3 steps twice on the same 4 real ranks: once with
-# the package's `reduce_scatter_grads`, once with a seeded variant installed in its place
+# the package's `reduce_scatter_grads`, once with one decision of it swapped
 # (`paralab.exercises.lab01.hsdp_divides_twice`; do not read it yet). Nothing crashes, the
 # collectives and their bytes are the same, the first loss is the same. The picture is
 # `|buggy - correct|` of every parameter every rank holds after 3 SGD steps: one row per
@@ -722,9 +724,11 @@ CLAIMS.append(summary("bug clinic: package passes, seeded HSDP bug caught (SGD a
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# The gradient is averaged twice. `hsdp_divides_twice` averages inside the shard group
-# (sum, then ÷ `dp_shard` = 2) as it should, but then divides the replica all-reduce's sum
-# by the **world size** (4) instead of by `dp_replicate` (2). Each rank's contribution is
+# The gradient is averaged twice. `hsdp_divides_twice` runs the package's
+# `reduce_scatter_grads` with `replicas_divided_by_world` planted for
+# `gradient_divide_factors`: it averages inside the shard group (sum, then ÷ `dp_shard` = 2)
+# as it should, but then divides the replica all-reduce's sum by the **world size** (4)
+# instead of by `dp_replicate` (2). Each rank's contribution is
 # divided by `dp_shard · world` = 8 instead of by `world` = 4: every gradient element is
 # exactly `1/dp_shard` = 0.5 of the right value (the ratio above; exact because the
 # factors are powers of two). The replicas still agree with each other (the all-reduce ran),
@@ -762,7 +766,7 @@ print(verdict_table(CLAIMS, "Lab 01 claims"))
 # %% [markdown]
 # ## What to try
 #
-# 1. In section 2 drop the `.div_(n)` of `reduce_scatter_grads` (sum instead of mean)
+# 1. In section 2 make `gradient_divide_factors` return `1, 1` (sum instead of mean)
 #    and re-run from section 2. Which rows fail? Why is the error about 1e-6 for Adam
 #    but of order 1 for SGD? Why do the DDP and FSDP2 rows still pass?
 #    <details><summary>Hint</summary>Every hand-engine job's gradient is n times too

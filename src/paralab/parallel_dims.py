@@ -92,43 +92,47 @@ class ParallelDims:
             )
 
     # ----------------------------------------------------------- meshes
-    def build_meshes(self, device_type: str | None = None) -> dict[str, DeviceMesh]:
-        """Build every enabled mesh with the real `init_device_mesh` (needs a process group).
+    def mesh_layouts(self) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+        """Each family's mesh, row-major: its dims and their names. One table for
+        `build_meshes` (the real meshes) and `predict_groups` (the arithmetic).
 
-        All meshes are row-major; `device_type` defaults to "cuda" when CUDA is there, else "cpu".
-
-        - overlay, when cp > 1 or cfgp > 1: 3-D (world/(cfgp*cp), cfgp, cp) named
-          ("rest", "cfgp", "cp"); its 1-D `cfgp` slice (kept when cfgp > 1) pairs the
-          two guidance branches for `paralab.cfgp`, its `cp` slice (kept when cp > 1)
-          is the ring / Ulysses group of `paralab.cp`;
-        - dp, when `dp_enabled`: 2-D (dp_replicate, dp_shard) named ("dp_replicate",
-          "dp_shard"), 2-D even with one replica; its `dp_shard` slice (the ranks that
-          split one model copy) and `dp_replicate` slice (the ranks holding the same
-          shard), each kept when > 1, are FSDP's and HSDP's groups (`paralab.fsdp`,
-          and FSDP2 through `fsdp_mesh`);
-        - lb, when lb > 1: 2-D (world/lb, lb) named ("lb_rest", "lb"); its `lb` slice
-          is the group that shares raw videos before the VAE encode (`paralab.vae_lb`).
+        - overlay: (world/(cfgp*cp), cfgp, cp); its `cfgp` slice pairs the two
+          guidance branches (`paralab.cfgp`), its `cp` slice is the ring / Ulysses
+          group (`paralab.cp`). cp is last, so cp partners are neighbours.
+        - dp: (dp_replicate, dp_shard), 2-D even with one replica; its `dp_shard`
+          slice splits one model copy, its `dp_replicate` slice holds the same
+          shard (`paralab.fsdp`, FSDP2 through `fsdp_mesh`).
+        - lb: (world/lb, lb); its `lb` slice shares raw videos before the VAE
+          encode (`paralab.vae_lb`).
         """
+        world = self.world_size
+        return {
+            "overlay": ((world // (self.cfgp * self.cp), self.cfgp, self.cp), ("rest", "cfgp", "cp")),
+            "dp": ((self.dp_replicate, self.dp_shard), ("dp_replicate", "dp_shard")),
+            "lb": ((world // self.lb, self.lb), ("lb_rest", "lb")),
+        }
+
+    def axes_enabled(self) -> list[str]:
+        """The axes that get a group: size > 1 (and the dp axes only when `dp_enabled`)."""
+        dp = ["dp_shard", "dp_replicate"] if self.dp_enabled else []
+        return [axis for axis in ("cfgp", "cp", *dp, "lb") if getattr(self, axis) > 1]
+
+    def build_meshes(self, device_type: str | None = None) -> dict[str, DeviceMesh]:
+        """Build the meshes of `mesh_layouts` with the real `init_device_mesh` (needs a process group),
+        and keep each enabled axis' 1-D slice under the axis' name. The 2-D dp mesh is kept whole
+        as "dp" (HSDP hands it to FSDP2). `device_type` defaults to "cuda" when CUDA is there."""
         if device_type is None:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        world = self.world_size
+        enabled = self.axes_enabled()
         meshes: dict[str, DeviceMesh] = {}
-        if self.cp_enabled or self.cfgp_enabled:
-            overlay = self._build_mesh(
-                device_type, (world // (self.cfgp * self.cp), self.cfgp, self.cp), ("rest", "cfgp", "cp")
-            )
-            for axis in ("cfgp", "cp"):
-                if getattr(self, axis) > 1:
-                    meshes[axis] = overlay[axis]
-        if self.dp_enabled:
-            dp = self._build_mesh(device_type, (self.dp_replicate, self.dp_shard), ("dp_replicate", "dp_shard"))
-            meshes["dp"] = dp
-            for axis in ("dp_shard", "dp_replicate"):
-                if getattr(self, axis) > 1:
-                    meshes[axis] = dp[axis]
-        if self.lb_enabled:
-            lb = self._build_mesh(device_type, (world // self.lb, self.lb), ("lb_rest", "lb"))
-            meshes["lb"] = lb["lb"]
+        for family, (dims, names) in self.mesh_layouts().items():
+            wanted = [axis for axis in enabled if axis in names]
+            if not wanted and not (family == "dp" and self.dp_enabled):
+                continue
+            mesh = self._build_mesh(device_type, dims, names)
+            if family == "dp":
+                meshes["dp"] = mesh
+            meshes.update({axis: mesh[axis] for axis in wanted})
         self._meshes.clear()
         self._meshes.update(meshes)
         return dict(meshes)
@@ -262,21 +266,13 @@ def predict_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int
     axis is last, strided by the product of the later dims otherwise.
     """
     ### BEGIN SOLUTION
-    pd, world = parallel_dims, parallel_dims.world_size
-    layouts = {
-        "cfgp": ((world // (pd.cfgp * pd.cp), pd.cfgp, pd.cp), 1),
-        "cp": ((world // (pd.cfgp * pd.cp), pd.cfgp, pd.cp), 2),
-        "dp_replicate": ((pd.dp_replicate, pd.dp_shard), 0),
-        "dp_shard": ((pd.dp_replicate, pd.dp_shard), 1),
-        "lb": ((world // pd.lb, pd.lb), 1),
-    }
-    sizes = {"cfgp": pd.cfgp, "cp": pd.cp, "dp_replicate": pd.dp_replicate, "dp_shard": pd.dp_shard, "lb": pd.lb}
-    groups = {}
-    for axis, (shape, dim) in layouts.items():
-        if sizes[axis] == 1 or (axis.startswith("dp") and not pd.dp_enabled):
-            continue
-        stride = math.prod(shape[dim + 1:])
-        first = rank - (rank // stride % shape[dim]) * stride
-        groups[axis] = [first + i * stride for i in range(shape[dim])]
+    groups, enabled = {}, parallel_dims.axes_enabled()
+    for dims, names in parallel_dims.mesh_layouts().values():
+        for dim, axis in enumerate(names):
+            if axis not in enabled:
+                continue
+            stride = math.prod(dims[dim + 1:])
+            first = rank - (rank // stride % dims[dim]) * stride
+            groups[axis] = [first + i * stride for i in range(dims[dim])]
     return groups
     ### END SOLUTION

@@ -79,24 +79,35 @@ def plot_rank_groups(
 
 
 def plot_dp_grid(dp_replicate: int, dp_shard: int) -> Figure:
-    """The dp mesh as a (replicas x shards) table of ranks: rows are replicas, columns shard slots."""
-    fig, ax = plt.subplots(figsize=(1.0 * dp_shard + 1.2, 0.8 * dp_replicate + 0.9))
+    """The dp mesh as a (replicas x shards) table of ranks, with the collective each direction carries:
+    along a row (one dp_shard group) FSDP's all-gather and reduce-scatter, down a column (one
+    dp_replicate group) HSDP's gradient all-reduce."""
+    fig, ax = plt.subplots(figsize=(1.45 * dp_shard + 3.6, 1.1 * dp_replicate + 1.6))
     for rep in range(dp_replicate):
         for shard in range(dp_shard):
-            rank = rep * dp_shard + shard
             y = dp_replicate - 1 - rep
-            ax.add_patch(plt.Rectangle((shard, y), 0.94, 0.94, color=PALETTE[(2 * shard) % len(PALETTE)]))
-            ax.text(shard + 0.47, y + 0.47, f"rank {rank}", ha="center", va="center", fontsize=8)
-    ax.set_xticks([s + 0.47 for s in range(dp_shard)], [f"shard {s}" for s in range(dp_shard)], fontsize=8)
+            ax.add_patch(plt.Rectangle((shard, y), 0.94, 0.94, color=PALETTE[(2 * shard + 1) % len(PALETTE)]))
+            ax.text(shard + 0.47, y + 0.47, f"rank {rep * dp_shard + shard}", ha="center", va="center", fontsize=10)
+    ax.set_xticks([s + 0.47 for s in range(dp_shard)], [f"shard {s}" for s in range(dp_shard)], fontsize=10)
     ax.set_yticks([dp_replicate - 1 - r + 0.47 for r in range(dp_replicate)],
-                  [f"replica {r}" for r in range(dp_replicate)], fontsize=8)
-    ax.set_xlim(-0.05, dp_shard)
-    ax.set_ylim(-0.05, dp_replicate)
+                  [f"replica {r}" for r in range(dp_replicate)], fontsize=10)
+    arrow = dict(arrowstyle="<->", color="black", lw=1.4)
+    top = dp_replicate - 1
+    ax.annotate("", (dp_shard - 0.02, top + 1.08), (0.02, top + 1.08), arrowprops=arrow, annotation_clip=False)
+    ax.text(dp_shard / 2, top + 1.18, f"a row = one dp_shard group ({dp_shard} ranks): all-gather params, "
+            "reduce-scatter grads", ha="center", va="bottom", fontsize=10)
+    if dp_replicate > 1:
+        ax.annotate("", (dp_shard + 0.12, 0.02), (dp_shard + 0.12, dp_replicate - 0.02), arrowprops=arrow,
+                    annotation_clip=False)
+        ax.text(dp_shard + 0.22, dp_replicate / 2, f"a column = one\ndp_replicate group\n({dp_replicate} ranks):"
+                "\nall-reduce grads", ha="left", va="center", fontsize=10)
+    ax.set_xlim(-0.05, dp_shard + (1.9 if dp_replicate > 1 else 0.05))
+    ax.set_ylim(-0.05, dp_replicate + 0.55)
     ax.set_aspect("equal")
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
-    ax.set_title("dp mesh: a row is one full copy (dp_shard group),\na column one shard slot (dp_replicate group)",
-                 fontsize=9)
+    ax.tick_params(length=0)
+    ax.set_title(f"the dp mesh (dp_replicate={dp_replicate}, dp_shard={dp_shard}), row-major", fontsize=11, pad=4)
     fig.tight_layout()
     return fig
 

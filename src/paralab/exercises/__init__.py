@@ -10,6 +10,13 @@ marked with these comment lines (nbgrader's spelling):
 The lab notebook shows the full function; `_build_nb.py --student` writes the
 students' copy of each lab where each region is a stub raising
 `NotImplementedError`, followed by a `paralab.grade.check` cell.
+
+An exercise's `bugs` are known wrong versions the grader must catch; each
+stands where a learner's function stands. Where the package keeps a decision
+in a small function of its own (`ParallelDims.mesh_layouts`,
+`fsdp.zero.gradient_divide_factors`), a variant is the solution run with that
+one function swapped by `planted`; where the exercise is itself a few lines
+(a ring hop, the guidance combine), a variant is a wrong few-line version.
 """
 from __future__ import annotations
 
@@ -71,8 +78,8 @@ class Exercise:
 
 
 @contextlib.contextmanager
-def planted(module: ModuleType, **replacements: Any) -> Iterator[None]:
-    """Plant a bug: swap named attributes of `module` for the duration of the block, then restore them.
+def planted(module: ModuleType | type, **replacements: Any) -> Iterator[None]:
+    """Plant a bug: swap named attributes of `module` (or of a class, for a method) for the block, then restore them.
 
     The one way every bug variant and bug clinic is made: the package's real loop
     runs with one decision replaced, e.g.

@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from paralab.exercises import Exercise
-from paralab.parallel_dims import ParallelDims
+from paralab.exercises import Exercise, planted
+from paralab.parallel_dims import ParallelDims, predict_groups
 
 CONFIGS = {
     8: [dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True),
@@ -47,15 +47,21 @@ def _as_tensors(groups: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     return {axis: torch.tensor(members) for axis, members in sorted(groups.items())}
 
 
-def _cp_fastest_everywhere(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
-    """Bug: treats every overlay axis as the last mesh dim (contiguous groups), so cfgp pairs neighbours."""
-    from paralab.parallel_dims import predict_groups
+_MESH_LAYOUTS = ParallelDims.mesh_layouts
 
-    groups = predict_groups(parallel_dims, rank)
-    if "cfgp" in groups:
-        size = len(groups["cfgp"])
-        groups["cfgp"] = list(range(rank - rank % size, rank - rank % size + size))
-    return groups
+
+def overlay_cp_before_cfgp(parallel_dims: ParallelDims) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Bug: the overlay mesh in the other order, (rest, cp, cfgp): cfgp becomes the last, fastest dim."""
+    layouts = _MESH_LAYOUTS(parallel_dims)
+    (rest, cfgp, cp), _ = layouts["overlay"]
+    layouts["overlay"] = ((rest, cp, cfgp), ("rest", "cp", "cfgp"))
+    return layouts
+
+
+def predict_groups_cfgp_last(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
+    """`predict_groups` with one decision swapped: the overlay mesh's dim order (`overlay_cp_before_cfgp`)."""
+    with planted(ParallelDims, mesh_layouts=overlay_cp_before_cfgp):
+        return predict_groups(parallel_dims, rank)
 
 
 EXERCISES = [
@@ -65,10 +71,11 @@ EXERCISES = [
         target="paralab.parallel_dims.predict_groups",
         prompt=(
             "Predict, with arithmetic only, the ranks in `rank`'s group on every enabled axis "
-            "(`dp_shard`, `dp_replicate`, `cfgp`, `cp`, `lb`). Meshes are row-major: the overlay "
-            "mesh is `(world // (cfgp·cp), cfgp, cp)`, the dp mesh `(dp_replicate, dp_shard)`, the "
-            "lb mesh `(world // lb, lb)`. Leave out axes of size 1 (and the dp axes when "
-            "`parallel_dims.dp_enabled` is false). The check builds the real meshes on 4 and 8 ranks."
+            "(`dp_shard`, `dp_replicate`, `cfgp`, `cp`, `lb`). `parallel_dims.mesh_layouts()` gives "
+            "each mesh's dims and their names, row-major (the overlay mesh is `(world // (cfgp·cp), "
+            "cfgp, cp)`, the dp mesh `(dp_replicate, dp_shard)`, the lb mesh `(world // lb, lb)`), and "
+            "`parallel_dims.axes_enabled()` the axes that get a group (leave the others out). The "
+            "check builds the real meshes on 4 and 8 ranks."
         ),
         hint="return {axis: sorted global ranks of rank's group} for every enabled axis of size > 1, "
              "computed by arithmetic, the groups the row-major device meshes would build",
@@ -82,6 +89,6 @@ EXERCISES = [
         minutes=15,
         solution=mesh_groups,
         normalize=_as_tensors,
-        bugs=[("cfgp groups taken as contiguous, like cp", _cp_fastest_everywhere, "cfgp: ")],
+        bugs=[("overlay mesh built as (rest, cp, cfgp): cfgp pairs neighbours", predict_groups_cfgp_last, "cfgp: ")],
     ),
 ]

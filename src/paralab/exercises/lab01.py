@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.exercises import Exercise
+from paralab.exercises import Exercise, planted
+from paralab.fsdp import zero
 from paralab.fsdp.zero import FlatUnit, padded_size, shard_unit, unflatten
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
@@ -136,37 +137,40 @@ def _as_shard_grad(shard_grad: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"gradient shard": shard_grad}
 
 
-def _reduce_scatter_sum(full_grad: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    out = full_grad.new_empty(full_grad.numel() // dist.get_world_size(group))
-    dist.reduce_scatter_tensor(out, full_grad, op=dist.ReduceOp.SUM, group=group)
-    return out
+_REDUCE_SCATTER_GRADS, _DIVIDE_FACTORS = zero.reduce_scatter_grads, zero.gradient_divide_factors
+
+
+def divide_by_one(shard_group: dist.ProcessGroup | None, replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """Bug: divide factors of 1: both reductions stay sums."""
+    return 1, 1
+
+
+def replicas_divided_by_world(shard_group: dist.ProcessGroup | None,
+                              replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """Bug: the replica all-reduce's sum divided by the world size instead of by the number of replicas."""
+    return _DIVIDE_FACTORS(shard_group, replicate_group)[0], dist.get_world_size()
 
 
 def reduce_sum_not_mean(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
                         replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Bug: sums the gradients (SUM without the division): the step is dp_replicate x dp_shard times too large."""
-    shard_grad = _reduce_scatter_sum(full_grad, shard_group)
-    if replicate_group is not None:
-        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
-    return shard_grad
+    """Bug, one decision swapped (`divide_by_one`): the step is dp_replicate x dp_shard times too large."""
+    with planted(zero, gradient_divide_factors=divide_by_one):
+        return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 
 def hsdp_divides_twice(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
                        replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Bug: averages in the shard group (/ dp_shard), then divides the replica all-reduce's sum by the
-    world size instead of by dp_replicate: HSDP gradients come out dp_shard times too small."""
-    shard_grad = _reduce_scatter_sum(full_grad, shard_group).div_(dist.get_world_size(shard_group))
-    if replicate_group is not None:
-        dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
-        shard_grad.div_(dist.get_world_size())
-    return shard_grad
+    """Bug, one decision swapped (`replicas_divided_by_world`): averages in the shard group (/ dp_shard), then
+    divides the replicas' sum by the world size: HSDP gradients come out dp_shard times too small."""
+    with planted(zero, gradient_divide_factors=replicas_divided_by_world):
+        return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 
 def no_replica_all_reduce(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
                           replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Bug: HSDP without the replica all-reduce: each replica steps on its own half of the batch and the
-    replicas drift apart."""
-    return _reduce_scatter_sum(full_grad, shard_group).div_(dist.get_world_size(shard_group))
+    """Bug, one decision swapped (the replica group dropped): HSDP without the replica all-reduce, so each
+    replica steps on its own half of the batch and the replicas drift apart."""
+    return _REDUCE_SCATTER_GRADS(full_grad, shard_group, None)
 
 
 EXERCISES = [

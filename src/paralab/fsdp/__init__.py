@@ -6,7 +6,8 @@
 - `costs`: the closed-form bytes sent and held per rank.
 
 The algorithm's names are re-exported here. A bug is planted in the module
-whose globals the real loop reads: `planted(paralab.fsdp.zero, reduce_scatter_grads=bug)`.
+whose globals the real loop reads, one decision at a time:
+`planted(paralab.fsdp.zero, gradient_divide_factors=bug)`.
 """
 from paralab.fsdp.zero import (
     FlatUnit,
@@ -18,6 +19,7 @@ from paralab.fsdp.zero import (
     flat_shard,
     free_unit_params,
     gather_unit_params,
+    gradient_divide_factors,
     padded_size,
     reduce_scatter_grads,
     sgd_momentum_step,
@@ -35,6 +37,7 @@ __all__ = [
     "flat_shard",
     "free_unit_params",
     "gather_unit_params",
+    "gradient_divide_factors",
     "padded_size",
     "reduce_scatter_grads",
     "sgd_momentum_step",

@@ -115,6 +115,14 @@ def free_unit_params(unit: FlatUnit) -> None:
     unit.full.untyped_storage().resize_(0)
 
 
+def gradient_divide_factors(shard_group: dist.ProcessGroup | None,
+                            replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """What the reduce-scatter's sum and the replica all-reduce's sum are each divided by: their own
+    group's size, so each step is a mean and the mean of equal-sized means is the mean over every
+    data-parallel rank. The decision FSDP2 makes in `_get_gradient_divide_factors`."""
+    return _size_and_rank(shard_group)[0], _size_and_rank(replicate_group)[0]
+
+
 def reduce_scatter_grads(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
                          replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's shard of the unit's gradient, averaged over every data-parallel rank.
@@ -125,16 +133,17 @@ def reduce_scatter_grads(full_grad: torch.Tensor, shard_group: dist.ProcessGroup
     """
     ### BEGIN SOLUTION
     n, _ = _size_and_rank(shard_group)
+    by_shards, by_replicas = gradient_divide_factors(shard_group, replicate_group)
     if n == 1:
         shard_grad = full_grad.clone()
     else:
         shard_grad = torch.empty(full_grad.numel() // n, dtype=full_grad.dtype, device=full_grad.device)
         dist.reduce_scatter_tensor(shard_grad, full_grad, op=dist.ReduceOp.SUM, group=shard_group)
-        shard_grad.div_(n)
+    shard_grad.div_(by_shards)
     replicas, _ = _size_and_rank(replicate_group)
     if replicas > 1:
         dist.all_reduce(shard_grad, op=dist.ReduceOp.SUM, group=replicate_group)
-        shard_grad.div_(replicas)
+        shard_grad.div_(by_replicas)
     ### END SOLUTION
     return shard_grad
 
