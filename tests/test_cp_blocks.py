@@ -1,6 +1,12 @@
 """Pure logic of context parallelism: layouts, causal block bookkeeping, the log-sum-exp merge."""
+import importlib
+import inspect
+import pkgutil
+
 import pytest
 import torch
+
+import paralab.cp
 
 from paralab.cp import (
     attention_block,
@@ -21,10 +27,10 @@ def _randn(*shape, seed=0):
 
 
 @pytest.mark.parametrize("zigzag", [False, True])
-@pytest.mark.parametrize("world", [1, 3, 4])
-def test_shard_unshard_round_trip(world, zigzag):
-    x = torch.arange(2 * 3 * 2 * world * 5 * 2, dtype=torch.float64).reshape(2, 3, 2 * world * 5, 2)
-    shards = [shard_sequence(x, r, world, zigzag=zigzag) for r in range(world)]
+@pytest.mark.parametrize("cp", [1, 3, 4])
+def test_shard_unshard_round_trip(cp, zigzag):
+    x = torch.arange(2 * 3 * 2 * cp * 5 * 2, dtype=torch.float64).reshape(2, 3, 2 * cp * 5, 2)
+    shards = [shard_sequence(x, r, cp, zigzag=zigzag) for r in range(cp)]
     assert torch.equal(unshard_sequence(shards, zigzag=zigzag), x)
 
 
@@ -34,10 +40,10 @@ def test_zigzag_rank_holds_chunks_r_and_mirror():
     assert shard_sequence(positions, 1, 4, zigzag=True).flatten().tolist() == [2, 3, 12, 13]
 
 
-@pytest.mark.parametrize("seq, world, zigzag, needle", [(10, 4, False, "cp = 4"), (12, 4, True, "2*cp = 8")])
-def test_indivisible_sequence_is_a_clear_error(seq, world, zigzag, needle):
+@pytest.mark.parametrize("seq, cp, zigzag, needle", [(10, 4, False, "cp = 4"), (12, 4, True, "2*cp = 8")])
+def test_indivisible_sequence_is_a_clear_error(seq, cp, zigzag, needle):
     with pytest.raises(ValueError, match=rf"sequence length {seq} \(dim 2\).*{needle}"):
-        shard_sequence(torch.zeros(1, 1, seq, 1), 0, world, zigzag=zigzag)
+        shard_sequence(torch.zeros(1, 1, seq, 1), 0, cp, zigzag=zigzag)
 
 
 def test_block_kinds_and_ring_sources():
@@ -46,27 +52,27 @@ def test_block_kinds_and_ring_sources():
     assert [kv_source(0, s, 4) for s in range(4)] == [0, 3, 2, 1]
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_zigzag_balances_causal_work_and_contiguous_does_not(world):
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_zigzag_balances_causal_work_and_contiguous_does_not(cp):
     def total(rank, zigzag):
-        return sum(causal_work(rank, s, world, causal=True, zigzag=zigzag) for s in range(world))
+        return sum(causal_work(rank, s, cp, causal=True, zigzag=zigzag) for s in range(cp))
 
-    contiguous = [total(r, False) for r in range(world)]
-    zigzag = [total(r, True) for r in range(world)]
-    assert contiguous == [r + 0.5 for r in range(world)]  # rank r: r full blocks and one triangle
-    assert zigzag == [world / 2] * world
-    assert sum(contiguous) == sum(zigzag) == world * world / 2
+    contiguous = [total(r, False) for r in range(cp)]
+    zigzag = [total(r, True) for r in range(cp)]
+    assert contiguous == [r + 0.5 for r in range(cp)]  # rank r: r full blocks and one triangle
+    assert zigzag == [cp / 2] * cp
+    assert sum(contiguous) == sum(zigzag) == cp * cp / 2
     # every zigzag step after the first is exactly half a block on every rank
-    assert {causal_work(r, s, world, causal=True, zigzag=True) for r in range(world) for s in range(1, world)} == {0.5}
+    assert {causal_work(r, s, cp, causal=True, zigzag=True) for r in range(cp) for s in range(1, cp)} == {0.5}
 
 
 def test_every_query_chunk_meets_every_visible_key_chunk_exactly_once():
-    world = 4
+    cp = 4
     for zigzag in (False, True):
-        for rank in range(world):
-            seen = [(chunk_ids(rank, world, zigzag=zigzag)[i], chunk_ids(kv_source(rank, s, world), world, zigzag=zigzag)[j])
-                    for s in range(world) for i, j, _ in ring_blocks(rank, s, world, causal=True, zigzag=zigzag)]
-            want = [(q, k) for q in chunk_ids(rank, world, zigzag=zigzag) for k in range(q + 1)]
+        for rank in range(cp):
+            seen = [(chunk_ids(rank, cp, zigzag=zigzag)[i], chunk_ids(kv_source(rank, s, cp), cp, zigzag=zigzag)[j])
+                    for s in range(cp) for i, j, _ in ring_blocks(rank, s, cp, causal=True, zigzag=zigzag)]
+            want = [(q, k) for q in chunk_ids(rank, cp, zigzag=zigzag) for k in range(q + 1)]
             assert sorted(seen) == sorted(want)
 
 
@@ -126,3 +132,25 @@ def test_block_backward_equals_autograd(diagonal):
     grads = attention_block_backward(dout, q.detach(), k.detach(), v.detach(), lse, delta, diagonal=diagonal)
     for got, want in zip(grads, (q.grad, k.grad, v.grad)):
         assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+
+def _public_callables(module):
+    """Every public function of `module`, and every public class it defines with the methods written in it."""
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj):
+            yield obj
+        elif inspect.isclass(obj):
+            yield obj
+            yield from (m for _, m in inspect.getmembers(obj, inspect.isfunction)
+                        if m.__qualname__.startswith(f"{obj.__name__}."))
+
+
+def test_no_public_cp_function_calls_the_cp_size_world():
+    """In paralab.cp a group's size is `cp`; `world` is only the launched processes (paralab's docstring)."""
+    modules = [importlib.import_module(f"paralab.cp.{m.name}") for m in pkgutil.iter_modules(paralab.cp.__path__)]
+    offenders = [f"{fn.__module__}.{fn.__qualname__}" for module in modules for fn in _public_callables(module)
+                 if "world" in inspect.signature(fn).parameters]
+    assert len(modules) >= 7 and not offenders, f"parameters named `world` (call a cp group's size `cp`): {offenders}"

@@ -242,11 +242,11 @@ def tiny_attention(full, attention, zigzag=False, **kw):
     """This rank's shards of q, k, v in; its shards of out and dq (after out.sum().backward()) back."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (shard_sequence(t, rank, world, zigzag=zigzag).clone().requires_grad_() for t in full)
+    rank, cp = dist.get_rank(), dist.get_world_size()  # the cp group is the whole world
+    q, k, v = (shard_sequence(t, rank, cp, zigzag=zigzag).clone().requires_grad_() for t in full)
     out = attention(q, k, v, causal=True, **({"zigzag": zigzag} if zigzag else {}), **kw)
     out.sum().backward()
-    return {"tokens": shard_sequence(torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, world,
+    return {"tokens": shard_sequence(torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, cp,
                                      zigzag=zigzag).flatten().tolist(), "out": out.detach(), "dq": q.grad}
 
 

@@ -146,6 +146,13 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 # %%
 # show: paralab.cfgp.sampling.sample
 
+# %% [markdown]
+# Who predicts what: with cfgp = 2 each rank runs its own branch and swaps;
+# otherwise this process runs both.
+
+# %%
+# show: paralab.cfgp.sampling.branch_predictor
+
 # %% jupyter={"source_hidden": true}
 # show: paralab.cfgp.runs.sample_on_rank
 
@@ -409,7 +416,10 @@ print(f"speed-up {t1 / t2:.2f}x (ideal 2x)")
 # | 3 | 1 (uncond) | 1 (second half) | 1 | 2 |
 
 # %%
-# show: paralab.cfgp.sampling.cp_forward_kwargs paralab.cfgp.sampling.shard_latent paralab.cfgp.sampling.gather_latent
+# show: paralab.cfgp.sampling.cp_forward_kwargs
+
+# %%
+# show: paralab.cfgp.sampling.shard_latent paralab.cfgp.sampling.gather_latent
 
 # %% [markdown]
 # **Predict before you run: exact or close?** Two references, both single-process with each branch at

@@ -259,53 +259,70 @@ def plot_memory(table: dict[str, dict[str, int]], formulas: dict[str, int]) -> F
 # =====================================================================================
 
 
-def _work_grid(world: int, zigzag: bool) -> np.ndarray:
-    return np.array([[causal_work(r, s, world, causal=True, zigzag=zigzag) for s in range(world)]
-                     for r in range(world)])
+def _work_grid(cp: int, zigzag: bool) -> np.ndarray:
+    return np.array([[causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)]
+                     for r in range(cp)])
 
 
-def plot_ring_timeline(world: int = 4) -> Figure:
+def plot_ring_timeline(cp: int = 4) -> Figure:
     """Which K/V block each rank holds at each ring step, and how much causal work it does with it.
 
     One panel per layout (contiguous, zigzag): rows = ranks, columns = steps,
     shade = fraction of a full shard-by-shard block computed (0 = skipped);
-    arrows are the K/V hops (rank r's block moves to rank r+1 for the next step).
-    A third panel sums each rank's work: the slowest rank sets the pace.
+    red arrows are the K/V hops (rank r's block moves to rank r+1 for the next step),
+    and the dashed one closes the ring: the last rank's block leaves at the bottom and
+    comes back in at rank 0. A third panel sums each rank's work: the slowest rank sets the pace.
     """
-    fig, axes = plt.subplots(1, 3, figsize=(12, 2.0 + 0.95 * world), gridspec_kw={"width_ratios": [1, 1, 0.7]})
+    fig, axes = plt.subplots(1, 3, figsize=(max(10.0, 2.2 + 2.0 * cp), 2.6 + 0.95 * cp),
+                             gridspec_kw={"width_ratios": [1, 1, 0.62]})
+    hop = dict(arrowstyle="-|>", color="tab:red", linewidth=1.4, mutation_scale=13)
+    wrap = dict(hop, linestyle=(0, (3, 2)), shrinkA=0, shrinkB=0)
+    margin = 0.45  # blank band above and below the grid where the wrapping hop leaves and comes back
     for ax, zigzag in zip(axes, (False, True)):
-        grid = _work_grid(world, zigzag)
-        ax.imshow(grid, cmap="Blues", vmin=-0.2, vmax=2.2, aspect="auto")
-        for r in range(world):
-            for s in range(world):
-                src = kv_source(r, s, world)
-                chunks = ",".join(str(c) for c in chunk_ids(src, world, zigzag=zigzag))
+        grid = _work_grid(cp, zigzag)
+        ax.imshow(grid, cmap="Blues", vmin=-0.2, vmax=2.6, aspect="auto")
+        for r in range(cp):
+            for s in range(cp):
+                src = kv_source(r, s, cp)
+                chunks = ",".join(str(c) for c in chunk_ids(src, cp, zigzag=zigzag))
                 work = "skip" if grid[r, s] == 0 else f"{grid[r, s]:g}"
                 ax.text(s, r, f"K/V {src}\n[{chunks}]\n{work}", ha="center", va="center",
-                        fontsize=10, color="0.55" if grid[r, s] == 0 else "black")
-                if s + 1 < world:  # the block this rank holds now is the next rank's at the next step
-                    nxt = (r + 1) % world
-                    if nxt > r:
-                        ax.annotate("", xy=(s + 0.62, nxt - 0.3), xytext=(s + 0.38, r + 0.3),
-                                    arrowprops=dict(arrowstyle="-|>", color="tab:red", linewidth=1.3))
-        ax.set_xticks(range(world), [f"step {s}" for s in range(world)], fontsize=10)
-        ax.set_yticks(range(world), [f"rank {r}\n[{','.join(map(str, chunk_ids(r, world, zigzag=zigzag)))}]"
-                                     for r in range(world)], fontsize=10)
+                        fontsize=10, color="0.45" if grid[r, s] == 0 else "black")
+                if s + 1 == cp:
+                    continue
+                if r + 1 < cp:  # the block this rank holds now is the next rank's at the next step
+                    ax.annotate("", xy=(s + 0.62, r + 0.7), xytext=(s + 0.38, r + 0.3), arrowprops=hop)
+                else:  # the last rank's block goes to rank 0: out at the bottom, back in at the top
+                    ax.annotate("", xy=(s + 0.5, cp - 0.5 + margin * 0.8), xytext=(s + 0.38, r + 0.3),
+                                arrowprops=wrap)
+                    ax.annotate("", xy=(s + 0.62, -0.3), xytext=(s + 0.5, -0.5 - margin * 0.8), arrowprops=wrap)
+        ax.text(0.58, cp - 0.5 + margin / 2, "to rank 0", ha="left", va="center", fontsize=9, color="tab:red")
+        ax.text(0.68, -0.5 - margin / 2, f"from rank {cp - 1}", ha="left", va="center", fontsize=9, color="tab:red")
+        ax.set_ylim(cp - 0.5 + margin, -0.5 - margin)
+        for side in ("top", "bottom"):
+            ax.spines[side].set_visible(False)
+        ax.set_xticks(range(cp), [str(s) for s in range(cp)], fontsize=10)
+        ax.set_xlabel("ring step", fontsize=10)
+        ax.tick_params(axis="x", length=0)
+        ax.set_yticks(range(cp), [f"rank {r}\n[{','.join(map(str, chunk_ids(r, cp, zigzag=zigzag)))}]"
+                                  for r in range(cp)], fontsize=10)
         ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: K/V of rank, [chunks], work\n"
-                     "red arrow: K/V hop to the next rank (last -> rank 0 wraps)", fontsize=10)
-    ranks = np.arange(world)
+                     f"dashed: rank {cp - 1} -> rank 0 closes the ring", fontsize=10)
+    ranks = np.arange(cp)
     for offset, zigzag in ((-0.2, False), (0.2, True)):
-        axes[2].bar(ranks + offset, _work_grid(world, zigzag).sum(axis=1), width=0.4,
+        axes[2].bar(ranks + offset, _work_grid(cp, zigzag).sum(axis=1), width=0.4,
                     label="zigzag" if zigzag else "contiguous")
-    axes[2].set_xticks(ranks, [f"rank {r}" for r in ranks], fontsize=10)
+    axes[2].set_xticks(ranks, [str(r) for r in ranks], fontsize=10)
+    axes[2].set_xlabel("rank", fontsize=10)
+    axes[2].tick_params(axis="y", labelsize=10)
     axes[2].set_ylabel("blocks of work per forward", fontsize=10)
-    axes[2].set_title(f"causal work per rank, cp = {world}\n(slowest rank sets the pace)", fontsize=10)
+    axes[2].set_title(f"causal work per rank, cp = {cp}\n(slowest rank sets the pace)", fontsize=10)
     axes[2].legend(fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_error_by_token(diff: torch.Tensor, world: int, zigzag: bool = True, title: str = "") -> Figure:
+def plot_error_by_token(diff: torch.Tensor, cp: int, zigzag: bool = True, title: str = "") -> Figure:
     """Largest |buggy - correct| per token on a log scale, with chunk and rank boundaries.
 
     `diff` is `(..., tokens)`: every leading dim is reduced by max. Tokens whose
@@ -313,9 +330,9 @@ def plot_error_by_token(diff: torch.Tensor, world: int, zigzag: bool = True, tit
     tokens are exact" and "how the error fades" are both visible.
     """
     per_token = diff.detach().double().abs().reshape(-1, diff.shape[-1]).amax(dim=0).numpy()
-    n, chunks = per_token.size, 2 * world
+    n, chunks = per_token.size, 2 * cp
     chunk_len = n // chunks
-    owner = {c: r for r in range(world) for c in chunk_ids(r, world, zigzag=zigzag)}
+    owner = {c: r for r in range(cp) for c in chunk_ids(r, cp, zigzag=zigzag)}
     fig, ax = plt.subplots(figsize=(11, 3.8))
     wrong = per_token > 0
     floor = per_token[wrong].min() / 10 if wrong.any() else 1e-16
@@ -330,7 +347,7 @@ def plot_error_by_token(diff: torch.Tensor, world: int, zigzag: bool = True, tit
         if c:
             ax.axvline(c * chunk_len - 0.5, color="0.3", linewidth=0.8)
         ax.text(c * chunk_len + chunk_len / 2 - 0.5, top / 1.6, f"chunk {c}\nrank {owner[c]}", ha="center",
-                va="top", fontsize=8)
+                va="top", fontsize=9)
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_xlabel("token (sequence order; bar colour = rank that owns the token)", fontsize=10)
     ax.set_ylabel("max |buggy - correct|\n(log scale)", fontsize=10)
@@ -358,35 +375,35 @@ def plot_scale_scatter(correct: torch.Tensor, buggy: torch.Tensor, factor: float
     return fig
 
 
-def plot_causal_ownership(world: int = 4, tokens_per_chunk: int = 6) -> Figure:
+def plot_causal_ownership(cp: int = 4, tokens_per_chunk: int = 6) -> Figure:
     """The causal attention matrix, token by token, coloured by the rank that computes each score.
 
     Blank = a key in the query's future (never computed). Contiguous: the last rank
     owns the widest rows. Zigzag: every rank owns one short and one long band of
     rows, the same area in total.
     """
-    n = 2 * world * tokens_per_chunk
+    n = 2 * cp * tokens_per_chunk
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
-    cmap = plt.get_cmap("tab10", world)
+    cmap = plt.get_cmap("tab10", cp)
     for ax, zigzag in zip(axes, (False, True)):
         chunk_len = tokens_per_chunk if zigzag else 2 * tokens_per_chunk
         owner = np.full((n, n), np.nan)
-        for r in range(world):
-            for s in range(world):
-                q_chunks = chunk_ids(r, world, zigzag=zigzag)
-                kv_chunks = chunk_ids(kv_source(r, s, world), world, zigzag=zigzag)
-                for i, j, _ in ring_blocks(r, s, world, causal=True, zigzag=zigzag):
+        for r in range(cp):
+            for s in range(cp):
+                q_chunks = chunk_ids(r, cp, zigzag=zigzag)
+                kv_chunks = chunk_ids(kv_source(r, s, cp), cp, zigzag=zigzag)
+                for i, j, _ in ring_blocks(r, s, cp, causal=True, zigzag=zigzag):
                     rows = np.arange(q_chunks[i] * chunk_len, (q_chunks[i] + 1) * chunk_len)[:, None]
                     cols = np.arange(kv_chunks[j] * chunk_len, (kv_chunks[j] + 1) * chunk_len)[None, :]
                     block = owner[rows, cols]
                     owner[rows, cols] = np.where(cols <= rows, r, block)
-        ax.imshow(owner, cmap=cmap, vmin=-0.5, vmax=world - 0.5, interpolation="nearest")
-        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: who computes each score", fontsize=9)
+        ax.imshow(owner, cmap=cmap, vmin=-0.5, vmax=cp - 0.5, interpolation="nearest")
+        ax.set_title(f"{'zigzag' if zigzag else 'contiguous'}: who computes each score", fontsize=10)
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
         ax.set_xticks([]), ax.set_yticks([])
-    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(r)) for r in range(world)]
-    fig.legend(handles, [f"rank {r}" for r in range(world)], loc="lower center", ncol=world, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(r)) for r in range(cp)]
+    fig.legend(handles, [f"rank {r}" for r in range(cp)], loc="lower center", ncol=cp, fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 

@@ -18,6 +18,7 @@ cfgp peers that hold the same shard.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -151,40 +152,36 @@ def cp_forward_kwargs(
     return {"attention": kinds[cp_attention], "positions": positions}
 
 
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    cond: torch.Tensor,
-    uncond: torch.Tensor,
-    *,
-    steps: int,
-    guidance_scale: float,
-    seed: int,
-    parallel_dims: ParallelDims | None = None,
-    exchange: str = "p2p",
-    cp_attention: str = "ring",
-    attention: Attention = full_attention,
-    batch_branches: bool = False,
-    trajectory: list | None = None,
-) -> torch.Tensor:
-    """Guided Euler sampling; returns the final latent (whole, on every rank).
-
-    `parallel_dims` None or cfgp == 1: both branches here (each at batch 1, or
-    `batch_branches=True` for one batch-2 forward). cfgp == 2: one branch per
-    cfgp rank and a swap per step. cp > 1: this rank holds a sequence shard
-    and attends with `cp_attention` ("ring" or "ulysses"); without cp it
-    attends with `attention`. `trajectory`, if given, receives this rank's
-    latent before the first and after every step.
-    """
-    pd = parallel_dims
-    forward = cp_forward_kwargs(pd, model.latent_shape[1], cp_attention, attention)
-    x = initial_latent(model.latent_shape, seed, pd)
+def branch_predictor(pd: ParallelDims | None, exchange: str = "p2p", batch_branches: bool = False) -> Callable:
+    """Who predicts what. cfgp == 2: this rank runs its own branch and swaps (`predict_cfgp`).
+    Otherwise both branches run here, each at batch 1, or in one batch-2 forward (`batch_branches`)."""
     if pd is not None and pd.cfgp_enabled:
         if batch_branches:
             raise ValueError("batch_branches needs both branches on one rank; with cfgp=2 each rank runs one")
-        predict = functools.partial(predict_cfgp, group=pd.cfgp_mesh.get_group(), exchange=exchange)
-    else:
-        predict = predict_branches_batched if batch_branches else predict_branches
+        return functools.partial(predict_cfgp, group=pd.cfgp_mesh.get_group(), exchange=exchange)
+    return predict_branches_batched if batch_branches else predict_branches
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor, *,
+    steps: int, guidance_scale: float, seed: int,
+    parallel_dims: ParallelDims | None = None,
+    exchange: str = "p2p", cp_attention: str = "ring", attention: Attention = full_attention,
+    batch_branches: bool = False,
+    trajectory: list | None = None,
+) -> torch.Tensor:
+    """Guided Euler sampling from `seed`; returns the final latent (whole, on every rank).
+
+    `parallel_dims` decides who predicts what (`branch_predictor`) and which part of the
+    latent this rank holds (cp > 1: a sequence shard, attended with `cp_attention`, "ring" or
+    "ulysses"; without cp, `attention`). `trajectory`, if given, receives this rank's latent
+    before the first step and after every step.
+    """
+    pd = parallel_dims
+    forward = cp_forward_kwargs(pd, model.latent_shape[1], cp_attention, attention)
+    predict = branch_predictor(pd, exchange, batch_branches)
+    x = initial_latent(model.latent_shape, seed, pd)
     if trajectory is not None:
         trajectory.append(x.clone())
     ts = timesteps(steps)

@@ -26,9 +26,9 @@ def ring_pass(t: torch.Tensor, group: dist.ProcessGroup | None, tag: int) -> tup
     """Start sending `t` to the next rank and receiving the previous rank's; returns (buffer, works)."""
     ### BEGIN SOLUTION
     group = group or dist.group.WORLD
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    to_next = dist.get_global_rank(group, (rank + 1) % world)
-    from_prev = dist.get_global_rank(group, (rank - 1) % world)
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    to_next = dist.get_global_rank(group, (rank + 1) % cp)
+    from_prev = dist.get_global_rank(group, (rank - 1) % cp)
     received = torch.empty_like(t)
     works = dist.batch_isend_irecv([
         dist.P2POp(dist.isend, t, to_next, group, tag),
@@ -52,18 +52,18 @@ def ring_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None, causal: bool, zigzag: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of this rank's queries against the whole sequence's keys."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
     q_chunks = _chunks(q, zigzag)
     partial: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(q_chunks)
     kv = torch.stack([k, v])
-    for step in range(world):
-        if step < world - 1:
+    for step in range(cp):
+        if step < cp - 1:
             next_kv, works = ring_pass(kv, group, KV_TAG)
         k_chunks, v_chunks = _chunks(kv[0], zigzag), _chunks(kv[1], zigzag)
-        for i, j, kind in ring_blocks(rank, step, world, causal=causal, zigzag=zigzag):
+        for i, j, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag):
             block = attention_block(q_chunks[i], k_chunks[j], v_chunks[j], diagonal=kind == DIAGONAL)
             partial[i] = block if partial[i] is None else merge_partials(*partial[i], *block)
-        if step < world - 1:
+        if step < cp - 1:
             _wait(works)
             kv = next_kv
     out = torch.cat([o for o, _ in partial], dim=2)
@@ -83,20 +83,20 @@ def ring_backward(
     zigzag: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for this rank's shards: K/V go round again, their gradients follow them home."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
     delta = (dout * out).sum(dim=-1)
     dq = torch.zeros_like(q)
     q_chunks, dq_chunks = _chunks(q, zigzag), _chunks(dq, zigzag)
     dout_chunks, lse_chunks, delta_chunks = _chunks(dout, zigzag), _chunks(lse, zigzag), _chunks(delta, zigzag)
     kv = torch.stack([k, v])
     dkv_travelling, dkv_works = None, None
-    for step in range(world):
-        if step < world - 1:
+    for step in range(cp):
+        if step < cp - 1:
             next_kv, kv_works = ring_pass(kv, group, KV_TAG)
         dkv = torch.zeros_like(kv)
         k_chunks, v_chunks = _chunks(kv[0], zigzag), _chunks(kv[1], zigzag)
         dk_chunks, dv_chunks = _chunks(dkv[0], zigzag), _chunks(dkv[1], zigzag)
-        for i, j, kind in ring_blocks(rank, step, world, causal=causal, zigzag=zigzag):
+        for i, j, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag):
             dq_ij, dk_ij, dv_ij = attention_block_backward(
                 dout_chunks[i], q_chunks[i], k_chunks[j], v_chunks[j], lse_chunks[i], delta_chunks[i],
                 diagonal=kind == DIAGONAL,
@@ -111,7 +111,7 @@ def ring_backward(
                 _wait(dkv_works)
                 dkv.add_(dkv_travelling)
             dkv_travelling, dkv_works = ring_pass(dkv, group, DKV_TAG)
-        if step < world - 1:
+        if step < cp - 1:
             _wait(kv_works)
             kv = next_kv
     if dkv_works is not None:  # our own block's gradient from every other rank

@@ -72,11 +72,11 @@ CONFIGS = [
 ]
 
 
-def rank_inputs(full: list[torch.Tensor], config: CPConfig, rank: int, world: int) -> list[torch.Tensor]:
+def rank_inputs(full: list[torch.Tensor], config: CPConfig, rank: int, cp: int) -> list[torch.Tensor]:
     """This rank's q, k, v, dout: its sequence shard of each, or a copy of each when replicated."""
     if config.replicated:
         return [t.clone() for t in full]
-    return [shard_sequence(t, rank, world, zigzag=config.zigzag) for t in full]
+    return [shard_sequence(t, rank, cp, zigzag=config.zigzag) for t in full]
 
 
 def attend(config: CPConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -98,10 +98,10 @@ def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: in
     world = dist.get_world_size()
     pd = ParallelDims(world, cp=world)
     pd.build_meshes("cpu")
-    group, rank = pd.cp_mesh.get_group(), pd.cp_rank
+    group, rank, cp = pd.cp_mesh.get_group(), pd.cp_rank, pd.cp
     results = []
     for config in configs:
-        q, k, v, dout = rank_inputs(full, config, rank, world)
+        q, k, v, dout = rank_inputs(full, config, rank, cp)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         with Ledger() as led:
             with led.phase("forward"):
@@ -111,7 +111,7 @@ def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: in
         results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records})
     heads_error = None
     if probe_heads is not None:
-        bad = torch.zeros(1, probe_heads, 2 * world, 3, dtype=torch.float64)
+        bad = torch.zeros(1, probe_heads, 2 * cp, 3, dtype=torch.float64)
         try:
             ulysses_attention(bad, bad, bad, group)
         except ValueError as exc:
@@ -161,12 +161,13 @@ def bytes_formula(config: CPConfig, shape: tuple[int, int, int, int], cp: int) -
     return ulysses_bytes(s, cp, config.layout)
 
 
-def stacked(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], world: int | None = None,
+def stacked(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], cp: int | None = None,
             relative: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """out, dq, dk, dv stacked into one tensor, each divided by its reference's largest magnitude
-    (`relative`), so that one bound fits all four; `world` repeats the reference for replicated results."""
+    (`relative`), so that one bound fits all four; `cp` (replicated results: one copy per cp rank)
+    repeats the reference cp times."""
     scale = {n: reference[n].abs().max() if relative else 1 for n in GRADS}
-    ref = {n: reference[n] if world is None else reference[n].expand(world, *reference[n].shape) for n in GRADS}
+    ref = {n: reference[n] if cp is None else reference[n].expand(cp, *reference[n].shape) for n in GRADS}
     return torch.stack([tensors[n] / scale[n] for n in GRADS]), torch.stack([ref[n] / scale[n] for n in GRADS])
 
 
@@ -175,11 +176,11 @@ def check_config(per_rank: list[dict], config: CPConfig, full: list[torch.Tensor
     vs the same per-head arithmetic in one process (bitwise)."""
     cp = len(per_rank)
     got = assemble(per_rank, config)
-    world = cp if config.replicated else None
-    verdicts = compare(*stacked(got, sdpa_reference(full, config.causal), world), atol=1e-12,
+    copies = cp if config.replicated else None
+    verdicts = compare(*stacked(got, sdpa_reference(full, config.causal), copies), atol=1e-12,
                        name=f"cp={cp} {config.name} vs SDPA")
     if config.algorithm == "ulysses":
-        verdicts += compare(*stacked(got, one_process_blocks(full, config.causal), world, relative=False),
+        verdicts += compare(*stacked(got, one_process_blocks(full, config.causal), copies, relative=False),
                             name=f"cp={cp} {config.name} vs attention_block, bitwise")
     return verdicts
 

@@ -28,10 +28,10 @@ from paralab.cp.layout import check_qkv
 LAYOUTS = ("sequence_sharded", "replicated")
 
 
-def check_heads_divisible(heads: int, world: int) -> None:
+def check_heads_divisible(heads: int, cp: int) -> None:
     """Ulysses gives every cp rank heads/cp whole heads."""
-    if heads % world:
-        raise ValueError(f"ulysses_attention: heads = {heads} (dim 1) is not divisible by cp = {world}")
+    if heads % cp:
+        raise ValueError(f"ulysses_attention: heads = {heads} (dim 1) is not divisible by cp = {cp}")
 
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -85,16 +85,16 @@ def unpack_seq(received: torch.Tensor) -> torch.Tensor:
 
 def take_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """This rank's heads of a replicated (b, h, n, d) tensor (no communication)."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(world, dim=1)[rank].contiguous()
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(cp, dim=1)[rank].contiguous()
 
 
 def gather_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """All-gather (b, h/cp, n, d) head shards into the replicated (b, h, n, d)."""
-    world = dist.get_world_size(group)
-    gathered = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    cp = dist.get_world_size(group)
+    gathered = torch.empty((cp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_single(gathered, x.contiguous(), group=group)  # [i*b:(i+1)*b] = rank i's heads
-    return gathered.reshape(world, *x.shape).transpose(0, 1).reshape(x.shape[0], world * x.shape[1], *x.shape[2:])
+    return gathered.reshape(cp, *x.shape).transpose(0, 1).reshape(x.shape[0], cp * x.shape[1], *x.shape[2:])
 
 
 class UlyssesAttention(torch.autograd.Function):
@@ -152,14 +152,14 @@ def ulysses_gqa_forward(
     those are exactly the K/V heads its q heads read when cp divides H_kv. So the K/V
     head count, not the q head count, bounds cp. Forward only.
     """
-    world = dist.get_world_size(group)
+    cp = dist.get_world_size(group)
     heads, kv_heads = q.shape[1], k.shape[1]
     if k.shape != v.shape or heads % kv_heads:
         raise ValueError(f"ulysses_gqa_forward: k, v heads = {kv_heads} must divide q heads = {heads}")
-    check_heads_divisible(heads, world)
-    if kv_heads % world:
+    check_heads_divisible(heads, cp)
+    if kv_heads % cp:
         raise ValueError(
-            f"ulysses_gqa_forward: K/V heads = {kv_heads} (dim 1) is not divisible by cp = {world}; "
+            f"ulysses_gqa_forward: K/V heads = {kv_heads} (dim 1) is not divisible by cp = {cp}; "
             "replicate K/V heads up to cp, or put the rest of cp on a ring"
         )
     qh, kh, vh = (seq_to_heads(t.contiguous(), group) for t in (q, k, v))

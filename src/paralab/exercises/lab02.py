@@ -218,11 +218,11 @@ def _received(result: tuple) -> torch.Tensor:
 def ring_pass_backwards(t, group, tag):
     """Bug: sends to the previous rank and receives from the next: the ring turns the wrong way."""
     group = group or dist.group.WORLD
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
     received = torch.empty_like(t)
     works = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, t, dist.get_global_rank(group, (rank - 1) % world), group, tag),
-        dist.P2POp(dist.irecv, received, dist.get_global_rank(group, (rank + 1) % world), group, tag),
+        dist.P2POp(dist.isend, t, dist.get_global_rank(group, (rank - 1) % cp), group, tag),
+        dist.P2POp(dist.irecv, received, dist.get_global_rank(group, (rank + 1) % cp), group, tag),
     ])
     return received, works
 
@@ -242,9 +242,9 @@ def ring_clinic_bug() -> ContextManager:
 # --------------------------------------------------------------------------- replicated Ulysses, all-gather backward
 def reduce_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Bug when used as the backward of the output all-gather: sums cp identical copies of dout's heads."""
-    world = dist.get_world_size(group)
+    cp = dist.get_world_size(group)
     mine = take_heads(x, group)
-    chunks = [c.contiguous() for c in x.chunk(world, dim=1)]
+    chunks = [c.contiguous() for c in x.chunk(cp, dim=1)]
     dist.reduce_scatter(mine, chunks, group=group)
     return mine
 

@@ -71,11 +71,11 @@ def compare_strategies(costs: dict[int, list[float]]) -> dict[str, tuple[float, 
     return rows
 
 
-def random_costs(seed: int, ranks: int = 8) -> dict[int, list[float]]:
-    """T*H*W of 0 to 6 random videos per rank (the lab's batch shapes), reproducible from `seed`."""
+def random_costs(seed: int, lb: int = 8) -> dict[int, list[float]]:
+    """T*H*W of 0 to 6 random videos per rank of an lb group (the lab's batch shapes), reproducible from `seed`."""
     rng = random.Random(seed)
     return {r: [float(math.prod(s[1:])) for s in random_video_shapes(rng.randint(0, 6), seed=1000 * seed + r)]
-            for r in range(ranks)}
+            for r in range(lb)}
 
 
 def mean_over_random_batches(seeds: range) -> dict[str, tuple[float, float]]:
