@@ -1,11 +1,12 @@
 """The whole VFM inference pipeline on one set of ranks: encode, denoise, decode.
 
-1. **Encode** (`encode_conditioning`, called by `conditioning_contexts`). A fixed batch of conditioning videos
-   of unequal sizes. The raw videos of a sample group arrive on its loader
-   rank; the lb axis spreads their VAE encode over each lb group
-   (`vae_lb.offload_encode`, lab 04), and the loader hands each latent to
-   its cp peers (a broadcast): every rank of the conditional branch needs it
-   as its cross-attention context, the unconditional branch only its shape.
+1. **Encode** (`encode_conditioning`, called by `conditioning_contexts`).
+   A fixed batch of conditioning videos of unequal sizes. The raw videos of
+   a sample group arrive on its loader rank; the lb axis spreads their VAE
+   encode over each lb group (`vae_lb.offload_encode`, lab 04), and the
+   loader hands each latent to its cp peers (a broadcast): every rank of
+   the conditional branch needs it as its cross-attention context, the
+   unconditional branch only its shape.
 2. **Denoise** (`denoise`). The denoiser is sharded with FSDP2 over dp_shard
    (`shard_denoiser`). Every step, the cond and uncond branches run on the
    two ranks of a cfgp group and swap predictions (lab 03), and each
