@@ -64,7 +64,7 @@ print(SHAPE)
 # show: paralab.train.model.Block
 
 # %% [markdown]
-# `SequenceShard` is the other seam: shard `rank` of `size`, contiguous or zigzag (lab 02).
+# `SequenceShard` is the other seam: shard `rank` of the `cp` shards, contiguous or zigzag (lab 02).
 # The same rule cuts the input tokens, the noise target and the position table.
 
 # %%

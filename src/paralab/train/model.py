@@ -27,15 +27,15 @@ SHAPE = dict(channels=4, dim=16, heads=8, tokens=32, blocks=2, hidden=32)
 
 @dataclass(frozen=True)
 class SequenceShard:
-    """Which tokens of every sample this rank holds: shard `rank` of `size`, contiguous or zigzag."""
+    """Which tokens of every sample this rank holds: shard `rank` of the `cp` shards, contiguous or zigzag."""
 
     rank: int = 0
-    size: int = 1
+    cp: int = 1
     zigzag: bool = False
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's tokens of x (batch, N, ...)."""
-        return x if self.size == 1 else shard_sequence(x, self.rank, self.size, dim=1, zigzag=self.zigzag)
+        return x if self.cp == 1 else shard_sequence(x, self.rank, self.cp, dim=1, zigzag=self.zigzag)
 
     def positions(self, n_tokens: int) -> torch.Tensor:
         """The global positions of this rank's tokens in a sequence of `n_tokens`."""
