@@ -42,6 +42,8 @@ def test_step_bytes_recompute_only_with_full_ac():
     assert {k: v for k, v in full.items() if k != ("cp", "recompute")} == {k: v for k, v in none.items() if k != ("cp", "recompute")}
     hsdp = step_bytes(4, 2, 2)
     assert hsdp["dp_replicate", "backward"] == sum(shard_bytes_of_unit(u, 4) for u in unit_shapes())
+    ring8 = step_bytes(4, 2, 8, attention="ring", ac="full")  # lab 05's 'What to try' 4
+    assert ring8["cp", "recompute"] == ring8["cp", "forward"] == 2 * 2 * 7 * (1 * 8 * 4 * 2 * 8) == 14336
 
 
 def test_wrappers_land_where_cosmos_puts_them():

@@ -18,11 +18,15 @@
 # **Prerequisites.** Lab 00 (the overlay descriptor), lab 01 (FSDP2 `fully_shard`), lab 02
 # (ring and Ulysses attention, their hand-written backward).
 #
+# **Time.** About 40 minutes to read; the last cell prints how long the runs took.
+#
 # **What is checked.** Parameters after 3 optimizer steps (SGD and Adam), element by element
 # in float64, against one process training on the whole global batch: 4 ranks (dp_shard 4,
 # cp 2, ring), 8 ranks (dp_replicate 2 × dp_shard 4, cp 2, ring), 8 ranks (dp_shard 8, cp 4,
-# Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1), each with AC
-# none / full / selective, and compiled once. Every byte of every step against its closed form.
+# Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1: the shape a
+# vision-language model trains in, lab 00's workload table, whose sequences need no cp), each
+# with AC none / full / selective, and compiled once (a causal ring, so the zigzag shards
+# are checked too). Every byte of every step against its closed form.
 # Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
 # its positions) and `apply_fsdp` alone (the shards stack to the full weight).
 
@@ -34,8 +38,6 @@ import torch
 from paralab import launch, viz
 from paralab.viz import show
 from paralab.check import claim, compare, verdict_table
-from paralab.exercises import planted
-from paralab.exercises.lab05 import sample_by_global_rank
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
 from paralab.tables import text_table
@@ -115,7 +117,8 @@ show(viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=
 #
 # So the parameter gradient is **summed over cp partners** (each holds a different part of the
 # same sample's loss, and the ring/Ulysses backward already sent each partner the gradient of
-# the keys and values it owns) and **averaged over samples** — by one FSDP reduce-scatter,
+# the keys and values it owns) and **averaged over samples** — by FSDP's own gradient
+# reduction (a reduce-scatter over dp_shard, and with HSDP an all-reduce over dp_replicate),
 # with no extra cp all-reduce. The loss is the plain local mean; section 3a checks on real
 # ranks that the average over ranks of the cp-local losses equals the mean over samples
 # computed by one process.
@@ -156,6 +159,7 @@ def cp_forward(dims):
             "positions": model.shard.positions(SHAPE["tokens"]).tolist()}
 
 
+# dp_shard=2: the overlay needs dp_shard x dp_replicate = world (lab 00); no FSDP is applied here
 cp_run = run(cp_forward, 2, dict(dp_shard=2, cp=2), timeout=120)
 noisy, sigma, _ = make_sample(0, 0, 0)
 with torch.no_grad():
@@ -272,6 +276,8 @@ print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 # of section 6, the FSDP `generate` of section 7 and the bug clinic of section 8.
 
 # %% jupyter={"source_hidden": true}
+from paralab.exercises.lab05 import loader_clinic_bug
+
 AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
 CONFIGS = {
     "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
@@ -279,7 +285,7 @@ CONFIGS = {
     "8 ranks: dp_shard 8, cp 4, Ulysses": (8, dict(dp_shard=8, cp=4), dict(attention="ulysses")),
     "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (8, dict(dp_replicate=2, dp_shard=4, cp=1), dict(attention="ring")),
 }
-COMPILED = dict(attention="ring", compile=True, causal=True)
+COMPILED = dict(attention="ring", compile=True, causal=True)  # causal: 3b checks the zigzag ring once too (every other training is bidirectional)
 WRONG_ORDERS = {  # one step moved in front of CP; the variant exercises the wrapper that moved
     "FSDP before CP": (("fsdp", "cp", "ac", "compile"), dict(ac="full")),
     "compile before CP": (("compile", "cp", "ac", "fsdp"), dict(compile=True, causal=True)),
@@ -303,7 +309,7 @@ def world_job(world):
         out["titan"] = run_titan(1, 2, dict(attention="ring"))
         out["orders"] = {name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()}
         out["generate"] = generate_demo(dict(dp_shard=4))
-        with planted(runs, sample_index=sample_by_global_rank):
+        with loader_clinic_bug():  # section 8's seeded bug
             out["clinic"] = run_variants([(DIMS4, {})])[0]["params"]
     else:
         out["titan"] = run_titan(2, 2, dict(attention="ring"))
@@ -411,17 +417,11 @@ print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 # %% [markdown]
 # ## 4. What crosses the wire in one step, by group and phase
 #
-# The closed form (`paralab.train.costs`; `n` = dp_shard, `r` = dp_replicate, `L` = 2 blocks,
-# `B_u` = one rank's padded FSDP shard of unit `u` in bytes, `S` = one rank's shard of one of
-# q, k, v):
+# One step sends bytes in three groups (dp_shard, dp_replicate, cp) and three phases
+# (forward, backward, and the recompute of activation checkpointing).
 #
-# | group | forward | backward | recompute |
-# |---|---|---|---|
-# | dp_shard | `Σ_u (n-1)·B_u` (all-gather every unit) | `Σ_blocks (n-1)·B_u + Σ_u (n-1)·B_u` (re-gather the blocks, reduce-scatter every gradient) | 0 |
-# | dp_replicate | 0 | `Σ_u 2(r-1)/r·B_u` (all-reduce of gradient shards) | 0 |
-# | cp | `L ×` attention forward (ring `2(cp-1)S`, Ulysses `4(cp-1)S/cp`) | `L ×` attention backward | full AC: `L ×` attention forward again |
-#
-# **Predict.** Turning on *full* AC: which cells change, and by how much? And *selective*?
+# **Predict** before reading the closed form below. Start from AC none and turn on *full* AC:
+# which group's traffic changes, in which phase, and by how much? And with *selective* AC?
 #
 # <details><summary>Answer</summary>
 #
@@ -430,9 +430,34 @@ print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 # block's parameters are already gathered for its backward when the recompute runs. Selective
 # AC saves the attention output, so nothing is sent twice: its row equals AC none.
 # </details>
+#
+# The closed form (`paralab.train.costs`; `n` = dp_shard, `r` = dp_replicate, `L` = 2 blocks,
+# `B_u` = one rank's padded FSDP shard of unit `u` in bytes, `S` = one rank's shard of one of
+# q, k, v in bytes, `batch·heads·(N/cp)·head_dim·8`):
+#
+# | group | forward | backward | recompute |
+# |---|---|---|---|
+# | dp_shard | `Σ_u (n-1)·B_u` (all-gather every unit) | `Σ_blocks (n-1)·B_u + Σ_u (n-1)·B_u` (re-gather the blocks, reduce-scatter every gradient) | 0 |
+# | dp_replicate | 0 | `Σ_u 2(r-1)/r·B_u` (all-reduce of gradient shards) | 0 |
+# | cp | `L ×` attention forward: ring `2(cp-1)S`, Ulysses `4(cp-1)S/cp` | `L ×` attention backward: ring `4(cp-1)S`, Ulysses `4(cp-1)S/cp` | full AC: `L ×` attention forward again |
+#
+# Why dp_shard's backward re-gathers the blocks but not the root: FSDP2's `fully_shard` has
+# `reshard_after_forward=None` by default, which means True for every unit but the root
+# (torch 2.13, `torch/distributed/fsdp/_fully_shard/_fully_shard.py`, `fully_shard`'s
+# docstring): the root keeps its parameters gathered after forward, since the backward needs
+# them first. The cp columns are lab 02's formulas per attention call (`attention_bytes`),
+# times the `L` blocks. For the runs below:
 
 # %%
-# show: paralab.train.costs.shard_bytes_of_unit paralab.train.costs.step_bytes
+# show: paralab.train.costs.attention_bytes paralab.train.costs.shard_bytes_of_unit paralab.train.costs.step_bytes
+
+# %%
+from paralab.cp.costs import shard_bytes
+
+for attention, cp in (("ring", 2), ("ulysses", 4)):
+    s_bytes = shard_bytes(1, SHAPE["heads"], SHAPE["tokens"], SHAPE["dim"] // SHAPE["heads"], cp)
+    print(f"{attention:<8} cp {cp}: S = {s_bytes} B; per block {attention_bytes(attention, cp)}; "
+          f"x L = {SHAPE['blocks']}: {step_bytes(1, 1, cp, attention=attention, ac='full')[('cp', 'forward')]} B forward")
 
 # %%
 def byte_cells(world, job):
@@ -452,7 +477,8 @@ for world in (4, 8):
 
 # %% [markdown]
 # Rank 0's ledger next to the formula, for the SGD runs of 4 ranks and the full-AC runs of 8
-# (the table and picture are built in the folded cell):
+# (the picture is built in the folded cell; the numbers behind it are in the folded output
+# after it, and the claim table below states that every rank's ledger matches):
 
 # %% jupyter={"source_hidden": true}
 pictured = {}
@@ -461,14 +487,17 @@ for world in (4, 8):
         if variant.get("optimizer", "sgd") == "sgd" and not variant.get("compile") and (world == 4 or variant.get("ac") == "full"):
             formula, measured = byte_cells(world, job)
             attention = f" {variant['attention']}" if dims["cp"] > 1 else ""
-            short = f"{world}r{' HSDP' if dims.get('dp_replicate') else ''} cp{dims['cp']}{attention} ac={variant.get('ac', 'none')}"
+            kind = " VLM" if "VLM" in name else ""
+            short = f"{world}r{kind}{' HSDP' if dims.get('dp_replicate') else ''} cp{dims['cp']}{attention} ac={variant.get('ac', 'none')}"
             pictured[short] = {cell: (measured[0][cell], formula[cell]) for cell in formula}
+show(viz.plot_group_phase_bytes(pictured))
+
+# %% jupyter={"outputs_hidden": true}
 rows = [[config, group, *(f"{cells[group, p][0]} = {cells[group, p][1]}" for p in ("forward", "backward", "recompute"))]
         for config, cells in pictured.items() for group in ("dp_shard", "dp_replicate", "cp")
         if any(cells[group, p][1] for p in ("forward", "backward", "recompute"))]
 print("bytes sent per rank per step, ledger = formula (rank 0; every rank is checked)")
 print(text_table(["configuration", "group", "forward", "backward", "recompute"], rows))
-show(viz.plot_group_phase_bytes(pictured))
 
 # %%
 ledger_rows = []
@@ -493,6 +522,20 @@ print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per 
 compiled = RESULTS[4][0]["compiled"]
 print(f"graphs compiled: {compiled['graphs']}")
 print(text_table(["graph break reason", "count"], [[reason, n] for reason, n in compiled["breaks"].items()]))
+compile_verdicts = [claim("every graph break is at one of the ring's point-to-point ops",
+                          bool(compiled["breaks"]) and all("P2P" in reason for reason in compiled["breaks"]),
+                          f"{sum(compiled['breaks'].values())} breaks, every reason names P2P")]
+print(verdict_table(compile_verdicts, "what torch.compile captured"))
+
+# %% [markdown]
+# How the counts map to the model: the graphs are the block's code before the attention
+# (norm, qkv projection), the pieces of the ring's forward between its point-to-point calls
+# (chunking, a block's scores and log-sum-exp, the merge), and the code after it (output
+# projection, MLP). Both blocks run the same code, so the second block reuses the first
+# one's graphs: the count does not double with `L`. A break count is how many times Dynamo
+# stopped tracing at that kind of call while compiling, not how many messages the ring
+# sends; the exact counts follow the torch version, which is why the claim is about the
+# reasons. (The full break reason names the switch: `TORCHDYNAMO_ENABLE_P2P_COMPILATION=1`.)
 
 # %% [markdown]
 # ## 6. Why the order: each wrong order, run for real
@@ -504,21 +547,20 @@ print(text_table(["graph break reason", "count"], [[reason, n] for reason, n in 
 # nothing?
 
 # %%
-orders = {name: [r["orders"][name] for r in RESULTS[4]] for name in WRONG_ORDERS}
-order_rows, order_verdicts = [], []
-for name, per_rank in orders.items():
-    order, variant = WRONG_ORDERS[name]
+outcomes = {}
+for name, (order, variant) in WRONG_ORDERS.items():
+    per_rank = [r["orders"][name] for r in RESULTS[4]]
     if per_rank[0]["error"]:
-        outcome = f"error: {per_rank[0]['error']}"
+        outcomes[name] = f"error: {per_rank[0]['error']}"
     else:
         same = all(v.passed for v in param_verdicts([r["params"] for r in per_rank], DIMS4, variant))
-        outcome = "no difference: parameters match" if same else "SILENTLY WRONG: parameters differ (caught by the check)"
-    order_rows.append([name, " -> ".join(order), outcome])
-print(text_table(["wrong order", "applied", "what happened"], order_rows))
+        outcomes[name] = "no difference: parameters match" if same else "SILENTLY WRONG: parameters differ (caught by the check)"
+print(text_table(["wrong order", "applied", "what happened"],
+                 [[name, " -> ".join(WRONG_ORDERS[name][0]), outcome] for name, outcome in outcomes.items()]))
 order_verdicts = [
-    claim("FSDP before CP: harmless here", "no difference" in order_rows[0][2], order_rows[0][2]),
-    claim("compile before CP: harmless here", "no difference" in order_rows[1][2], order_rows[1][2]),
-    claim("AC before CP: silently wrong, caught", "SILENTLY WRONG" in order_rows[2][2], order_rows[2][2]),
+    claim("FSDP before CP: harmless here", "no difference" in outcomes["FSDP before CP"], outcomes["FSDP before CP"]),
+    claim("compile before CP: harmless here", "no difference" in outcomes["compile before CP"], outcomes["compile before CP"]),
+    claim("AC before CP: silently wrong, caught", "SILENTLY WRONG" in outcomes["AC before CP"], outcomes["AC before CP"]),
 ]
 print(verdict_table(order_verdicts, "wrong orders"))
 
@@ -564,6 +606,16 @@ print(verdict_table(order_verdicts, "wrong orders"))
 # root's parameters are still sharded `DTensor`s when it runs. The demo: 4 ranks, dp_shard 4,
 # a causal model, each rank decoding 4 tokens after its own 4-token prompt; first unregistered,
 # then after `register_fsdp_forward_method(model, "generate")`, compared with one process.
+
+# %%
+# show: paralab.train.model.DiT.generate
+
+# %% [markdown]
+# The demo every rank ran inside the 4-rank launch of section 3; the line that matters is
+# `register_fsdp_forward_method(model, "generate")`:
+
+# %%
+# show: paralab.train.runs.generate_demo
 
 # %%
 gen = [r["generate"] for r in RESULTS[4]]
@@ -617,6 +669,8 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # </details>
 
 # %%
+from paralab.exercises.lab05 import sample_by_global_rank
+
 show(viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank), SHAPE["tokens"],
                               "the buggy loader: cp partners hold halves of different samples"))
 
@@ -631,6 +685,7 @@ sections = {
     "3b parameters vs one process": param_rows,
     "3c torchtitan reading": titan_verdicts,
     "4 ledger = closed form": ledger_rows,
+    "5 torch.compile": compile_verdicts,
     "6 wrong orders": order_verdicts,
     "7 register_fsdp_forward_method": generate_verdicts,
     "8 bug clinic": clinic_verdicts,
@@ -640,17 +695,77 @@ print(text_table(["section", "checks passed"], [[s, f"{sum(v.passed for v in vs)
 # %% [markdown]
 # ## What to try
 #
-# 1. In `loss_of`, divide the squared error by the *whole* sample's token count instead of
-#    taking the local mean (the rank's share of `ℓ_s`). Re-run from section 3: by what factor are
-#    the gradients off, and why does FSDP's average not fix it?
-# 2. Add `causal=True` to the 8-rank Ulysses jobs. Does Ulysses need zigzag? Does the ledger
-#    change?
-# 3. Add a fourth wrong order: AC *selective* before CP. Harmless or not? Why (look at what
-#    `apply_ac("selective")` wraps)?
-# 4. Predict the cp recompute bytes at cp = 8 with the ring and full AC, from the formula,
-#    then add the configuration to `CONFIGS` and check.
-# 5. In `generate_demo`, call `model(...)` once before the unregistered `generate`. Does it
-#    still fail? Which units' parameters are gathered at that moment, and which are not?
+# The ranks import `paralab.train` from the file: an edit to a shown package cell changes
+# this kernel's copy only. Each item says how its change reaches the ranks.
+#
+# 1. **Normalize by the whole sample.** Divide the squared error by the *whole* sample's
+#    element count instead of taking the local mean, and train one SGD step on 4 ranks with
+#    it. `training_loop` looks `loss_of` up in `paralab.train.runs`, so plant yours there
+#    inside a worker defined here (the kernel's `loss_of`, which the reference uses, stays
+#    as it is):
+#
+#    ```python
+#    from paralab.exercises import planted
+#
+#    def whole_sample_mse(model, noisy, sigma, noise):
+#        target = model.shard.tokens(noise)
+#        return ((model(noisy, sigma) - target) ** 2).sum() / noise.numel()  # the whole sample's count
+#
+#    def one_step_with(loss):
+#        with planted(runs, loss_of=loss):
+#            return run_variants([(DIMS4, {})], steps=1)[0]["params"]
+#
+#    buggy = run(one_step_with, 4, whole_sample_mse, timeout=300)[0]
+#    p0 = {k: p.detach() for k, p in build_model().named_parameters()}
+#    right = reference(samples=2, steps=1)
+#    name = "blocks.0.mlp.up.weight"
+#    print(((buggy[name] - p0[name]) / (right[name] - p0[name])).aminmax())
+#    ```
+#
+#    One SGD step moves each parameter by the learning rate times its gradient: by what
+#    factor is the gradient off, and why does FSDP's average not fix it?
+#    <details><summary>Answer</summary>By `1/cp` = 0.5 on every element (up to rounding).
+#    The two cp partners' losses now sum to `ℓ_s` instead of `cp·ℓ_s`, and FSDP still
+#    divides the sum over ranks by the world size: an average over ranks cannot know that
+#    the loss was already normalized per sample. The local mean is right *because* FSDP
+#    averages over the cp partners too.</details>
+# 2. **Causal Ulysses.** In the folded first cell of section 3, add `causal=True` to the
+#    8-rank Ulysses entry of `CONFIGS` (`dict(attention="ulysses", causal=True)`), then
+#    re-run from that cell. Does Ulysses need zigzag shards? Does the ledger change?
+#    <details><summary>Answer</summary>No zigzag: after its first all-to-all each rank
+#    holds the whole sequence for its heads, so the causal mask is applied to the full
+#    sequence and every rank does the same work (`CPAttention.zigzag` is True only for the
+#    causal ring). The ledger does not change: an all-to-all moves the same bytes whatever
+#    the mask. Every row still passes, now against a causal reference.</details>
+# 3. **AC selective before CP.** In the same cell, add
+#    `"AC selective before CP": (("ac", "cp", "compile", "fsdp"), dict(ac="selective"))` to
+#    `WRONG_ORDERS` and re-run from there. Harmless or not? Look at what
+#    `apply_ac("selective")` wraps.
+#    <details><summary>Answer</summary>Harmless: the new row of section 6's table reads
+#    "no difference". Selective AC wraps `block.qkv` and `block.mlp`, not the block, so
+#    `model.blocks[i]` is still the `Block` and `apply_cp`'s attention swap lands on
+#    it.</details>
+# 4. **The ring at cp = 8.** Predict the cp recompute bytes per step with the ring and full
+#    AC at cp = 8, from the formula of section 4. Then check: add
+#    `"8 ranks: dp_replicate 2 x dp_shard 4, cp 8, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=8), dict(attention="ring"))`
+#    to `CONFIGS` and re-run from there (with dp_shard 8 the dp_shard and cp groups would be
+#    the same 8 ranks, and the ledger could not tell them apart).
+#    <details><summary>Answer</summary>`S = 1·8·(32/8)·2·8 = 512` B, so `L·2(cp-1)S =
+#    2·2·7·512 = 14336` B, the same as the cp forward; the ledger row passes (the global batch is one
+#    sample, `world/cp`).</details>
+# 5. **A forward first.** The `generate_demo` cell of section 7 is this kernel's copy, and a
+#    worker passed to `run` travels to the ranks by value. In that cell, add
+#    `model(noisy, sigma)` inside the first `with torch.no_grad():`, before the unregistered
+#    `model.generate(...)`; re-run the cell, then
+#    `run(generate_demo, 4, dict(dp_shard=4), timeout=120)[0]["before"]`. Does it still
+#    fail? Which units' parameters are gathered at that moment, and which are not?
+#    <details><summary>Answer</summary>It runs (`'ran'`). FSDP2 leaves the **root**
+#    gathered after a forward (`reshard_after_forward` is False for the root by default,
+#    section 4), so `embed`, `position` and `head` are plain tensors when `generate` uses
+#    them; the **blocks** were resharded after the forward, but each is an FSDP unit whose
+#    own forward hooks gather it when `generate` calls it. It works by accident of the
+#    root staying gathered; registering the method is what makes it right by
+#    design.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT

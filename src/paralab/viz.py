@@ -5,6 +5,7 @@ One section per lab; the mesh pictures of lab 00 come first.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -1024,14 +1025,17 @@ def plot_token_ownership(samples: list[int], positions: list[list[int]], tokens:
 def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int]]]) -> Figure:
     """Per configuration, one bar per group stacked by phase (ledger); black ticks = the formula's running total.
 
-    table: {configuration: {(group, phase): (measured, formula)}}.
+    table: {configuration: {(group, phase): (measured, formula)}}. A group that sends nothing
+    in a configuration (no replicas, cp 1) gets no bar; long configuration names wrap.
     """
-    groups = sorted({g for cells in table.values() for g, _ in cells}, key=["dp_shard", "dp_replicate", "cp"].index)
+    order = ["dp_shard", "dp_replicate", "cp"]
     phases = ["forward", "backward", "recompute"]
     colors = {"forward": PALETTE[0], "backward": PALETTE[2], "recompute": PALETTE[6]}
-    width = 0.8 / len(groups)
-    fig, ax = plt.subplots(figsize=(11, 4.2))
+    width = 0.8 / len(order)
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    top = 1
     for c, cells in enumerate(table.values()):
+        groups = [g for g in order if any(sum(cells.get((g, p), (0, 0))) for p in phases)]
         for g, group in enumerate(groups):
             x = c + (g - (len(groups) - 1) / 2) * width
             bottom, formula_top = 0, 0
@@ -1042,13 +1046,13 @@ def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int
                 formula_top += formula
                 if formula:
                     ax.plot([x - width * 0.4, x + width * 0.4], [formula_top] * 2, "k-", lw=1.5)
-            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=7)
+            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=8)
+            top = max(top, bottom)
     handles = [plt.matplotlib.patches.Patch(color=colors[p], label=p) for p in phases]
     handles.append(plt.matplotlib.lines.Line2D([], [], color="k", label="formula (running total)"))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    top = max(sum(cells.get((g, p), (0, 0))[0] for p in phases) for cells in table.values() for g in groups)
-    ax.set_ylim(0, top * 1.3)
-    ax.set_xticks(range(len(table)), list(table), fontsize=8)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xticks(range(len(table)), [textwrap.fill(name, 14) for name in table], fontsize=8)
     ax.set_ylabel("bytes sent per rank per step")
     ax.set_title("One training step: bytes per group and phase (ledger) vs the closed form", fontsize=10)
     fig.tight_layout()

@@ -57,9 +57,7 @@ def blocks_of(model: nn.Module) -> nn.ModuleList:
 def apply_cp(model: nn.Module, parallel_dims: ParallelDims, attention: str = "ring") -> nn.Module:
     """Swap every block's attention for ring/Ulysses over the cp group and shard the input sequence.
 
-    Sets `block.attention` on whatever object sits in `model.blocks`: on the block
-    itself when CP comes first. A wrapper put there earlier (checkpoint, compile)
-    would receive the attribute instead of the block it wraps.
+    Sets `block.attention` on each object that sits in `model.blocks`.
     """
     if not parallel_dims.cp_enabled:
         return model

@@ -181,7 +181,7 @@ def generate_demo(dims: dict, *, prompt_tokens: int = 4, new_tokens: int = 4, se
             model.generate(prompt, sigma, new_tokens)
         before = "ran"
     except Exception as exc:  # the notebook shows what an unregistered method does
-        before = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        before = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     register_fsdp_forward_method(model, "generate")
     with torch.no_grad():
         after = model.generate(prompt, sigma, new_tokens)
