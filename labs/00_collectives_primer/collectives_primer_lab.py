@@ -282,8 +282,9 @@ for op in OPS:
     mirror_ok = compare([b[op]["mirror"] for b in backward], want, name=op)
     holds = all(v.passed for v in autograd_ok + mirror_ok)
     issued = runs.calls_by_phase(backward[0][op]["records"])
+    both = sum(a.passed and m.passed for a, m in zip(autograd_ok, mirror_ok))
     print(f"{op:<15} forward: {issued['forward']:<22} backward: {issued['backward']:<22}"
-          f" autograd = mirror = expected on {sum(v.passed for v in autograd_ok)}/{WORLD} ranks")
+          f" autograd = mirror = expected on {both}/{WORLD} ranks")
     verdicts.append(claim(f"backward of {op} = its mirror", holds,
                           f"{sum(v.passed for v in autograd_ok + mirror_ok)}/{2 * WORLD} grads exact"))
 
@@ -390,14 +391,21 @@ print(f"ran in {time.perf_counter() - lab_start:.1f} s")
 #    <details><summary>Hint</summary>Rank 5 receives slot 5 of every rank:
 #    `[5 15 25 ... 75]`.</details>
 # 2. **Break a mirror.** In the `mirror` cell, make the all-gather's backward an
-#    `all_reduce` of `g` (keeping rank `r`'s slot), re-run the backward cell. Does the
-#    check notice? Why could it not?
-#    <details><summary>Hint</summary>It does not: all-reduce then "keep slot `r`" is a
-#    reduce-scatter that sends twice the bytes. Same numbers, more traffic — only the
-#    ledger tells them apart.</details>
-# 3. **Uneven all-to-all.** Give `dist.all_to_all_single` `input_split_sizes` (rank `r`
-#    sends `j + 1` elements to rank `j`). What must its backward pass as split sizes?
-#    <details><summary>Hint</summary>The forward's output splits become the backward's
+#    `all_reduce` of `g` keeping rank `r`'s slot (`grad_in = grad_out.clone()`,
+#    `dist.all_reduce(grad_in)`, `grad_in = grad_in[rank:rank + 1]`), re-run that cell and
+#    the backward cell. The edit reaches the ranks: the backward cell passes this kernel's
+#    `mirror` to `runs.backward_job`, and a function defined in the notebook travels by
+#    value. Does the check notice? Why could it not?
+#    <details><summary>Hint</summary>It does not: the all_gather row still passes.
+#    All-reduce then "keep slot `r`" is a reduce-scatter that sends twice the bytes
+#    (section 4: `2(n-1)/n·S` against `(n-1)/n·S`). Same numbers, more traffic: a check of
+#    values cannot tell them apart, only a count of bytes can.</details>
+# 3. **Uneven all-to-all.** Suppose rank `r` sends `j + 1` elements to rank `j`
+#    (`dist.all_to_all_single(out, x, output_split_sizes, input_split_sizes)` with
+#    `input_split_sizes = [1, 2, ..., n]`). What are rank `r`'s output split sizes, and
+#    what must the backward pass as split sizes?
+#    <details><summary>Hint</summary>Rank `r` receives `r + 1` elements from every rank:
+#    output splits `[r + 1] * n`. The forward's output splits become the backward's
 #    input splits and vice versa (`_AlltoAllSingle.backward` in
 #    `torch/distributed/nn/functional.py` swaps them).</details>
 # 4. **Bigger rings.** Using `costs.all_reduce_bytes`, how many bytes per rank for a
@@ -405,7 +413,8 @@ print(f"ran in {time.perf_counter() - lab_start:.1f} s")
 #    <details><summary>Hint</summary>1, 1.75 and about 2 GiB: the per-rank traffic
 #    saturates at `2S`; what grows with `n` is the number of steps (latency).</details>
 # 5. **A ring of blocking sends.** In the `mirror` cell, drop the even/odd split so that
-#    every rank calls `dist.send` first, then re-run the backward cell with
+#    every rank calls `dist.send` first (as in item 2, the backward cell hands this kernel's
+#    `mirror` to the ranks), re-run that cell, then the backward cell with
 #    `run(runs.backward_job, WORLD, mirror, timeout=10)`. What happens, and why does the
 #    suite post its point-to-point ops with `batch_isend_irecv`?
 #    <details><summary>Hint</summary>Every rank waits in its `send` for a matching

@@ -766,13 +766,20 @@ print(verdict_table(CLAIMS, "Lab 01 claims"))
 # %% [markdown]
 # ## What to try
 #
-# 1. In section 2 make `gradient_divide_factors` return `1, 1` (sum instead of mean)
-#    and re-run from section 2. Which rows fail? Why is the error about 1e-6 for Adam
-#    but of order 1 for SGD? Why do the DDP and FSDP2 rows still pass?
-#    <details><summary>Hint</summary>Every hand-engine job's gradient is n times too
-#    large. Adam divides the first moment by the square root of the second, so a constant
-#    factor cancels except against `eps`; SGD moves n times too far. DDP and FSDP2 do not
-#    call `reduce_scatter_grads`.</details>
+# 1. **Sum instead of mean.** The ranks run the package's engine, so an edit to section 2's
+#    `gradient_divide_factors` cell changes this kernel's copy only; the bug clinic plants
+#    a change on the ranks instead. In section 10's first cell, import
+#    `reduce_sum_not_mean` from `paralab.exercises.lab01` (the package's
+#    `reduce_scatter_grads` with `gradient_divide_factors` planted to return `1, 1`), pass
+#    it to `run(clinic_worker, ...)` in place of `hsdp_divides_twice`, and re-run the two
+#    clinic cells. Predict the printed gradient ratio first. Why is the parameter
+#    difference of order 1 for SGD but about 1e-6 for Adam? Would the DDP and FSDP2 rows
+#    of section 6 change?
+#    <details><summary>Hint</summary>The ratio is 4 = `dp_replicate · dp_shard`: neither
+#    reduction divides, so every gradient is the world size times too large. SGD moves 4
+#    times too far; Adam divides the first moment by the square root of the second, so a
+#    constant factor cancels except against `eps`. Both checks still catch it. DDP and
+#    FSDP2 do not call `reduce_scatter_grads`: their rows would not change.</details>
 # 2. Which ranks hold identical bytes after HSDP 2×4? Check
 #    `torch.equal(RESULTS["HSDP 2x4 adam"][1]["params"][0], RESULTS["HSDP 2x4 adam"][5]["params"][0])`.
 #    Why does an HSDP checkpoint need only `dp_shard` distinct shard files, each read by
@@ -809,6 +816,24 @@ print(verdict_table(CLAIMS, "Lab 01 claims"))
 #    dims `(dp_shard, cp)`: 4 contiguous ranks, the same as the overlay's `dp_shard = 4`
 #    row. Turning cp off changes the consuming mesh (its `dp_shard` or `dp_replicate` must
 #    grow to fill the world), not how the overlay shards the model.</details>
-# 9. Give the trap model of section 7 three layers. Predict the counts before re-running.
-#    <details><summary>Hint</summary>`U = 3`: 6 all-gathers, 3 reduce-scatters, and 3
-#    one-rank all-reduces on the 2-D mesh.</details>
+# 9. **Three units in the trap.** The trap model is built on the ranks by the package
+#    (`fsdp.runs._two_unit_model`), so give it three layers by planting a builder inside a
+#    worker defined here, and predict the counts before running:
+#
+#    ```python
+#    from paralab.exercises import planted
+#
+#    def three_layers():
+#        torch.manual_seed(0)
+#        return torch.nn.Sequential(*(torch.nn.Linear(8, 8, bias=False) for _ in range(3)))
+#
+#    def three_layer_calls(on_dp_mesh):
+#        with planted(fsdp_runs, _two_unit_model=three_layers):
+#            return fsdp_runs.fsdp2_mesh_calls(on_dp_mesh)
+#
+#    for on_dp_mesh in (False, True):
+#        ops = [(op, size) for _, op, size in run(three_layer_calls, 4, on_dp_mesh)[0]]
+#        print("pd.dp_mesh" if on_dp_mesh else "fsdp_mesh(pd)", {op: ops.count(op) for op in set(ops)})
+#    ```
+#    <details><summary>Hint</summary>`U = 3`: 6 all-gathers, 3 reduce-scatters, and on the
+#    2-D mesh 3 one-rank all-reduces.</details>

@@ -610,11 +610,16 @@ display(Markdown(
 #
 #    <details><summary>Hint</summary>`check_heads_divisible` raises on every rank before any
 #    all-to-all (20 % 8 ≠ 0); the launcher reports it per rank. 20 divides by 2 and 4.</details>
-# 3. In the `merge_partials` cell, drop the rescaling (return `out + block_out`), re-run
-#    that cell and section 5. Which rows fail, and why does Ulysses still pass?
+# 3. In the `merge_partials` cell of section 2, drop the rescaling: replace the line that
+#    computes `out` by `out = out + block_out`. Re-run that cell, then section 5's launch
+#    and its claims cell. The edit reaches the ranks: section 5 launches this kernel's
+#    `cp_worker`, which calls the kernel's ring cells and so your `merge_partials`
+#    (functions defined in the notebook travel to the ranks by value). Which rows fail,
+#    and why does Ulysses still pass?
 #
-#    <details><summary>Hint</summary>Only the ring merges partials; Ulysses attends over the
-#    whole sequence per head in one `attention_block` and never calls `merge_partials`.</details>
+#    <details><summary>Hint</summary>Every ring row fails, every Ulysses row passes. Only
+#    the ring merges partials; Ulysses attends over the whole sequence per head in one
+#    `attention_block` and never calls `merge_partials`.</details>
 # 4. `viz.plot_ring_timeline(8)`: what is the slowest/mean work ratio for contiguous
 #    shards? Check it against `2 - 1/cp`.
 #
