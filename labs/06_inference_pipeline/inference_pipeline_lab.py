@@ -689,10 +689,11 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    cp 4 only cp attention changes: the ring sends twice Ulysses' bytes
 #    (`6·Sq` vs `3·Sq`); in general `cp/2` times.</details>
 # 5. Put the raw videos on every rank of a sample group instead of its
-#    loader: plant `videos_held=lambda pd, rank: inference.samples_of_rank(pd,
-#    rank)` in an 8-rank run (`{"w8 lb2": dict(cfgp=2, cp=2, lb=2)}`,
-#    `{"v": VARIANTS_4["ulysses, reshard"]}`). What does lb do then (the
-#    "encode" phase of `runs.sent_by_group`), and what is wasted?
+#    loader: `run(runs.pipeline_job, 8, {"w8 lb2": dict(cfgp=2, cp=2, lb=2)},
+#    {"v": VARIANTS_4["ulysses, reshard"]}, planted_bugs={"videos_held": lambda
+#    pd, rank: inference.samples_of_rank(pd, rank)}, timeout=120)`. What does lb
+#    do then (`runs.sent_by_group(r, "encode")` on each rank's result `r`), and
+#    what is wasted?
 #    <details><summary>Answer</summary>The output is unchanged. Every lb
 #    group is already balanced, so lb only shares costs (`8(n−1)(1 + W)` = 24
 #    B per rank with `W` = 2) and moves nothing. Each video is encoded by all
