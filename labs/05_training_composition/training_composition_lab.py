@@ -12,7 +12,8 @@
 # 2. read the four `apply_*` functions and say what each wraps;
 # 3. predict the bytes one training step sends per group (dp_shard, dp_replicate, cp) and
 #    phase (forward, backward, recompute), and what activation checkpointing adds;
-# 4. say which wrong wrapping order breaks this model, how, and why it would in Cosmos;
+# 4. say which wrong wrapping order breaks this model and how, and what makes the order a
+#    contract in torchtitan and Cosmos-RL;
 # 5. call a method other than `forward` on an FSDP model (`register_fsdp_forward_method`).
 #
 # **Prerequisites.** Lab 00 (the overlay descriptor), lab 01 (FSDP2 `fully_shard`), lab 02
