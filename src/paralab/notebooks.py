@@ -126,8 +126,8 @@ def show_cell(spec: str, shown_before: set[str] = frozenset()) -> tuple[str, set
     bodies = [_source(qualname, obj) for _, qualname, obj in objects]
     code = "\n\n\n".join(bodies)
     rel = Path(inspect.getsourcefile(module)).resolve().relative_to(ROOT)
-    header = [f"# From {rel.as_posix()}: the code the package and its tests run. An edit here changes this "
-              "kernel's copy only; ranks import the file."]
+    header = [f"# From {rel.as_posix()}: the code the package and its tests run. An edit here reaches ranks "
+              "only through a cell that hands it to them; package workers import the file."]
     if any("." in qualname for _, qualname, _ in objects):
         header.append("# Methods are re-attached to their class in this kernel.")
     header += _import_lines(module, [n for n in _free_names(code) if n not in shown_before])
