@@ -115,7 +115,7 @@ def test_merge_stays_finite_when_a_whole_block_is_masked():
 
 def test_merge_without_rescaling_is_caught():
     q, k, v = (_randn(1, 2, 4, 3, seed=s) for s in range(3))
-    (o1, l1), (o2, l2) = attention_block(q, k[:, :, :2], v[:, :, :2]), attention_block(q, k[:, :, 2:], v[:, :, 2:])
+    (o1, _), (o2, _) = attention_block(q, k[:, :, :2], v[:, :, :2]), attention_block(q, k[:, :, 2:], v[:, :, 2:])
     unscaled = o1 + o2
     expected = _reference(q, k, v, False)
     assert (unscaled - expected).abs().max() > 1e-3
