@@ -4,13 +4,14 @@
     python _build_nb.py --execute       # build and run every lab, store outputs
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
-    python _build_nb.py --measure       # what a reader meets in each committed notebook (issue 14's table)
+    python _build_nb.py --measure       # what a reader meets in each committed notebook
     python _build_nb.py --student       # the students' hand-out -> student/ and student.zip
     python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
 The work is done by `paralab.notebooks` (how `# show:` cells and exercise stubs
 are made); this file is only its command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,17 +26,34 @@ from paralab import notebooks  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--execute", action="store_true", help="run each notebook and store its outputs")
-    parser.add_argument("--check", action="store_true", help="fail if a committed notebook is stale")
-    parser.add_argument("--measure", action="store_true", help="print code lines, longest cell, check rows, pictures per notebook")
-    parser.add_argument("--student", action="store_true",
-                        help="write the students' hand-out: labs with solutions stubbed, the stubbed package, checks")
-    parser.add_argument("--out", type=Path, default=notebooks.ROOT / "student", help="folder of the hand-out")
+    parser.add_argument(
+        "--execute", action="store_true", help="run each notebook and store its outputs"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="fail if a committed notebook is stale"
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="print code lines, longest cell, check rows, pictures per notebook",
+    )
+    parser.add_argument(
+        "--student",
+        action="store_true",
+        help="write the students' hand-out: labs with solutions stubbed, the stubbed package, checks",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=notebooks.ROOT / "student", help="folder of the hand-out"
+    )
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
-    parser.add_argument("--site", action="store_true", help="build the static site (paralab.site) into site/")
+    parser.add_argument(
+        "--site", action="store_true", help="build the static site (paralab.site) into site/"
+    )
     args = parser.parse_args(argv)
     if args.site:
-        from paralab.site import SITE, build as build_site
+        from paralab.site import SITE
+        from paralab.site import build as build_site
+
         print(f"site: {SITE} ({build_site():.1f} s)")
         return 0
     sources = notebooks.lab_sources(args.lab)

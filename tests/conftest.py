@@ -1,4 +1,5 @@
 """Shared test helpers: every distributed test goes through paralab.launch.run."""
+
 import pytest
 
 

@@ -1,4 +1,5 @@
 """Lab 03: CFG parallelism. Pure logic first, then real 2-rank runs against the one-process sampler."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,11 @@ from paralab.cfgp import (
     sample_on_rank,
     timesteps,
 )
-from paralab.check import CheckFailed, assert_match
 from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
+from paralab.check import CheckFailed, assert_match
 from paralab.exercises.lab03 import SAMPLER_BUGS, noise_per_rank_seed, wrong_sign
-from paralab.ledger import calls, received, sent
 from paralab.launch import LaunchError, run
+from paralab.ledger import calls, received, sent
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
 
 STEPS, W, SEED = 4, 4.0, 7
@@ -120,8 +121,19 @@ def test_noise_is_broadcast_over_the_cfgp_group():
 @pytest.fixture(scope="module")
 def cfgp_runs(setup):
     model, cond, uncond, _ = setup
-    return run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS, SAMPLER_BUGS,
-               steps=STEPS, guidance_scale=W, seed=SEED)
+    return run(
+        sample_variants,
+        2,
+        model,
+        cond,
+        uncond,
+        {"cfgp": 2},
+        EXCHANGE_VARIANTS,
+        SAMPLER_BUGS,
+        steps=STEPS,
+        guidance_scale=W,
+        seed=SEED,
+    )
 
 
 @pytest.mark.parametrize("exchange", ["p2p", "all_gather"])
@@ -143,14 +155,33 @@ def test_ledger_one_latent_each_way_per_step(setup, cfgp_runs):
     latent_bytes = torch.zeros(model.latent_shape, dtype=torch.float64).nbytes
     for rank, r in enumerate(cfgp_runs):
         p2p, gathered = r["p2p"]["records"], r["all_gather"]["records"]
-        assert sent(p2p, op="isend", peer=1 - rank) == received(p2p, op="irecv", peer=1 - rank) == STEPS * latent_bytes
+        assert (
+            sent(p2p, op="isend", peer=1 - rank)
+            == received(p2p, op="irecv", peer=1 - rank)
+            == STEPS * latent_bytes
+        )
         assert calls(p2p, op="isend") == calls(p2p, op="irecv") == STEPS
-        assert calls(gathered, op="all_gather") == STEPS and sent(gathered, op="all_gather") == STEPS * latent_bytes
-        assert calls(p2p, op="broadcast") == 1 and sent(p2p, op="broadcast") == (latent_bytes if rank == 0 else 0)
+        assert (
+            calls(gathered, op="all_gather") == STEPS
+            and sent(gathered, op="all_gather") == STEPS * latent_bytes
+        )
+        assert calls(p2p, op="broadcast") == 1 and sent(p2p, op="broadcast") == (
+            latent_bytes if rank == 0 else 0
+        )
 
 
 def test_batched_branches_rejected_under_cfgp(setup):
     model, cond, uncond, _ = setup
     with pytest.raises(LaunchError, match="batch_branches needs both branches on one rank"):
-        run(sample_on_rank, 2, model, cond, uncond, {"cfgp": 2}, steps=1, guidance_scale=W, seed=0,
-            batch_branches=True)
+        run(
+            sample_on_rank,
+            2,
+            model,
+            cond,
+            uncond,
+            {"cfgp": 2},
+            steps=1,
+            guidance_scale=W,
+            seed=0,
+            batch_branches=True,
+        )

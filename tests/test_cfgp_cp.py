@@ -1,4 +1,5 @@
 """Lab 03: cfgp composed with the cp overlay on 4 ranks (cfgp=2 x cp=2), ring and Ulysses attention."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,12 +39,29 @@ def setup():
 def runs(setup):
     model, cond, uncond, _ = setup
     variants = {"ring": {"cp_attention": "ring"}, "ulysses": {}}
-    return run(sample_variants, 4, model, cond, uncond, DIMS, variants, {"per_rank_seed": per_rank_noise},
-               cp_attention="ulysses", steps=STEPS, guidance_scale=W, seed=SEED)
+    return run(
+        sample_variants,
+        4,
+        model,
+        cond,
+        uncond,
+        DIMS,
+        variants,
+        {"per_rank_seed": per_rank_noise},
+        cp_attention="ulysses",
+        steps=STEPS,
+        guidance_scale=W,
+        seed=SEED,
+    )
 
 
 def test_mesh_places_branches_and_shards(runs):
-    assert [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in runs] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
 
 
 def test_ulysses_is_bitwise_with_the_same_attention_math(setup, runs):
@@ -68,7 +86,9 @@ def test_ring_merge_changes_the_summation_order(setup, runs):
 
 def test_per_rank_noise_fails_under_cp_too(setup, runs):
     with pytest.raises(CheckFailed):
-        assert_match([r["per_rank_seed"]["latent"] for r in runs], [setup[3]["block"]] * 4, atol=1e-12)
+        assert_match(
+            [r["per_rank_seed"]["latent"] for r in runs], [setup[3]["block"]] * 4, atol=1e-12
+        )
 
 
 def test_ledger_cfgp_swap_is_a_shard_per_step_and_cp_pays_per_layer(setup, runs):
@@ -83,15 +103,31 @@ def test_ledger_cfgp_swap_is_a_shard_per_step_and_cp_pays_per_layer(setup, runs)
         assert calls(recs, op="isend", peer=cfgp_peer) == STEPS
         assert sent(recs, op="isend", peer=cfgp_peer) == STEPS * shard_latent
         per_layer = cp.ring_bytes(qkv_shard, 2)["forward"]
-        assert sent(recs, op="isend") - STEPS * shard_latent == STEPS * model.n_attention_layers * per_layer
+        assert (
+            sent(recs, op="isend") - STEPS * shard_latent
+            == STEPS * model.n_attention_layers * per_layer
+        )
         per_layer = cp.ulysses_bytes(qkv_shard, 2)["forward"]
-        assert sent(r["ulysses"]["records"], op="all_to_all_single") == STEPS * model.n_attention_layers * per_layer
+        assert (
+            sent(r["ulysses"]["records"], op="all_to_all_single")
+            == STEPS * model.n_attention_layers * per_layer
+        )
 
 
 def test_cp_alone_runs_both_branches_on_each_shard(setup):
     """cfgp=1, cp=2: the same loop, both branches on every rank, attention over the cp group."""
     model, cond, uncond, refs = setup
-    out = run(sample_on_rank, 2, model, cond, uncond, {"cp": 2}, cp_attention="ulysses",
-              steps=STEPS, guidance_scale=W, seed=SEED)
+    out = run(
+        sample_on_rank,
+        2,
+        model,
+        cond,
+        uncond,
+        {"cp": 2},
+        cp_attention="ulysses",
+        steps=STEPS,
+        guidance_scale=W,
+        seed=SEED,
+    )
     assert_match([r["latent"] for r in out], [refs["block"]] * 2)
     assert not any(x.op in ("isend", "irecv", "broadcast") for r in out for x in r["records"])

@@ -1,5 +1,6 @@
 """Lab 03 exercises beyond the generic tests in test_grade.py: the bug that hangs, and the
 tolerance that lets an algebraically equal combine pass."""
+
 import dataclasses
 
 from paralab.exercises import EXERCISES
@@ -23,4 +24,6 @@ def test_an_algebraically_equal_combine_passes_within_rounding():
     exercise = EXERCISES["cfg_combine"]
     assert grade(exercise, _combine_rewritten).verdict == "PASS"
     exact = dataclasses.replace(exercise, atol=0.0, rtol=0.0)
-    assert grade(exact, _combine_rewritten).verdict != "PASS", "the rewrite should differ in the last bits"
+    assert grade(exact, _combine_rewritten).verdict != "PASS", (
+        "the rewrite should differ in the last bits"
+    )

@@ -1,4 +1,5 @@
 """paralab.check: element-by-element verdicts and messages a person can act on."""
+
 import pytest
 import torch
 
@@ -18,16 +19,23 @@ def test_one_differing_element_is_located():
     with pytest.raises(CheckFailed) as info:
         assert_match(actual, expected, name="grad")
     message = str(info.value)
-    assert "grad/rank 1: 1 of 6 elements differ, max |diff| 0.5, first at index (1, 2): expected 0.0, got 0.5" in message
+    assert (
+        "grad/rank 1: 1 of 6 elements differ, max |diff| 0.5, first at index (1, 2): expected 0.0, got 0.5"
+        in message
+    )
     assert "rank 0" not in message
 
 
 def test_reported_values_survive_a_change_of_cpu():
     # two values a few ulps apart (as two BLAS kernels give) read the same at 6 significant digits
     expected = torch.tensor([-1.208209503877947], dtype=torch.float64)
-    lines = {compare(torch.tensor([v], dtype=torch.float64), expected)[0].describe()
-             for v in (0.6323941312666288, 0.632394131266629)}
-    assert lines == {"tensor: 1 of 1 elements differ, max |diff| 1.84, first at index (0,): expected -1.20821, got 0.632394"}
+    lines = {
+        compare(torch.tensor([v], dtype=torch.float64), expected)[0].describe()
+        for v in (0.6323941312666288, 0.632394131266629)
+    }
+    assert lines == {
+        "tensor: 1 of 1 elements differ, max |diff| 1.84, first at index (0,): expected -1.20821, got 0.632394"
+    }
 
 
 def test_tolerance_mode():
@@ -43,7 +51,10 @@ def test_tolerance_mode():
     [
         (torch.zeros(2, 2), "shape (2, 2), expected (4,)"),
         (torch.zeros(4, dtype=torch.float32), "dtype float32, expected float64"),
-        (torch.tensor([0.0, float("nan"), 0.0, 0.0], dtype=torch.float64), "1 NaN values where the reference is finite, first at index (1,)"),
+        (
+            torch.tensor([0.0, float("nan"), 0.0, 0.0], dtype=torch.float64),
+            "1 NaN values where the reference is finite, first at index (1,)",
+        ),
         (None, "missing"),
         ([1, 2], "a list, not a tensor"),
     ],
@@ -57,8 +68,14 @@ def test_nested_structures_and_missing_keys():
     expected = [{"out": torch.ones(2), "grad": {"q": torch.ones(2)}}]
     actual = [{"out": torch.ones(2), "grad": {}}]
     verdicts = compare(actual, expected, name="ring")
-    assert [(v.path, v.passed) for v in verdicts] == [("ring/rank 0/out", True), ("ring/rank 0/grad/q", False)]
-    assert compare([torch.ones(1)], [torch.ones(1), torch.ones(1)])[0].problem == "expected 2 entries, got 1"
+    assert [(v.path, v.passed) for v in verdicts] == [
+        ("ring/rank 0/out", True),
+        ("ring/rank 0/grad/q", False),
+    ]
+    assert (
+        compare([torch.ones(1)], [torch.ones(1), torch.ones(1)])[0].problem
+        == "expected 2 entries, got 1"
+    )
 
 
 def test_integer_tensors_compare_exactly():
@@ -68,7 +85,9 @@ def test_integer_tensors_compare_exactly():
 
 
 def test_verdict_table_is_deterministic_and_counts():
-    verdicts = compare([torch.ones(2, 3), torch.zeros(2)], [torch.ones(2, 3), torch.ones(2)], name="x")
+    verdicts = compare(
+        [torch.ones(2, 3), torch.zeros(2)], [torch.ones(2, 3), torch.ones(2)], name="x"
+    )
     table = verdict_table(verdicts, "demo")
     assert table == verdict_table(verdicts, "demo")
     lines = table.splitlines()

@@ -1,4 +1,5 @@
 """The primer's harness, in one process: the lab's nbval run already executes the distributed jobs."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Pure logic of context parallelism: layouts, causal block bookkeeping, the log-sum-exp merge."""
+
 import importlib
 import inspect
 import pkgutil
@@ -7,7 +8,6 @@ import pytest
 import torch
 
 import paralab.cp
-
 from paralab.cp import (
     attention_block,
     attention_block_backward,
@@ -40,7 +40,9 @@ def test_zigzag_rank_holds_chunks_r_and_mirror():
     assert shard_sequence(positions, 1, 4, zigzag=True).flatten().tolist() == [2, 3, 12, 13]
 
 
-@pytest.mark.parametrize("seq, cp, zigzag, needle", [(10, 4, False, "cp = 4"), (12, 4, True, "2*cp = 8")])
+@pytest.mark.parametrize(
+    "seq, cp, zigzag, needle", [(10, 4, False, "cp = 4"), (12, 4, True, "2*cp = 8")]
+)
 def test_indivisible_sequence_is_a_clear_error(seq, cp, zigzag, needle):
     with pytest.raises(ValueError, match=rf"sequence length {seq} \(dim 2\).*{needle}"):
         shard_sequence(torch.zeros(1, 1, seq, 1), 0, cp, zigzag=zigzag)
@@ -63,15 +65,23 @@ def test_zigzag_balances_causal_work_and_contiguous_does_not(cp):
     assert zigzag == [cp / 2] * cp
     assert sum(contiguous) == sum(zigzag) == cp * cp / 2
     # every zigzag step after the first is exactly half a block on every rank
-    assert {causal_work(r, s, cp, causal=True, zigzag=True) for r in range(cp) for s in range(1, cp)} == {0.5}
+    assert {
+        causal_work(r, s, cp, causal=True, zigzag=True) for r in range(cp) for s in range(1, cp)
+    } == {0.5}
 
 
 def test_every_query_chunk_meets_every_visible_key_chunk_exactly_once():
     cp = 4
     for zigzag in (False, True):
         for rank in range(cp):
-            seen = [(chunk_ids(rank, cp, zigzag=zigzag)[i], chunk_ids(kv_source(rank, s, cp), cp, zigzag=zigzag)[j])
-                    for s in range(cp) for i, j, _ in ring_blocks(rank, s, cp, causal=True, zigzag=zigzag)]
+            seen = [
+                (
+                    chunk_ids(rank, cp, zigzag=zigzag)[i],
+                    chunk_ids(kv_source(rank, s, cp), cp, zigzag=zigzag)[j],
+                )
+                for s in range(cp)
+                for i, j, _ in ring_blocks(rank, s, cp, causal=True, zigzag=zigzag)
+            ]
             want = [(q, k) for q in chunk_ids(rank, cp, zigzag=zigzag) for k in range(q + 1)]
             assert sorted(seen) == sorted(want)
 
@@ -81,15 +91,22 @@ def _reference(q, k, v, causal):
 
 
 def test_merge_of_key_blocks_equals_attention_over_all_keys():
-    q, k, v = (_randn(2, 3, 7, 5, seed=s) * 4 for s in range(3))  # large scores: the merge must stay stable
-    k9, v9 = torch.cat([k, _randn(2, 3, 2, 5, seed=7)], 2), torch.cat([v, _randn(2, 3, 2, 5, seed=8)], 2)
+    q, k, v = (
+        _randn(2, 3, 7, 5, seed=s) * 4 for s in range(3)
+    )  # large scores: the merge must stay stable
+    k9, v9 = (
+        torch.cat([k, _randn(2, 3, 2, 5, seed=7)], 2),
+        torch.cat([v, _randn(2, 3, 2, 5, seed=8)], 2),
+    )
     blocks = [attention_block(q, k9[:, :, a:b], v9[:, :, a:b]) for a, b in ((0, 2), (2, 5), (5, 9))]
     out, lse = blocks[0]
     for block in blocks[1:]:
         out, lse = merge_partials(out, lse, *block)
     expected = _reference(q, k9, v9, False)
     assert (out - expected).abs().max() <= 1e-12 * expected.abs().max()
-    assert torch.allclose(lse, torch.logsumexp(q @ k9.transpose(-2, -1) * 5 ** -0.5, -1), rtol=0, atol=1e-12)
+    assert torch.allclose(
+        lse, torch.logsumexp(q @ k9.transpose(-2, -1) * 5**-0.5, -1), rtol=0, atol=1e-12
+    )
 
 
 def test_merge_stays_finite_when_a_whole_block_is_masked():
@@ -101,7 +118,10 @@ def test_merge_stays_finite_when_a_whole_block_is_masked():
     out, lse = merge_partials(masked_out, masked_lse, masked_out, masked_lse)
     assert torch.equal(out, masked_out) and torch.equal(lse, masked_lse)
     # a masked block merged with a seen one, in either order, leaves the seen one exactly as it was
-    for pair in ((masked_out, masked_lse, seen_out, seen_lse), (seen_out, seen_lse, masked_out, masked_lse)):
+    for pair in (
+        (masked_out, masked_lse, seen_out, seen_lse),
+        (seen_out, seen_lse, masked_out, masked_lse),
+    ):
         out, lse = merge_partials(*pair)
         assert torch.equal(out, seen_out) and torch.equal(lse, seen_lse)
     # one row masked everywhere, the others not: the masked row stays 0, the others are untouched
@@ -115,7 +135,10 @@ def test_merge_stays_finite_when_a_whole_block_is_masked():
 
 def test_merge_without_rescaling_is_caught():
     q, k, v = (_randn(1, 2, 4, 3, seed=s) for s in range(3))
-    (o1, _), (o2, _) = attention_block(q, k[:, :, :2], v[:, :, :2]), attention_block(q, k[:, :, 2:], v[:, :, 2:])
+    (o1, _), (o2, _) = (
+        attention_block(q, k[:, :, :2], v[:, :, :2]),
+        attention_block(q, k[:, :, 2:], v[:, :, 2:]),
+    )
     unscaled = o1 + o2
     expected = _reference(q, k, v, False)
     assert (unscaled - expected).abs().max() > 1e-3
@@ -129,10 +152,11 @@ def test_block_backward_equals_autograd(diagonal):
     out.backward(dout)
     _, lse = attention_block(q.detach(), k.detach(), v.detach(), diagonal=diagonal)
     delta = (dout * out.detach()).sum(-1)
-    grads = attention_block_backward(dout, q.detach(), k.detach(), v.detach(), lse, delta, diagonal=diagonal)
+    grads = attention_block_backward(
+        dout, q.detach(), k.detach(), v.detach(), lse, delta, diagonal=diagonal
+    )
     for got, want in zip(grads, (q.grad, k.grad, v.grad)):
         assert (got - want).abs().max() <= 1e-12 * want.abs().max()
-
 
 
 def _public_callables(module):
@@ -144,13 +168,25 @@ def _public_callables(module):
             yield obj
         elif inspect.isclass(obj):
             yield obj
-            yield from (m for _, m in inspect.getmembers(obj, inspect.isfunction)
-                        if m.__qualname__.startswith(f"{obj.__name__}."))
+            yield from (
+                m
+                for _, m in inspect.getmembers(obj, inspect.isfunction)
+                if m.__qualname__.startswith(f"{obj.__name__}.")
+            )
 
 
 def test_no_public_cp_function_calls_the_cp_size_world():
     """In paralab.cp a group's size is `cp`; `world` is only the launched processes (paralab's docstring)."""
-    modules = [importlib.import_module(f"paralab.cp.{m.name}") for m in pkgutil.iter_modules(paralab.cp.__path__)]
-    offenders = [f"{fn.__module__}.{fn.__qualname__}" for module in modules for fn in _public_callables(module)
-                 if "world" in inspect.signature(fn).parameters]
-    assert len(modules) >= 7 and not offenders, f"parameters named `world` (call a cp group's size `cp`): {offenders}"
+    modules = [
+        importlib.import_module(f"paralab.cp.{m.name}")
+        for m in pkgutil.iter_modules(paralab.cp.__path__)
+    ]
+    offenders = [
+        f"{fn.__module__}.{fn.__qualname__}"
+        for module in modules
+        for fn in _public_callables(module)
+        if "world" in inspect.signature(fn).parameters
+    ]
+    assert len(modules) >= 7 and not offenders, (
+        f"parameters named `world` (call a cp group's size `cp`): {offenders}"
+    )

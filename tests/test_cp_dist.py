@@ -3,6 +3,7 @@
 One launch per cp runs every configuration (causal or not, contiguous or zigzag,
 both Ulysses layouts) and returns results plus ledger records for each.
 """
+
 import functools
 
 import pytest
@@ -15,13 +16,26 @@ import paralab.cp.ulysses as ulysses_module
 from paralab import ParallelDims
 from paralab.check import assert_match
 from paralab.cp.runs import (
-    CONFIGS, CPConfig, assemble, attend, check_bytes, check_config, correct_and_buggy, cp_worker, rank_inputs,
+    CONFIGS,
+    CPConfig,
+    assemble,
+    attend,
+    check_bytes,
+    check_config,
+    correct_and_buggy,
+    cp_worker,
+    rank_inputs,
     sdpa_reference,
 )
 from paralab.exercises import planted
 from paralab.exercises.lab02 import (
-    merge_without_rescaling, pack_heads_without_transpose, pack_seq_strided, replicated_clinic_bug, ring_clinic_bug,
-    unpack_heads_interleaved, unpack_seq_heads_mixed,
+    merge_without_rescaling,
+    pack_heads_without_transpose,
+    pack_seq_strided,
+    replicated_clinic_bug,
+    ring_clinic_bug,
+    unpack_heads_interleaved,
+    unpack_seq_heads_mixed,
 )
 from paralab.launch import LaunchError, run
 
@@ -33,7 +47,9 @@ def _shape(world):
 
 def _tensors(world, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*_shape(world), dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
+    return [
+        torch.randn(*_shape(world), dtype=torch.float64, generator=g) for _ in range(4)
+    ]  # q, k, v, dout
 
 
 def _failed(verdicts):
@@ -51,13 +67,17 @@ def launched(request):
     return world, full, _results(run(cp_worker, world, full, CONFIGS, timeout=120))
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
+@pytest.mark.parametrize(
+    "index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS]
+)
 def test_matches_sdpa_forward_and_backward(launched, index):
     _, full, per_config = launched
     assert not _failed(check_config(per_config[index], CONFIGS[index], full))
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS])
+@pytest.mark.parametrize(
+    "index", range(len(CONFIGS)), ids=[c.name.replace(" ", "-") for c in CONFIGS]
+)
 def test_bytes_per_rank_equal_formula(launched, index):
     world, _, per_config = launched
     assert not _failed(check_bytes(per_config[index], CONFIGS[index], _shape(world)))
@@ -76,22 +96,38 @@ def test_broken_variants_are_caught(bug, backward_only):
     assert _failed(check_config(list(bad), config, full))
 
 
-@pytest.mark.parametrize("step, bug", [("pack_heads", pack_heads_without_transpose),
-                                       ("unpack_heads", unpack_heads_interleaved),
-                                       ("pack_seq", pack_seq_strided), ("unpack_seq", unpack_seq_heads_mixed)])
+@pytest.mark.parametrize(
+    "step, bug",
+    [
+        ("pack_heads", pack_heads_without_transpose),
+        ("unpack_heads", unpack_heads_interleaved),
+        ("pack_seq", pack_seq_strided),
+        ("unpack_seq", unpack_seq_heads_mixed),
+    ],
+)
 def test_each_ulysses_step_bug_breaks_the_real_attention(step, bug):
     """Each exercise's bug variant, planted as one step of the real Ulysses loop, fails the same check."""
     world, config = 2, CPConfig("ulysses", causal=True)
     full = _tensors(world, seed=3)
-    _, bad = zip(*run(correct_and_buggy, world, full, config, functools.partial(planted, ulysses_module, **{step: bug}),
-                      False))
+    _, bad = zip(
+        *run(
+            correct_and_buggy,
+            world,
+            full,
+            config,
+            functools.partial(planted, ulysses_module, **{step: bug}),
+            False,
+        )
+    )
     assert _failed(check_config(list(bad), config, full))
 
 
 def test_replicated_backward_by_reduce_scatter_gives_cp_times_the_gradient():
     """The bug clinic's second case: the backward of the output all-gather must slice dout, not sum it."""
     world, config = 2, CPConfig("ulysses", causal=False, layout="replicated")
-    good, bad = zip(*run(correct_and_buggy, world, _tensors(world, seed=2), config, replicated_clinic_bug))
+    good, bad = zip(
+        *run(correct_and_buggy, world, _tensors(world, seed=2), config, replicated_clinic_bug)
+    )
     for rank in range(world):
         for name in ("dq", "dk", "dv"):
             assert torch.equal(bad[rank][name], world * good[rank][name])
@@ -103,7 +139,9 @@ def _heads_error(world):
 
 
 def test_indivisible_heads_is_a_clear_error_on_every_rank():
-    with pytest.raises(LaunchError, match=r"heads = 5 \(dim 1\) is not divisible by cp = 4") as info:
+    with pytest.raises(
+        LaunchError, match=r"heads = 5 \(dim 1\) is not divisible by cp = 4"
+    ) as info:
         run(_heads_error, 4, 4)
     # Every rank raises on its own; under heavy load a late-starting rank may still be
     # initializing when the launcher stops the rest, so it is reported as stopped.
@@ -147,9 +185,14 @@ def test_cp_subgroups_use_their_own_peers(world, cp_size):
     fulls = [_tensors(2, seed=10 + i) for i in range(world // cp_size)]
     per_rank = run(_two_rings_worker, world, fulls, cp_size)
     for i, full in enumerate(fulls):
-        ranks = per_rank[i * cp_size:(i + 1) * cp_size]
+        ranks = per_rank[i * cp_size : (i + 1) * cp_size]
         ref = sdpa_reference(full, True)
         for c, config in enumerate(SUBGROUP_CONFIGS):
             got = assemble([r[c] for r in ranks], config)
             for name, want in ref.items():
-                assert_match(got[name], want, atol=1e-12 * want.abs().max().item(), name=f"group {i} {config.name} {name}")
+                assert_match(
+                    got[name],
+                    want,
+                    atol=1e-12 * want.abs().max().item(),
+                    name=f"group {i} {config.name} {name}",
+                )

@@ -1,4 +1,5 @@
 """Ulysses with grouped-query attention on 4 gloo ranks: exact vs SDPA, K/V bytes, and the K/V-head limit."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,8 +21,12 @@ def _worker(kv_heads):
     shards = [shard_sequence(t, rank, WORLD) for t in (q, k, v)]
     with Ledger() as ledger:
         out = ulysses_gqa_forward(*shards, causal=True)
-    expected = shard_sequence(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), rank, WORLD)
-    return (out - expected).abs().max().item(), [r.bytes_sent for r in ledger.records if r.op == "all_to_all_single"]
+    expected = shard_sequence(
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), rank, WORLD
+    )
+    return (out - expected).abs().max().item(), [
+        r.bytes_sent for r in ledger.records if r.op == "all_to_all_single"
+    ]
 
 
 def test_gqa_ulysses_is_exact_and_k_v_cost_kv_heads_over_heads():

@@ -1,4 +1,5 @@
 """FLOPs of one ring block, counted by torch's FlopCounterMode: the compute side of lab 02's overlap chapter."""
+
 from __future__ import annotations
 
 import torch
@@ -20,4 +21,7 @@ def test_one_block_costs_4BHn2D_forward_and_10BHn2D_backward():
     out, lse = attention_block(q, k, v)
     delta = (dout * out).sum(-1)
     assert _flops(lambda: attention_block(q, k, v)) == 4 * B * H * N * N * D  # q k^T, then p v
-    assert _flops(lambda: attention_block_backward(dout, q, k, v, lse, delta)) == 10 * B * H * N * N * D  # 5 matmuls
+    assert (
+        _flops(lambda: attention_block_backward(dout, q, k, v, lse, delta))
+        == 10 * B * H * N * N * D
+    )  # 5 matmuls

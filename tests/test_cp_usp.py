@@ -1,4 +1,5 @@
 """USP (Ulysses inside, ring across) on 4 gloo ranks: output vs single-process SDPA, bytes vs formula."""
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -23,11 +24,21 @@ def _worker():
     for causal in (False, True):
         shards = [shard_sequence(t, rank, world) for t in (q, k, v)]
         with Ledger() as ledger:
-            out = usp_attention_forward(*shards, mesh.get_group("ulysses"), mesh.get_group("ring"), causal=causal)
-        expected = shard_sequence(F.scaled_dot_product_attention(q, k, v, is_causal=causal), rank, world)
+            out = usp_attention_forward(
+                *shards, mesh.get_group("ulysses"), mesh.get_group("ring"), causal=causal
+            )
+        expected = shard_sequence(
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal), rank, world
+        )
         sent = {}
         for r in (r for r in ledger.records if r.bytes_sent):
-            key = "all_to_all" if r.op == "all_to_all_single" else "ring" if r.op in ("isend", "send") else r.op
+            key = (
+                "all_to_all"
+                if r.op == "all_to_all_single"
+                else "ring"
+                if r.op in ("isend", "send")
+                else r.op
+            )
             sent[key] = sent.get(key, 0) + r.bytes_sent
         results[causal] = ((out - expected).abs().max().item(), sent)
     return results

@@ -7,6 +7,7 @@ selective activation checkpointing (counted at the dispatcher, so an op that
 selective checkpointing serves from its cache is not counted), and how many
 all-gathers FSDP2 makes per forward with and without `reshard_after_forward`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,7 +21,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from paralab.launch import run
 from paralab.ledger import Ledger
@@ -57,9 +62,15 @@ def forward_ops_in_backward(way: str) -> dict[str, int]:
     forwards = {
         "none": lambda: model(x),
         "full": lambda: checkpoint(model, x, use_reentrant=False),
-        "full, early_stop=False": lambda: checkpoint(model, x, use_reentrant=False, early_stop=False),
-        "selective": lambda: checkpoint(model, x, use_reentrant=False, context_fn=functools.partial(
-            create_selective_checkpoint_contexts, save_matmuls)),
+        "full, early_stop=False": lambda: checkpoint(
+            model, x, use_reentrant=False, early_stop=False
+        ),
+        "selective": lambda: checkpoint(
+            model,
+            x,
+            use_reentrant=False,
+            context_fn=functools.partial(create_selective_checkpoint_contexts, save_matmuls),
+        ),
     }
     out = forwards[way]()
     with OpCounter() as counter:
@@ -67,15 +78,18 @@ def forward_ops_in_backward(way: str) -> dict[str, int]:
     return {op: counter.ops[op] for op in ("addmm", "gelu")}
 
 
-@pytest.mark.parametrize("way, recomputed", [
-    ("none", {"addmm": 0, "gelu": 0}),
-    # the second Linear's output is not needed by any backward formula: recompute stops before it
-    ("full", {"addmm": 1, "gelu": 1}),
-    # torchtitan passes early_stop=False: the whole block is re-run
-    ("full, early_stop=False", {"addmm": 2, "gelu": 1}),
-    # matmul outputs come from the cache, only the pointwise GELU runs again
-    ("selective", {"addmm": 0, "gelu": 1}),
-])
+@pytest.mark.parametrize(
+    "way, recomputed",
+    [
+        ("none", {"addmm": 0, "gelu": 0}),
+        # the second Linear's output is not needed by any backward formula: recompute stops before it
+        ("full", {"addmm": 1, "gelu": 1}),
+        # torchtitan passes early_stop=False: the whole block is re-run
+        ("full, early_stop=False", {"addmm": 2, "gelu": 1}),
+        # matmul outputs come from the cache, only the pointwise GELU runs again
+        ("selective", {"addmm": 0, "gelu": 1}),
+    ],
+)
 def test_what_the_backward_recomputes(way, recomputed):
     assert forward_ops_in_backward(way) == recomputed
 
@@ -103,11 +117,15 @@ def _fsdp_job() -> dict:
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         with torch.no_grad():
             result[f"reshard_after_forward={reshard}"] = [
-                _collectives(model, torch.randn(2, 8, dtype=torch.float64), train=False) for _ in range(3)]
+                _collectives(model, torch.randn(2, 8, dtype=torch.float64), train=False)
+                for _ in range(3)
+            ]
     for order in ("no AC", "AC inside FSDP", "AC outside FSDP"):
         layers = [block() for _ in range(2)]
         for i, layer in enumerate(layers):
-            if order == "AC inside FSDP":  # torchtitan's and Cosmos's order: apply_ac, then apply_fsdp
+            if (
+                order == "AC inside FSDP"
+            ):  # torchtitan's and Cosmos's order: apply_ac, then apply_fsdp
                 layers[i] = checkpoint_wrapper(layer)
                 fully_shard(layers[i], mesh=mesh)
             else:
@@ -128,10 +146,23 @@ def fsdp_counts():
 def test_reshard_after_forward_false_gathers_once_for_many_forwards(fsdp_counts):
     for rank_counts in fsdp_counts:
         assert rank_counts["reshard_after_forward=True"] == [{"forward all_gather_single": 3}] * 3
-        assert rank_counts["reshard_after_forward=False"] == [{"forward all_gather_single": 3}, {}, {}]
+        assert rank_counts["reshard_after_forward=False"] == [
+            {"forward all_gather_single": 3},
+            {},
+            {},
+        ]
 
 
 def test_activation_checkpointing_adds_no_collective(fsdp_counts):
-    step = {"forward all_gather_single": 2, "backward all_gather_single": 2, "backward reduce_scatter_single": 2}
+    step = {
+        "forward all_gather_single": 2,
+        "backward all_gather_single": 2,
+        "backward reduce_scatter_single": 2,
+    }
     for rank_counts in fsdp_counts:
-        assert rank_counts["no AC"] == rank_counts["AC inside FSDP"] == rank_counts["AC outside FSDP"] == step
+        assert (
+            rank_counts["no AC"]
+            == rank_counts["AC inside FSDP"]
+            == rank_counts["AC outside FSDP"]
+            == step
+        )

@@ -1,4 +1,5 @@
 """Pure-logic tests for paralab.fsdp: shards, the optimizer steps, the formulas, one-process training."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,10 +7,25 @@ import torch
 
 from paralab.check import CheckFailed, assert_match, compare
 from paralab.fsdp import (
-    HandFSDP, ShardOptimizer, adam_step, flat_shard, padded_size, sgd_momentum_step, unflatten, shard_unit,
+    HandFSDP,
+    ShardOptimizer,
+    adam_step,
+    flat_shard,
+    padded_size,
+    sgd_momentum_step,
+    shard_unit,
+    unflatten,
 )
 from paralab.fsdp.costs import ITEMSIZE, memory_formula, traffic_formula
-from paralab.fsdp.runs import GLOBAL_BATCH, Job, check_counts, fold, mse, train_reference, unit_numels
+from paralab.fsdp.runs import (
+    GLOBAL_BATCH,
+    Job,
+    check_counts,
+    fold,
+    mse,
+    train_reference,
+    unit_numels,
+)
 from paralab.models import make_mlp_stack, regression_data
 
 
@@ -25,8 +41,11 @@ def test_shards_concatenate_to_the_padded_flat_parameters(n):
     shards = [flat_shard(unit, n, r) for r in range(n)]
     assert len({s.numel() for s in shards}) == 1
     joined = torch.cat(shards)
-    assert torch.equal(joined[:flat.numel()], flat)
-    assert torch.equal(joined[flat.numel():], torch.zeros(padded_size(flat.numel(), n) - flat.numel(), dtype=flat.dtype))
+    assert torch.equal(joined[: flat.numel()], flat)
+    assert torch.equal(
+        joined[flat.numel() :],
+        torch.zeros(padded_size(flat.numel(), n) - flat.numel(), dtype=flat.dtype),
+    )
 
 
 def test_a_rank_can_hold_only_padding():
@@ -50,8 +69,11 @@ def test_optimizer_steps_equal_torch_optim_bitwise(kind):
     g = torch.Generator().manual_seed(3)
     p_ref = torch.nn.Parameter(torch.randn(37, generator=g, dtype=torch.float64))
     p_ours = p_ref.detach().clone()
-    ref = (torch.optim.SGD([p_ref], lr=0.1, momentum=0.9, foreach=False) if kind == "sgd"
-           else torch.optim.Adam([p_ref], lr=0.05, foreach=False))
+    ref = (
+        torch.optim.SGD([p_ref], lr=0.1, momentum=0.9, foreach=False)
+        if kind == "sgd"
+        else torch.optim.Adam([p_ref], lr=0.05, foreach=False)
+    )
     state: dict = {}
     for _ in range(4):
         grad = torch.randn(37, generator=g, dtype=torch.float64)
@@ -69,7 +91,9 @@ def test_a_broken_adam_is_caught():
     p_ref.grad = torch.full((5,), 0.5, dtype=torch.float64)
     torch.optim.Adam([p_ref], lr=0.05, foreach=False).step()
     p_ours = torch.ones(5, dtype=torch.float64)
-    adam_step(p_ours, torch.full((5,), 0.5, dtype=torch.float64), {}, 0.05, (0.9, 0.999), 1e-6)  # wrong eps
+    adam_step(
+        p_ours, torch.full((5,), 0.5, dtype=torch.float64), {}, 0.05, (0.9, 0.999), 1e-6
+    )  # wrong eps
     with pytest.raises(CheckFailed):
         assert_match(p_ours, p_ref.detach())
 
@@ -88,7 +112,11 @@ def test_stepping_shards_equals_stepping_the_full_tensor(kind):
         opt_full.step()
         opt_shards.step()
     assert_match(torch.cat(shards), full)
-    assert opt_shards.state_bytes() == opt_full.state_bytes() == (1 if kind == "sgd" else 2) * 24 * ITEMSIZE
+    assert (
+        opt_shards.state_bytes()
+        == opt_full.state_bytes()
+        == (1 if kind == "sgd" else 2) * 24 * ITEMSIZE
+    )
 
 
 def test_optimizer_kind_is_validated():
@@ -113,7 +141,9 @@ def test_one_process_engine_equals_plain_autograd_bitwise(reshard):
     assert held == (0 if reshard else full_bytes)  # between forward and backward
     assert engine.peak_gathered_bytes == (82 * ITEMSIZE if reshard else full_bytes)
     reference = train_reference("adam")
-    assert_match([u.shard.detach() for u in engine.units], [flat_shard(u, 1, 0) for u in reference.units()])
+    assert_match(
+        [u.shard.detach() for u in engine.units], [flat_shard(u, 1, 0) for u in reference.units()]
+    )
 
 
 def test_traffic_formula_values():
@@ -122,21 +152,36 @@ def test_traffic_formula_values():
     zero3 = traffic_formula("hand", numels, 2)
     assert sum(zero3.values()) == 3 * 2016 // 2  # 3 (n-1)/n Psi, no padding at n=2
     assert sum(traffic_formula("hand", numels, 8).values()) == 3 * 7 * (3 * 88 + 8) * ITEMSIZE // 8
-    assert sum(traffic_formula("hand", numels, 2, reshard_after_forward=False).values()) == 2016  # = DDP
+    assert (
+        sum(traffic_formula("hand", numels, 2, reshard_after_forward=False).values()) == 2016
+    )  # = DDP
     hsdp = traffic_formula("hand", numels, 8, dp_replicate=2)
     assert hsdp["all_reduce"] == (3 * 84 + 8) * ITEMSIZE // 4  # 2 (r-1)/r * shard, r = 2
     assert traffic_formula("hand", numels, 8, dp_replicate=8) == {
-        "all_gather_into_tensor": 0, "reduce_scatter_tensor": 0, "all_reduce": 2 * 7 * 2016 // 8}  # HSDP 8x1 = DDP
+        "all_gather_into_tensor": 0,
+        "reduce_scatter_tensor": 0,
+        "all_reduce": 2 * 7 * 2016 // 8,
+    }  # HSDP 8x1 = DDP
 
 
 def test_memory_formula_values():
     numels = unit_numels()
-    assert memory_formula("ddp", numels, 8, "adam") == {"params": 2016, "grads": 2016, "optimizer": 4032, "gathered peak": 0}
+    assert memory_formula("ddp", numels, 8, "adam") == {
+        "params": 2016,
+        "grads": 2016,
+        "optimizer": 4032,
+        "gathered peak": 0,
+    }
     zero3 = memory_formula("hand", numels, 8, "adam")
     assert zero3 == {"params": 272, "grads": 272, "optimizer": 544, "gathered peak": 704}
     assert memory_formula("hand", numels, 8, "sgd")["optimizer"] == 272
-    assert memory_formula("hand", numels, 8, "adam", reshard_after_forward=False)["gathered peak"] == 2176
-    assert memory_formula("hand", numels, 8, "adam", dp_replicate=2) == memory_formula("hand", numels, 4, "adam")
+    assert (
+        memory_formula("hand", numels, 8, "adam", reshard_after_forward=False)["gathered peak"]
+        == 2176
+    )
+    assert memory_formula("hand", numels, 8, "adam", dp_replicate=2) == memory_formula(
+        "hand", numels, 4, "adam"
+    )
 
 
 def test_job_labels():
@@ -159,6 +204,7 @@ def test_fold_and_count_checks_can_fail():
 
 def test_lab01_plots_build():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -167,9 +213,16 @@ def test_lab01_plots_build():
     numels = unit_numels()
     figs = [
         plot_shard_layout(numels, 8, 2),
-        plot_traffic({"ZeRO-3": {2: (3024, 3024), 4: (4680, 4680)}, "DDP": {2: (2016, 2016)},
-                      "HSDP": {4: (3024, 1008, 4032)}}),  # one panel per strategy; HSDP split within / across
-        plot_memory({"ZeRO-3 n=8": memory_formula("hand", numels, 8, "adam")}, {"ZeRO-3 n=8": 1792}),
+        plot_traffic(
+            {
+                "ZeRO-3": {2: (3024, 3024), 4: (4680, 4680)},
+                "DDP": {2: (2016, 2016)},
+                "HSDP": {4: (3024, 1008, 4032)},
+            }
+        ),  # one panel per strategy; HSDP split within / across
+        plot_memory(
+            {"ZeRO-3 n=8": memory_formula("hand", numels, 8, "adam")}, {"ZeRO-3 n=8": 1792}
+        ),
     ]
     assert [len(f.axes) for f in figs] == [1, 3, 1]
     for f in figs:

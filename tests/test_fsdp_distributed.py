@@ -1,4 +1,5 @@
 """Distributed tests for paralab.fsdp on real gloo ranks: exactness, ledger bytes, memory, FSDP2, broken variants."""
+
 from __future__ import annotations
 
 import sys
@@ -6,18 +7,31 @@ import sys
 import cloudpickle
 import pytest
 
+from paralab.check import compare
 from paralab.exercises import planted
+from paralab.exercises.lab01 import hsdp_divides_twice, no_replica_all_reduce, reduce_sum_not_mean
 from paralab.fsdp import zero
 from paralab.fsdp.costs import per_step_sent, traffic_formula
 from paralab.fsdp.runs import (
-    STEPS, Job, check_fsdp2_calls, check_memory, check_params, check_traffic, fsdp2_calls, reference_first_gradient, reference_first_loss, run_jobs, train_reference,
-    train_reference_rank_by_rank, unit_numels,
+    STEPS,
+    Job,
+    check_fsdp2_calls,
+    check_memory,
+    check_params,
+    check_traffic,
+    fsdp2_calls,
+    reference_first_gradient,
+    reference_first_loss,
+    run_jobs,
+    train_reference,
+    train_reference_rank_by_rank,
+    unit_numels,
 )
-from paralab.check import compare
-from paralab.exercises.lab01 import hsdp_divides_twice, no_replica_all_reduce, reduce_sum_not_mean
 from paralab.launch import run
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the broken workers below travel by value
+cloudpickle.register_pickle_by_value(
+    sys.modules[__name__]
+)  # the broken workers below travel by value
 
 NUMELS = unit_numels()
 REFERENCE = {opt: train_reference(opt) for opt in ("adam", "sgd")}
@@ -29,15 +43,27 @@ def by_label(per_rank: list[list[dict]]) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def world4():
-    jobs = [Job("hand"), Job("hand", optimizer="sgd"), Job("hand", 2), Job("hand", reshard_after_forward=False),
-            Job("ddp"), Job("fsdp2"), Job("fsdp2", 2), Job("fsdp2", mesh="dp_mesh")]
+    jobs = [
+        Job("hand"),
+        Job("hand", optimizer="sgd"),
+        Job("hand", 2),
+        Job("hand", reshard_after_forward=False),
+        Job("ddp"),
+        Job("fsdp2"),
+        Job("fsdp2", 2),
+        Job("fsdp2", mesh="dp_mesh"),
+    ]
     return by_label(run(run_jobs, 4, jobs, timeout=120))
 
 
 @pytest.fixture(scope="module")
 def world2_and_8():
     two = by_label(run(run_jobs, 2, [Job("hand"), Job("ddp"), Job("fsdp2")], timeout=120))
-    eight = by_label(run(run_jobs, 8, [Job("hand"), Job("hand", 2), Job("hand", 2, optimizer="sgd")], timeout=120))
+    eight = by_label(
+        run(
+            run_jobs, 8, [Job("hand"), Job("hand", 2), Job("hand", 2, optimizer="sgd")], timeout=120
+        )
+    )
     return {**two, **eight}
 
 
@@ -55,19 +81,30 @@ def test_first_step_loss_is_bitwise_and_gradient_within_1e12(world4, world2_and_
     gradient = reference_first_gradient()
     for label, res in {**world4, **world2_and_8}.items():
         world = res[0]["world"]
-        assert all_pass(compare([r["loss"] for r in res], [reference_first_loss(r, world) for r in range(world)])), label
+        assert all_pass(
+            compare(
+                [r["loss"] for r in res], [reference_first_loss(r, world) for r in range(world)]
+            )
+        ), label
         assert all_pass(check_params(res, gradient, atol=1e-12, key="grads")), label
 
 
-@pytest.mark.parametrize("label", ["ZeRO-3 n=2 adam", "DDP n=2", "FSDP2 n=2 adam", "HSDP 2x2 adam", "FSDP2 HSDP 2x2 adam"])
-def test_two_rank_groups_are_bitwise_equal_to_the_rank_by_rank_reference(label, world4, world2_and_8):
+@pytest.mark.parametrize(
+    "label",
+    ["ZeRO-3 n=2 adam", "DDP n=2", "FSDP2 n=2 adam", "HSDP 2x2 adam", "FSDP2 HSDP 2x2 adam"],
+)
+def test_two_rank_groups_are_bitwise_equal_to_the_rank_by_rank_reference(
+    label, world4, world2_and_8
+):
     res = {**world4, **world2_and_8}[label]
     job, world = res[0]["job"], res[0]["world"]
-    assert all_pass(check_params(res, train_reference_rank_by_rank(world, job.dp_replicate, job.optimizer)))
+    assert all_pass(
+        check_params(res, train_reference_rank_by_rank(world, job.dp_replicate, job.optimizer))
+    )
 
 
 def test_bytes_per_step_and_memory_equal_the_formulas_on_every_rank(world4, world2_and_8):
-    for label, res in {**world4, **world2_and_8}.items():
+    for _label, res in {**world4, **world2_and_8}.items():
         if res[0]["job"].engine != "fsdp2":
             assert check_traffic(res, NUMELS).passed, check_traffic(res, NUMELS).describe()
             assert check_memory(res, NUMELS).passed, check_memory(res, NUMELS).describe()
@@ -81,26 +118,42 @@ def test_two_d_mesh_trap_adds_one_single_rank_all_reduce_per_unit_per_step(world
 
 
 def test_a_wrong_traffic_formula_is_caught(world4):
-    wrong = traffic_formula("hand", NUMELS, 4, reshard_after_forward=False)  # ZeRO-2's formula for a ZeRO-3 run
-    assert per_step_sent(world4["ZeRO-3 n=4 adam"][0]["records"], STEPS) != dict(sorted(wrong.items()))
+    wrong = traffic_formula(
+        "hand", NUMELS, 4, reshard_after_forward=False
+    )  # ZeRO-2's formula for a ZeRO-3 run
+    assert per_step_sent(world4["ZeRO-3 n=4 adam"][0]["records"], STEPS) != dict(
+        sorted(wrong.items())
+    )
 
 
 # ---------------------------------------------------------------- deliberately broken algorithms
-BREAKAGES = {"sum instead of mean": reduce_sum_not_mean, "no replica all-reduce": no_replica_all_reduce,
-             "HSDP divides twice": hsdp_divides_twice}
+BREAKAGES = {
+    "sum instead of mean": reduce_sum_not_mean,
+    "no replica all-reduce": no_replica_all_reduce,
+    "HSDP divides twice": hsdp_divides_twice,
+}
 
 
 def _broken_run(jobs: list[Job], breakage: str) -> list[dict]:
-    with planted(zero, reduce_scatter_grads=BREAKAGES[breakage]):  # the engine's backward looks it up at call time
+    with planted(
+        zero, reduce_scatter_grads=BREAKAGES[breakage]
+    ):  # the engine's backward looks it up at call time
         return run_jobs(jobs)
 
 
-@pytest.mark.parametrize("breakage, label", [("sum instead of mean", "ZeRO-3 n=4 sgd"),
-                                             ("no replica all-reduce", "HSDP 2x2 adam"),
-                                             ("HSDP divides twice", "HSDP 2x2 adam")])
+@pytest.mark.parametrize(
+    "breakage, label",
+    [
+        ("sum instead of mean", "ZeRO-3 n=4 sgd"),
+        ("no replica all-reduce", "HSDP 2x2 adam"),
+        ("HSDP divides twice", "HSDP 2x2 adam"),
+    ],
+)
 def test_broken_algorithms_fail_the_check(breakage, label, world4):
     job = world4[label][0]["job"]
-    assert all_pass(check_params(world4[label], REFERENCE[job.optimizer], atol=1e-12))  # the intact run passes
+    assert all_pass(
+        check_params(world4[label], REFERENCE[job.optimizer], atol=1e-12)
+    )  # the intact run passes
     broken = [r[0] for r in run(_broken_run, 4, [job], breakage, timeout=60)]
     verdicts = check_params(broken, REFERENCE[job.optimizer], atol=1e-12)
     assert not all_pass(verdicts)

@@ -2,6 +2,7 @@
 
 One launch runs every job; each test reads its part. Two Linear(8, 8) units, no bias, float32.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,14 +17,20 @@ from paralab.launch import run
 WORLD = 4
 UNIT_NUMEL = 64  # each of the two Linear(8, 8) units
 REPLICAS = (1, 2)
-POLICIES = {"none": (None, None), "bf16 params, fp32 reduce": (torch.bfloat16, torch.float32),
-            "bf16 params, reduce default": (torch.bfloat16, None)}
+POLICIES = {
+    "none": (None, None),
+    "bf16 params, fp32 reduce": (torch.bfloat16, torch.float32),
+    "bf16 params, reduce default": (torch.bfloat16, None),
+}
 
 
 def _facts(directory: str) -> dict:
     checkpoints = {r: checkpoint_round_trip(os.path.join(directory, f"r{r}"), r) for r in REPLICAS}
-    return {"checkpoint": checkpoints, "mixed": {k: fsdp2_step_facts(*v) for k, v in POLICIES.items()},
-            "keep_gathered": fsdp2_step_facts(reshard_after_forward=False)}
+    return {
+        "checkpoint": checkpoints,
+        "mixed": {k: fsdp2_step_facts(*v) for k, v in POLICIES.items()},
+        "keep_gathered": fsdp2_step_facts(reshard_after_forward=False),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,32 +42,49 @@ def _per_call(result: dict, op: str) -> set[int]:
     return {sent for name, sent in result["calls"] if name == op}
 
 
-@pytest.mark.parametrize("policy, gather_bytes, reduce_bytes, compute", [
-    ("none", 4, 4, "torch.float32"), ("bf16 params, fp32 reduce", 2, 4, "torch.bfloat16"),
-    ("bf16 params, reduce default", 2, 2, "torch.bfloat16")])
-def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(facts, policy, gather_bytes, reduce_bytes,
-                                                                      compute):
+@pytest.mark.parametrize(
+    "policy, gather_bytes, reduce_bytes, compute",
+    [
+        ("none", 4, 4, "torch.float32"),
+        ("bf16 params, fp32 reduce", 2, 4, "torch.bfloat16"),
+        ("bf16 params, reduce default", 2, 2, "torch.bfloat16"),
+    ],
+)
+def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(
+    facts, policy, gather_bytes, reduce_bytes, compute
+):
     shard = UNIT_NUMEL // WORLD
     for rank in facts:
         result = rank["mixed"][policy]
         assert _per_call(result, "all_gather_single") == {(WORLD - 1) * shard * gather_bytes}
         assert _per_call(result, "reduce_scatter_single") == {(WORLD - 1) * shard * reduce_bytes}
-        assert Counter(op for op, _ in result["calls"]) == {"all_gather_single": 4, "reduce_scatter_single": 2}
+        assert Counter(op for op, _ in result["calls"]) == {
+            "all_gather_single": 4,
+            "reduce_scatter_single": 2,
+        }
         assert result["compute_dtypes"] == {compute}
-        assert result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}  # fp32 master shards
+        assert (
+            result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}
+        )  # fp32 master shards
 
 
 def test_without_reshard_after_forward_backward_gathers_nothing(facts):
     for rank in facts:
-        assert Counter(op for op, _ in rank["keep_gathered"]["calls"]) == {"all_gather_single": 2,
-                                                                          "reduce_scatter_single": 2}
+        assert Counter(op for op, _ in rank["keep_gathered"]["calls"]) == {
+            "all_gather_single": 2,
+            "reduce_scatter_single": 2,
+        }
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_keeps_16_bytes_per_parameter_over_the_shard_group_with_adam(facts, policy):
     shard = 2 * UNIT_NUMEL // WORLD  # parameters this rank owns
     for rank in facts:
-        assert rank["mixed"][policy]["held_bytes"] == {"params": 4 * shard, "grads": 4 * shard, "adam": 8 * shard}
+        assert rank["mixed"][policy]["held_bytes"] == {
+            "params": 4 * shard,
+            "grads": 4 * shard,
+            "adam": 8 * shard,
+        }
 
 
 @pytest.mark.parametrize("dp_replicate", REPLICAS)

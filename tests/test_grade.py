@@ -1,4 +1,5 @@
 """Classroom mode: every exercise's check, its hidden cases, and the bug variants it must catch."""
+
 import dataclasses
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def test_every_known_bug_fails_and_is_located(name):
     for what, bug, pointer in exercise.bugs:
         outcome = grade(exercise, bug)
         text = report(exercise, outcome)
-        assert outcome.verdict in ("FAIL", "PARTIAL") and outcome.points < exercise.points, f"{what}: {text}"
+        assert outcome.verdict in ("FAIL", "PARTIAL") and outcome.points < exercise.points, (
+            f"{what}: {text}"
+        )
         assert pointer in text, f"{what}: the report does not point at {pointer!r}:\n{text}"
 
 
@@ -60,8 +63,13 @@ def test_stub_exception_and_hang_each_get_their_own_words():
     exercise = _distributed_exercise()
     assert grade(exercise, _stub).verdict == NOT_IMPLEMENTED
     error = grade(exercise, _raises_on_rank_one)
-    assert error.verdict == "ERROR" and "rank 1: ValueError: index out of range in my code" in error.details[0]
-    assert "test_grade.py" not in report(exercise, error), "only the learner's own frames (cells) are shown"
+    assert (
+        error.verdict == "ERROR"
+        and "rank 1: ValueError: index out of range in my code" in error.details[0]
+    )
+    assert "test_grade.py" not in report(exercise, error), (
+        "only the learner's own frames (cells) are shown"
+    )
     hang = grade(dataclasses.replace(exercise, timeout=4.0), _collective_on_rank_zero_only)
     assert hang.verdict == "TIMEOUT" and "never finished" in hang.details[0]
 
@@ -86,9 +94,13 @@ def test_points_are_split_over_cases_and_world_sizes():
     from paralab.exercises.lab02 import ring_pass_backwards
 
     exercise = EXERCISES["ring_pass"]
-    outcome = grade(exercise, ring_pass_backwards)  # right in groups of 2 (next = previous), wrong in 4
+    outcome = grade(
+        exercise, ring_pass_backwards
+    )  # right in groups of 2 (next = previous), wrong in 4
     text = report(exercise, outcome)
-    assert outcome.verdict == "PARTIAL" and outcome.points == round(exercise.points * 3 / 5, 2), text
+    assert outcome.verdict == "PARTIAL" and outcome.points == round(exercise.points * 3 / 5, 2), (
+        text
+    )
     assert "the whole world as one cp group of 4 (4 ranks):" in text, text
     assert "the {0,1} and {2,3} cp groups of 2 inside 4 ranks" not in text, text
 
@@ -97,4 +109,6 @@ def test_instructors_table_lists_every_exercise_with_its_points_and_time():
     readme = (Path(__file__).resolve().parents[1] / "labs" / "README.md").read_text()
     for exercise in EXERCISES.values():
         row = next((line for line in readme.splitlines() if f"`{exercise.name}`" in line), "")
-        assert f"| {exercise.points} | {exercise.minutes} min |" in row, f"{exercise.name} missing or stale in labs/README.md"
+        assert f"| {exercise.points} | {exercise.minutes} min |" in row, (
+            f"{exercise.name} missing or stale in labs/README.md"
+        )

@@ -1,4 +1,5 @@
 """The small helpers every lab and test shares: planted bugs, claims, ledger queries, text tables."""
+
 import types
 
 import pytest
@@ -28,7 +29,10 @@ def test_planted_refuses_a_name_the_module_lacks():
 
 
 def test_claim_reads_as_claim_and_observation():
-    rows = [claim("every sample encoded once", True, "8 of 8"), claim("no rank idles", False, "rank 3 idle")]
+    rows = [
+        claim("every sample encoded once", True, "8 of 8"),
+        claim("no rank idles", False, "rank 3 idle"),
+    ]
     table = verdict_table(rows)
     assert table.splitlines()[0].split() == ["claim", "observed", "verdict"]
     assert "every sample encoded once  8 of 8" in table
@@ -39,8 +43,12 @@ def test_claim_reads_as_claim_and_observation():
 
 def test_a_mixed_table_keeps_the_tensor_columns():
     import torch
+
     from paralab.check import compare
-    table = verdict_table([*compare(torch.ones(2), torch.ones(2), name="x"), claim("holds", True, "yes")])
+
+    table = verdict_table(
+        [*compare(torch.ones(2), torch.ones(2), name="x"), claim("holds", True, "yes")]
+    )
     assert table.splitlines()[0].split()[:3] == ["tensor", "shape", "dtype"]
     assert table.endswith("2/2 passed")
 
@@ -60,12 +68,16 @@ def test_ledger_queries_filter_by_any_field():
 
 
 def test_text_table_pads_and_aligns():
-    assert text_table(("a", "bytes"), [("x", 5), ("long", 12345)], align_right=(1,)).splitlines() == [
-        "a     bytes", "----  -----", "x         5", "long  12345"]
+    assert text_table(
+        ("a", "bytes"), [("x", 5), ("long", 12345)], align_right=(1,)
+    ).splitlines() == ["a     bytes", "----  -----", "x         5", "long  12345"]
 
 
 def test_closing_table_counts_each_group_and_flags_a_failing_one():
-    groups = {"a": [claim("x", True, "ok"), claim("y", True, "ok")], "b": [claim("z", False, "broke")]}
+    groups = {
+        "a": [claim("x", True, "ok"), claim("y", True, "ok")],
+        "b": [claim("z", False, "broke")],
+    }
     lines = closing_table(groups).splitlines()
     assert lines[2].split() == ["a", "2", "yes"] and lines[3].split() == ["b", "1", "NO"]
     assert lines[-1].split() == ["all", "3", "NO"]

@@ -1,4 +1,5 @@
 """The package's modules import each other without a cycle, and each imports on its own."""
+
 import ast
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node], _ = "open", stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node], _ = "done", stack.pop()
@@ -53,5 +54,7 @@ def test_no_import_cycle_between_paralab_modules():
 
 def test_an_exercise_module_and_the_grader_each_import_first_in_a_fresh_interpreter():
     for module in ("paralab.exercises.lab02", "paralab.grade"):
-        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, f"import {module} alone fails:\n{done.stderr[-2000:]}"

@@ -4,6 +4,7 @@ Ranks unpickle this module's functions by reference, so each rank imports this
 module: keep its top-level imports light (nbformat pulls in a jsonschema format
 checker that is slow to import), or every launch pays for them.
 """
+
 import os
 import subprocess
 import sys
@@ -87,7 +88,9 @@ def test_a_skipped_collective_times_out_instead_of_hanging():
         run(_skip_collective_on, 4, 1, timeout=8)
     elapsed = time.monotonic() - start
     assert elapsed < 20
-    assert "ranks [0, 2, 3] of 4 did not finish within 8 s while ranks [1] had returned" in str(info.value)
+    assert "ranks [0, 2, 3] of 4 did not finish within 8 s while ranks [1] had returned" in str(
+        info.value
+    )
     assert info.value.hung_ranks == [0, 2, 3]
     assert not _children_alive()
 
@@ -104,7 +107,7 @@ def _listening_addresses():
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     listening = []
     for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
         with open(table) as f:
@@ -116,7 +119,7 @@ def _listening_addresses():
                     continue
                 raw = bytes.fromhex(local.split(":")[0])
                 # /proc prints each 32-bit word of the address in host (little-endian) order
-                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+                packed = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
                 listening.append(str(ipaddress.ip_address(packed)))
     return listening
 
@@ -165,7 +168,8 @@ def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell(textwrap.dedent("""
+        nbformat.v4.new_code_cell(
+            textwrap.dedent("""
             import torch, torch.distributed as dist
             from paralab.launch import run
 
@@ -180,15 +184,19 @@ def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
                 return Box(torch.cat(out).tolist())
 
             print([b.value for b in run(gather_ranks, 3, 10)])
-        """)),
+        """)
+        ),
     ]
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     assert nb.cells[0].outputs[0]["text"].strip() == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
 
 
 def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch.distributed as dist
         from paralab.launch import run
 
@@ -200,8 +208,16 @@ def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
             print(f"rank {dist.get_rank()} sees {results}")
             dist.barrier()
             dist.destroy_process_group()
-    """))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    """)
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,4 +1,5 @@
 """paralab.ledger: exact call and byte counts, including calls torch makes on our behalf."""
+
 import torch
 import torch.distributed as dist
 

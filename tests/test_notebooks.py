@@ -1,4 +1,5 @@
 """The committed notebooks are built from today's sources and their outputs hold on any machine."""
+
 import re
 import subprocess
 import sys
@@ -14,7 +15,9 @@ MAX_SIGNIFICANT = 10
 
 
 def test_committed_notebooks_are_up_to_date():
-    done = subprocess.run([sys.executable, "_build_nb.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "_build_nb.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "up to date" in done.stdout
 
@@ -48,34 +51,54 @@ def long_floats(nb) -> list[str]:
 def test_compared_outputs_print_no_machine_dependent_digits(path):
     """A float's last digits differ between CPUs and BLAS kernels: print ~6 significant digits."""
     found = long_floats(nbformat.read(path, as_version=4))
-    assert not found, f"{path.name}: floats with more than {MAX_SIGNIFICANT} significant digits: {found[:5]}"
+    assert not found, (
+        f"{path.name}: floats with more than {MAX_SIGNIFICANT} significant digits: {found[:5]}"
+    )
 
 
 def test_the_float_check_sees_a_long_float_and_spares_ignored_cells():
-    cell = nbformat.v4.new_code_cell("print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.6323941312666288\n")])
+    cell = nbformat.v4.new_code_cell(
+        "print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.6323941312666288\n")]
+    )
     ignored = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(x)", outputs=cell.outputs)
-    short = nbformat.v4.new_code_cell("print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.632394, 1.1e-16\n")])
+    short = nbformat.v4.new_code_cell(
+        "print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.632394, 1.1e-16\n")]
+    )
     assert long_floats(nbformat.v4.new_notebook(cells=[cell])) == ["cell 0: 0.6323941312666288"]
     assert long_floats(nbformat.v4.new_notebook(cells=[ignored, short])) == []
 
 
 def test_measure_counts_visible_code_verdict_rows_and_pictures():
-    from paralab.check import claim, verdict_table
     import torch
 
-    from paralab.check import compare
+    from paralab.check import claim, compare, verdict_table
     from paralab.notebooks import measure, verdict_rows
 
-    table = verdict_table([claim("a", True, "x"), claim("b", True, "y")], "title")  # a table of claims
+    table = verdict_table(
+        [claim("a", True, "x"), claim("b", True, "y")], "title"
+    )  # a table of claims
     assert verdict_rows(verdict_table(compare(torch.zeros(2), torch.zeros(2)), "tensors")) == [1]
     shown = nbformat.v4.new_code_cell("# From src/paralab/x.py: ...\ndef f():\n    return 1")
-    folded = nbformat.v4.new_code_cell("\n".join(["x = 1"] * 50), metadata={"jupyter": {"source_hidden": True}})
-    ran = nbformat.v4.new_code_cell("print(table)", outputs=[
-        nbformat.v4.new_output("stream", name="stdout", text=table + "\n"),
-        nbformat.v4.new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"})])
-    detail = nbformat.v4.new_code_cell("print(table)", metadata={"jupyter": {"outputs_hidden": True}},
-                                       outputs=[nbformat.v4.new_output("stream", name="stdout", text=table)])
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), shown, folded, ran, detail])
+    folded = nbformat.v4.new_code_cell(
+        "\n".join(["x = 1"] * 50), metadata={"jupyter": {"source_hidden": True}}
+    )
+    ran = nbformat.v4.new_code_cell(
+        "print(table)",
+        outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text=table + "\n"),
+            nbformat.v4.new_output(
+                "display_data", data={"image/png": "", "text/plain": "<Figure>"}
+            ),
+        ],
+    )
+    detail = nbformat.v4.new_code_cell(
+        "print(table)",
+        metadata={"jupyter": {"outputs_hidden": True}},
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text=table)],
+    )
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("# t"), shown, folded, ran, detail]
+    )
     m = measure(nb)
     assert (m.code_lines, m.package_lines, m.longest_cell) == (5, 3, 3)
     assert (m.check_rows, m.check_tables, m.folded_rows, m.pictures) == (4, 2, 2, 1)

@@ -1,4 +1,5 @@
 """ParallelDims: every rule of docs/parallel_dims.md, pure logic first, then real meshes."""
+
 import logging
 import warnings
 
@@ -75,14 +76,29 @@ def test_flags_and_accessors_before_build():
     pd = ParallelDims(8, dp_replicate=2, dp_shard=4, cp=2, cfgp=2, lb=2, enable_inference_mode=True)
     assert pd.mesh == {}
     assert pd.dp_mesh is pd.cp_mesh is pd.cfgp_mesh is pd.lb_mesh is None
-    assert (pd.cp_rank, pd.cp_size, pd.cfgp_rank, pd.cfgp_size, pd.lb_rank, pd.lb_size) == (0, 1, 0, 1, 0, 1)
-    assert pd.dp_shard_enabled and pd.dp_replicate_enabled and pd.cp_enabled and pd.cfgp_enabled and pd.lb_enabled
+    assert (pd.cp_rank, pd.cp_size, pd.cfgp_rank, pd.cfgp_size, pd.lb_rank, pd.lb_size) == (
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+    )
+    assert (
+        pd.dp_shard_enabled
+        and pd.dp_replicate_enabled
+        and pd.cp_enabled
+        and pd.cfgp_enabled
+        and pd.lb_enabled
+    )
 
 
 def test_dp_enabled_training_vs_inference():
     assert ParallelDims(1).dp_enabled  # training: always, degree 1 included
     assert not ParallelDims(1, enable_inference_mode=True).dp_enabled
-    assert not ParallelDims(4, dp_shard=1, enable_inference_mode=True).dp_enabled  # ignores dp_replicate=4
+    assert not ParallelDims(
+        4, dp_shard=1, enable_inference_mode=True
+    ).dp_enabled  # ignores dp_replicate=4
     assert ParallelDims(4, dp_shard=2, enable_inference_mode=True).dp_enabled
 
 
@@ -109,7 +125,9 @@ def _valid(world, dp_shard, dp_replicate, cp, cfgp, lb, inference):
     lb=st.integers(0, 17),
     inference=st.booleans(),
 )
-def test_construction_succeeds_exactly_when_invariants_hold(world, dp_shard, dp_replicate, cp, cfgp, lb, inference):
+def test_construction_succeeds_exactly_when_invariants_hold(
+    world, dp_shard, dp_replicate, cp, cfgp, lb, inference
+):
     expected = _valid(world, dp_shard, dp_replicate, cp, cfgp, lb, inference)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -125,11 +143,41 @@ def test_construction_succeeds_exactly_when_invariants_hold(world, dp_shard, dp_
 
 # The example table of docs/parallel_dims.md, on real gloo meshes.
 SPEC_TABLE = {
-    0: {"dp_shard": [0, 1, 2, 3], "dp_replicate": [0, 4], "cfgp": [0, 2], "cp": [0, 1], "lb": [0, 1]},
-    1: {"dp_shard": [0, 1, 2, 3], "dp_replicate": [1, 5], "cfgp": [1, 3], "cp": [0, 1], "lb": [0, 1]},
-    2: {"dp_shard": [0, 1, 2, 3], "dp_replicate": [2, 6], "cfgp": [0, 2], "cp": [2, 3], "lb": [2, 3]},
-    5: {"dp_shard": [4, 5, 6, 7], "dp_replicate": [1, 5], "cfgp": [5, 7], "cp": [4, 5], "lb": [4, 5]},
-    7: {"dp_shard": [4, 5, 6, 7], "dp_replicate": [3, 7], "cfgp": [5, 7], "cp": [6, 7], "lb": [6, 7]},
+    0: {
+        "dp_shard": [0, 1, 2, 3],
+        "dp_replicate": [0, 4],
+        "cfgp": [0, 2],
+        "cp": [0, 1],
+        "lb": [0, 1],
+    },
+    1: {
+        "dp_shard": [0, 1, 2, 3],
+        "dp_replicate": [1, 5],
+        "cfgp": [1, 3],
+        "cp": [0, 1],
+        "lb": [0, 1],
+    },
+    2: {
+        "dp_shard": [0, 1, 2, 3],
+        "dp_replicate": [2, 6],
+        "cfgp": [0, 2],
+        "cp": [2, 3],
+        "lb": [2, 3],
+    },
+    5: {
+        "dp_shard": [4, 5, 6, 7],
+        "dp_replicate": [1, 5],
+        "cfgp": [5, 7],
+        "cp": [4, 5],
+        "lb": [4, 5],
+    },
+    7: {
+        "dp_shard": [4, 5, 6, 7],
+        "dp_replicate": [3, 7],
+        "cfgp": [5, 7],
+        "cp": [6, 7],
+        "lb": [6, 7],
+    },
 }
 SPEC_CONFIG = dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True)
 

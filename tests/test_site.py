@@ -11,6 +11,7 @@ test prints their paths.
 Skips, saying why, when the site's pip packages, Playwright or a Chromium binary are
 missing (`.ci/run` installs them); the rest of the suite does not depend on this file.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,14 +39,22 @@ def _chromium() -> str | None:
 
 
 def _missing() -> str | None:
-    for module, package in [("mkdocs", "mkdocs"), ("material", "mkdocs-material"),
-                            ("mkdocs_jupyter", "mkdocs-jupyter"), ("jupyter_server_mathjax", "jupyter-server-mathjax"),
-                            ("playwright", "playwright")]:
+    for module, package in [
+        ("mkdocs", "mkdocs"),
+        ("material", "mkdocs-material"),
+        ("mkdocs_jupyter", "mkdocs-jupyter"),
+        ("jupyter_server_mathjax", "jupyter-server-mathjax"),
+        ("playwright", "playwright"),
+    ]:
         if importlib.util.find_spec(module) is None:
             return f"pip package {package} is not installed (pip install -r requirements.txt)"
     if _chromium() is None:
-        return ("no Chromium binary: none of " + ", ".join(CHROMIUM_NAMES) + " on PATH and PARALAB_CHROMIUM unset "
-                "(apt-get install -y chromium; Playwright's own browser download needs the network)")
+        return (
+            "no Chromium binary: none of "
+            + ", ".join(CHROMIUM_NAMES)
+            + " on PATH and PARALAB_CHROMIUM unset "
+            "(apt-get install -y chromium; Playwright's own browser download needs the network)"
+        )
     return None
 
 
@@ -74,8 +83,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def _typeset(page) -> None:
     """Wait until MathJax has finished its first pass over the page."""
-    page.wait_for_function("() => window.MathJax && window.MathJax.Hub && window.MathJax.isReady === true",
-                           timeout=20_000)
+    page.wait_for_function(
+        "() => window.MathJax && window.MathJax.Hub && window.MathJax.isReady === true",
+        timeout=20_000,
+    )
     page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
 
 
@@ -85,8 +96,12 @@ def test_site_in_a_real_browser(served_site):
 
     from paralab.site import lab_dirs
 
-    notebooks = {f"labs/{lab.name}/{nb.stem}/" for lab in lab_dirs() for nb in lab.glob("*.ipynb")
-                 if not nb.name.endswith("_exercise.ipynb")}
+    notebooks = {
+        f"labs/{lab.name}/{nb.stem}/"
+        for lab in lab_dirs()
+        for nb in lab.glob("*.ipynb")
+        if not nb.name.endswith("_exercise.ipynb")
+    }
     host = urlparse(served_site).netloc
     external: list[str] = []
     broken: list[str] = []
@@ -97,8 +112,9 @@ def test_site_in_a_real_browser(served_site):
 
     with sync_playwright() as playwright:
         try:
-            browser = playwright.chromium.launch(executable_path=_chromium(), headless=True,
-                                                 args=["--no-sandbox", "--disable-gpu"])
+            browser = playwright.chromium.launch(
+                executable_path=_chromium(), headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
         except PlaywrightError as error:
             pytest.skip(f"Chromium at {_chromium()} did not start: {error}")
         context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -111,8 +127,14 @@ def test_site_in_a_real_browser(served_site):
                 route.abort()
 
         context.route("**/*", only_local)
-        context.on("response", lambda r: broken.append(f"{r.url} -> {r.status} (loaded by a page)")
-                   if r.status >= 400 and urlparse(r.url).netloc == host else None)
+        context.on(
+            "response",
+            lambda r: (
+                broken.append(f"{r.url} -> {r.status} (loaded by a page)")
+                if r.status >= 400 and urlparse(r.url).netloc == host
+                else None
+            ),
+        )
         page = context.new_page()
         page.on("pageerror", lambda error: problems.append(f"{page.url}: script error: {error}"))
         queue, seen, anchors, ids = [served_site], set(), [], {}
@@ -121,7 +143,9 @@ def test_site_in_a_real_browser(served_site):
             if url in seen:
                 continue
             seen.add(url)
-            if not url.endswith("/") and not url.endswith(".html"):  # a static file (.py, .png): status only
+            if not url.endswith("/") and not url.endswith(
+                ".html"
+            ):  # a static file (.py, .png): status only
                 status = context.request.get(url).status
                 if status != 200:
                     broken.append(f"{url} -> {status}")
@@ -135,23 +159,35 @@ def test_site_in_a_real_browser(served_site):
             state = page.evaluate("""() => ({
                 ids: [...document.querySelectorAll('[id]')].map(e => e.id),
                 links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-                images: [...document.querySelectorAll('.md-content img')].map(i => [i.complete && i.naturalWidth > 0, i.src.slice(0, 60)]),
-                sources: document.querySelectorAll('script[type^="math/tex"]').length + document.querySelectorAll('.arithmatex').length,
+                images: [...document.querySelectorAll('.md-content img')]
+                    .map(i => [i.complete && i.naturalWidth > 0, i.src.slice(0, 60)]),
+                sources: document.querySelectorAll('script[type^="math/tex"]').length
+                    + document.querySelectorAll('.arithmatex').length,
                 found: document.querySelectorAll('script[type^="math/tex"]').length,
                 rendered: document.querySelectorAll('span.MathJax, .MathJax_MathML').length,
                 errors: document.querySelectorAll('.MathJax_Error, span.MathJax merror').length,
-                raw: [...document.querySelectorAll('.arithmatex')].filter(s => !s.querySelector('span.MathJax, .MathJax_MathML')).length,
+                raw: [...document.querySelectorAll('.arithmatex')]
+                    .filter(s => !s.querySelector('span.MathJax, .MathJax_MathML')).length,
             })""")
             ids[url] = set(state["ids"])
             if path in notebooks:
                 if not state["images"]:
                     problems.append(f"{path}: a notebook page with no picture")
-                problems += [f"{path}: picture not shown ({src}...)" for ok, src in state["images"] if not ok]
+                problems += [
+                    f"{path}: picture not shown ({src}...)" for ok, src in state["images"] if not ok
+                ]
             if state["sources"]:
                 math_pages += 1
-                if state["rendered"] < state["found"] or state["found"] == 0 or state["raw"] or state["errors"]:
-                    problems.append(f"{path}: math not rendered ({state['found']} found, {state['rendered']} typeset, "
-                                    f"{state['raw']} left raw, {state['errors']} errors)")
+                if (
+                    state["rendered"] < state["found"]
+                    or state["found"] == 0
+                    or state["raw"]
+                    or state["errors"]
+                ):
+                    problems.append(
+                        f"{path}: math not rendered ({state['found']} found, {state['rendered']} typeset, "
+                        f"{state['raw']} left raw, {state['errors']} errors)"
+                    )
             if path == "":
                 page.screenshot(path=str(SCREENSHOTS / "landing.png"))
             if path == sorted(notebooks)[-1]:
@@ -176,11 +212,17 @@ def test_site_in_a_real_browser(served_site):
         browser.close()
 
     pages = len(seen)
-    print(f"browser: {pages} URLs opened in {time.perf_counter() - start:.1f} s; "
-          f"{len(notebooks)} notebook pages; math typeset on {math_pages} pages; search 'Ulysses': {hits} hits")
+    print(
+        f"browser: {pages} URLs opened in {time.perf_counter() - start:.1f} s; "
+        f"{len(notebooks)} notebook pages; math typeset on {math_pages} pages; search 'Ulysses': {hits} hits"
+    )
     print(f"screenshots: {SCREENSHOTS / 'landing.png'} and {SCREENSHOTS / 'notebook.png'}")
-    assert not external, f"pages asked for other hosts (the site must work offline): {sorted(set(external))[:10]}"
+    assert not external, (
+        f"pages asked for other hosts (the site must work offline): {sorted(set(external))[:10]}"
+    )
     assert not broken, "broken links:\n" + "\n".join(sorted(set(broken)))
     assert not problems, "\n".join(problems)
-    assert notebooks <= {urlparse(u).path.lstrip("/") for u in seen}, "a notebook page is not reachable from the landing page"
+    assert notebooks <= {urlparse(u).path.lstrip("/") for u in seen}, (
+        "a notebook page is not reachable from the landing page"
+    )
     assert math_pages > 0 and hits > 0

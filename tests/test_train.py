@@ -4,6 +4,7 @@ The lab's nbval run executes every configuration; these tests pin the pieces it 
 and run the public `train` entry point once on a path the lab does not (causal ring,
 full AC, Adam).
 """
+
 import pytest
 import torch
 
@@ -37,13 +38,22 @@ def test_fsdp_shard_bytes_pad_dim0_to_the_group():
 
 def test_step_bytes_recompute_only_with_full_ac():
     none, full, selective = (step_bytes(4, 1, 2, ac=ac) for ac in ("none", "full", "selective"))
-    assert full["cp", "recompute"] == full["cp", "forward"] == 2 * 2 * (1 * 8 * 16 * 2 * 8)  # L * 2(cp-1)S
+    assert (
+        full["cp", "recompute"] == full["cp", "forward"] == 2 * 2 * (1 * 8 * 16 * 2 * 8)
+    )  # L * 2(cp-1)S
     assert selective == none and none["cp", "recompute"] == 0
-    assert {k: v for k, v in full.items() if k != ("cp", "recompute")} == {k: v for k, v in none.items() if k != ("cp", "recompute")}
+    assert {k: v for k, v in full.items() if k != ("cp", "recompute")} == {
+        k: v for k, v in none.items() if k != ("cp", "recompute")
+    }
     hsdp = step_bytes(4, 2, 2)
     assert hsdp["dp_replicate", "backward"] == sum(shard_bytes_of_unit(u, 4) for u in unit_shapes())
     ring8 = step_bytes(4, 2, 8, attention="ring", ac="full")  # lab 05's 'What to try' 4
-    assert ring8["cp", "recompute"] == ring8["cp", "forward"] == 2 * 2 * 7 * (1 * 8 * 4 * 2 * 8) == 14336
+    assert (
+        ring8["cp", "recompute"]
+        == ring8["cp", "forward"]
+        == 2 * 2 * 7 * (1 * 8 * 4 * 2 * 8)
+        == 14336
+    )
 
 
 def test_wrappers_land_where_cosmos_puts_them():
@@ -52,7 +62,9 @@ def test_wrappers_land_where_cosmos_puts_them():
     assert type(full.blocks[0]._orig_mod).__name__ == "CheckpointWrapper"
     selective = apply_ac(build_model(), "selective")
     assert type(selective.blocks[0].qkv).__name__ == "CheckpointWrapper"
-    assert type(selective.blocks[0].attention).__name__ == "LocalAttention"  # saved, never recomputed
+    assert (
+        type(selective.blocks[0].attention).__name__ == "LocalAttention"
+    )  # saved, never recomputed
     assert set(full_parameters(full)) == set(full_parameters(build_model()))
     with pytest.raises(ValueError, match="mode"):
         apply_ac(build_model(), "sometimes")
@@ -61,14 +73,22 @@ def test_wrappers_land_where_cosmos_puts_them():
 
 
 def _causal_full_ac_adam():
-    return train(ParallelDims(4, dp_shard=4, cp=2), attention="ring", ac="full", optimizer="adam", causal=True)
+    return train(
+        ParallelDims(4, dp_shard=4, cp=2),
+        attention="ring",
+        ac="full",
+        optimizer="adam",
+        causal=True,
+    )
 
 
 def test_train_causal_ring_full_ac_adam_matches_one_process():
     per_rank = run(_causal_full_ac_adam, 4, timeout=240)
     expected = reference(samples=2, optimizer="adam", causal=True)
     assert_match(per_rank, [expected] * 4, atol=1e-12)
-    assert all(torch.equal(per_rank[r]["head.weight"], per_rank[0]["head.weight"]) for r in range(4))
+    assert all(
+        torch.equal(per_rank[r]["head.weight"], per_rank[0]["head.weight"]) for r in range(4)
+    )
 
 
 def test_lab05_pictures_draw():

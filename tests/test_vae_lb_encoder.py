@@ -1,4 +1,5 @@
 """The tiny video encoder and the cost model: exact normalization, shapes, the raw-uint8 trap."""
+
 import pytest
 import torch
 
@@ -25,7 +26,9 @@ def test_latent_shape_dtype_and_size():
     _, t, h, w = video.shape
     latent = TinyVideoEncoder()(video)
     assert latent.shape == (4, t // 2, h // 4, w // 4) and latent.dtype == torch.float64
-    assert latent.nbytes == t * h * w == encode_cost(video)  # the latent is a third of the raw video's 3THW bytes
+    assert (
+        latent.nbytes == t * h * w == encode_cost(video)
+    )  # the latent is a third of the raw video's 3THW bytes
 
 
 def test_sizes_that_do_not_divide_are_rejected_naming_the_dimension():
@@ -52,7 +55,10 @@ def test_raw_uint8_cast_to_float_is_caught():
     videos = random_raw_videos(2, seed=5)
     encoder = TinyVideoEncoder()
     with pytest.raises(CheckFailed, match="2 of 2 tensors"):
-        assert_match([encoder.encode_normalized(v.to(torch.float64)) for v in videos], [encoder(v) for v in videos])
+        assert_match(
+            [encoder.encode_normalized(v.to(torch.float64)) for v in videos],
+            [encoder(v) for v in videos],
+        )
 
 
 def test_encode_cost_is_frames_times_height_times_width():

@@ -1,4 +1,5 @@
 """offload_encode on real gloo ranks: latents come home in order, compute runs where the plan says."""
+
 import sys
 
 import cloudpickle
@@ -6,13 +7,22 @@ import pytest
 import torch
 
 from paralab.check import CheckFailed, assert_match
+from paralab.exercises.lab04 import raw_pixels_clinic, skip_when_empty
 from paralab.launch import LaunchTimeout, run
 from paralab.models import TinyVideoEncoder, random_raw_videos
-from paralab.exercises.lab04 import raw_pixels_clinic, skip_when_empty
 from paralab.vae_lb import encode_cost, offload_encode
-from paralab.vae_lb.runs import LBRun, fingerprint, groups_of, lb_worker, reference_latents, run_checks
+from paralab.vae_lb.runs import (
+    LBRun,
+    fingerprint,
+    groups_of,
+    lb_worker,
+    reference_latents,
+    run_checks,
+)
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks need this file's workers by value
+cloudpickle.register_pickle_by_value(
+    sys.modules[__name__]
+)  # ranks need this file's workers by value
 
 
 def check_run(batches, costs, lb, bug=None):
@@ -42,7 +52,9 @@ def test_two_lb_groups_in_one_world_use_global_peers():
     batches = [random_raw_videos(n, seed=20 + r) for r, n in enumerate(counts)]
     costs = [[encode_cost(v) for v in b] for b in batches]
     results = check_run(batches, costs, lb=4)
-    peers = {rec.peer for rank in range(4, 8) for rec in results[rank]["records"] if rec.peer is not None}
+    peers = {
+        rec.peer for rank in range(4, 8) for rec in results[rank]["records"] if rec.peer is not None
+    }
     assert peers and peers <= {4, 5, 6, 7}
 
 
@@ -51,7 +63,9 @@ def test_a_rank_that_sends_and_receives_in_the_same_round():
     costs = [[6.0, 6.0], [1.0, 1.0], [4.0]]  # plan: 0 -> 1, then 1 -> 2 twice
     results = check_run(batches, costs, lb=3)
     assert results[1]["encoded"] == [fingerprint(batches[0][0])]  # its own two went to rank 2
-    assert results[2]["encoded"] == [fingerprint(v) for v in [batches[2][0], *batches[1]]]  # own first, then guests
+    assert results[2]["encoded"] == [
+        fingerprint(v) for v in [batches[2][0], *batches[1]]
+    ]  # own first, then guests
     assert {r.op for r in results[1]["records"]} == {"all_gather", "isend", "irecv"}
 
 
@@ -66,7 +80,9 @@ def test_a_plan_without_moves_moves_no_payload():
 
 def test_every_rank_empty():
     results = check_run([[], [], [], []], [[], [], [], []], lb=2)
-    assert all(r["latents"] == [] and [x.op for x in r["records"]] == ["all_gather"] for r in results)
+    assert all(
+        r["latents"] == [] and [x.op for x in r["records"]] == ["all_gather"] for r in results
+    )
 
 
 def test_the_checks_catch_raw_uint8_and_a_wrong_order():

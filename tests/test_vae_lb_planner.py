@@ -1,4 +1,5 @@
 """The lb planner and its baselines: pure Python, no processes."""
+
 import random
 
 import pytest
@@ -77,7 +78,10 @@ def test_closest_fit_ties_go_to_the_first_sample_in_the_donors_list():
 def test_cosmos_test_batch_moves_samples_0_and_1():
     # Cosmos's own offload test: after the first 768 moves, gap 1152: the other 768 and the 384 both
     # leave 384; the first listed (the 768, index 1) goes
-    assert plan_rebalance({0: [768.0, 768.0, 384.0], 1: [], 2: []}) == [Move(0, 1, 0), Move(0, 2, 1)]
+    assert plan_rebalance({0: [768.0, 768.0, 384.0], 1: [], 2: []}) == [
+        Move(0, 1, 0),
+        Move(0, 2, 1),
+    ]
 
 
 def test_rank_ties_go_to_the_first_rank_in_dict_order():
@@ -179,7 +183,7 @@ def test_same_moves_as_cosmos_on_random_batches():
     """Small integer costs make ties between ranks and between samples common; labels come in any order."""
     rng = random.Random(10)
     differ = []
-    for trial in range(3000):
+    for _trial in range(3000):
         labels = rng.sample(range(12), rng.randint(0, 6))
         costs = {r: [float(rng.randint(0, 12)) for _ in range(rng.randint(0, 7))] for r in labels}
         for limit in (None, 0, 1, 2, 3, rng.randint(4, 40)):
@@ -191,10 +195,16 @@ def test_same_moves_as_cosmos_on_random_batches():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.integers(0, 20), st.lists(st.floats(0, 1e6, allow_nan=False), max_size=8), max_size=6),
-       st.one_of(st.none(), st.integers(0, 10)))
+@given(
+    st.dictionaries(
+        st.integers(0, 20), st.lists(st.floats(0, 1e6, allow_nan=False), max_size=8), max_size=6
+    ),
+    st.one_of(st.none(), st.integers(0, 10)),
+)
 def test_same_moves_as_cosmos_on_float_costs(costs, limit):
-    assert plan_rebalance(costs, limit) == (cosmos_plan(costs) if limit is None else cosmos_plan(costs, limit))
+    assert plan_rebalance(costs, limit) == (
+        cosmos_plan(costs) if limit is None else cosmos_plan(costs, limit)
+    )
 
 
 # ------------------------------------------------------------------ properties over random inputs

@@ -1,4 +1,5 @@
 """Smoke tests for the pictures the labs place: each draws from plain inputs and returns a Figure."""
+
 from types import SimpleNamespace
 
 import matplotlib
@@ -26,11 +27,16 @@ def test_plot_collective():
 
 def _fsdp_step(units: int, n: int, reshard: bool, replicas: int = 1) -> list[Record]:
     shard, group = 64, tuple(range(n))
-    gather = lambda phase: Record("all_gather_into_tensor", phase, group, (n - 1) * shard, (n - 1) * shard)  # noqa: E731
+
+    def gather(phase):
+        return Record("all_gather_into_tensor", phase, group, (n - 1) * shard, (n - 1) * shard)  # noqa: E731
+
     records = [gather("forward") for _ in range(units)]
     for _ in range(units):
         records += [gather("backward")] if reshard else []
-        records.append(Record("reduce_scatter_tensor", "backward", group, (n - 1) * shard, (n - 1) * shard))
+        records.append(
+            Record("reduce_scatter_tensor", "backward", group, (n - 1) * shard, (n - 1) * shard)
+        )
         if replicas > 1:
             records.append(Record("all_reduce", "backward", tuple(range(replicas)), shard, shard))
     return records
@@ -53,10 +59,22 @@ def test_plot_ulysses_reshape():
 
 
 def test_plot_overlay_vs_consuming():
-    overlay = [{"dp_shard": [r - r % 4 + i for i in range(4)], "dp_replicate": [r % 4, r % 4 + 4],
-                "cp": [r - r % 2, r - r % 2 + 1]} for r in range(8)]
-    consuming = [{"dp_shard": [r % 2 + 2 * i for i in range(4)], "cp": [r - r % 2, r - r % 2 + 1],
-                  "dp_shard_cp": list(range(8))} for r in range(8)]
+    overlay = [
+        {
+            "dp_shard": [r - r % 4 + i for i in range(4)],
+            "dp_replicate": [r % 4, r % 4 + 4],
+            "cp": [r - r % 2, r - r % 2 + 1],
+        }
+        for r in range(8)
+    ]
+    consuming = [
+        {
+            "dp_shard": [r % 2 + 2 * i for i in range(4)],
+            "cp": [r - r % 2, r - r % 2 + 1],
+            "dp_shard_cp": list(range(8)),
+        }
+        for r in range(8)
+    ]
     _drawn(viz.plot_overlay_vs_consuming(overlay, consuming))
 
 
@@ -65,7 +83,10 @@ def test_plot_cfgp_timeline():
 
 
 def test_plot_lb_protocol():
-    moves = [SimpleNamespace(from_rank=0, to_rank=2, local_index=1), SimpleNamespace(from_rank=1, to_rank=3, local_index=0)]
+    moves = [
+        SimpleNamespace(from_rank=0, to_rank=2, local_index=1),
+        SimpleNamespace(from_rank=1, to_rank=3, local_index=0),
+    ]
     _drawn(viz.plot_lb_protocol(moves, 4))
     _drawn(viz.plot_lb_protocol([], 2))
 

@@ -11,6 +11,7 @@ cells whose run raised, the stderr boxes (JupyterLab draws them red), and one
 screenshot. The labs are copied to a temporary folder first, so JupyterLab's
 autosave never touches the committed notebooks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,12 +69,30 @@ def _free_port() -> int:
 
 
 def start_lab(root: Path, port: int, token: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
-         f"--LabApp.workspaces_dir={root / '.workspaces'}", f"--LabApp.user_settings_dir={root / '.settings'}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.workspaces_dir={root / '.workspaces'}",
+            f"--LabApp.user_settings_dir={root / '.settings'}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(120):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
@@ -91,7 +110,9 @@ def first_change(committed: Path, saved: Path) -> str:
         old, new = a["metadata"].get(key), b["metadata"].get(key)
         if old != new and isinstance(old, dict) and isinstance(new, dict):
             inner = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            return f"notebook metadata {key}: " + ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in inner)
+            return f"notebook metadata {key}: " + ", ".join(
+                f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in inner
+            )
         if old != new:
             return f"notebook metadata {key}: {old!r} -> {new!r}"
     for i, (x, y) in enumerate(zip(a["cells"], b["cells"])):
@@ -101,13 +122,23 @@ def first_change(committed: Path, saved: Path) -> str:
     return ""
 
 
-def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeout_s: int, work: Path) -> dict:
-    page.goto(f"{base}/lab/tree/{notebook}?reset&token={token}", wait_until="domcontentloaded")  # no restored tabs
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.context"
-                           " && window.jupyterapp.shell.currentWidget.context.isReady", timeout=120_000)
-    page.wait_for_function("() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session;"
-                           " return k && k.kernel && k.kernel.status === 'idle'; }", timeout=180_000)
+def check_lab(
+    page, base: str, token: str, notebook: str, shot: Path, run_timeout_s: int, work: Path
+) -> dict:
+    page.goto(
+        f"{base}/lab/tree/{notebook}?reset&token={token}", wait_until="domcontentloaded"
+    )  # no restored tabs
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.context"
+        " && window.jupyterapp.shell.currentWidget.context.isReady",
+        timeout=120_000,
+    )
+    page.wait_for_function(
+        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session;"
+        " return k && k.kernel && k.kernel.status === 'idle'; }",
+        timeout=180_000,
+    )
     time.sleep(3)  # let JupyterLab settle (it rewrites metadata, if it does, on open)
     opened_dirty = page.evaluate(NOTEBOOK_STATE)["dirty"]
     change = ""
@@ -116,15 +147,24 @@ def check_lab(page, base: str, token: str, notebook: str, shot: Path, run_timeou
         time.sleep(3)
         change = first_change(ROOT / notebook, work / notebook)
     start = time.monotonic()
-    page.evaluate("() => { window.__ran = false; window.jupyterapp.commands.execute('notebook:run-all-cells')"
-                  ".then(() => { window.__ran = true; }); }")
-    page.wait_for_function("() => window.__ran === true", timeout=run_timeout_s * 1000, polling=2000)
-    page.wait_for_function("() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session;"
-                           " return k.kernel.status === 'idle'; }", timeout=60_000)
+    page.evaluate(
+        "() => { window.__ran = false; window.jupyterapp.commands.execute('notebook:run-all-cells')"
+        ".then(() => { window.__ran = true; }); }"
+    )
+    page.wait_for_function(
+        "() => window.__ran === true", timeout=run_timeout_s * 1000, polling=2000
+    )
+    page.wait_for_function(
+        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session;"
+        " return k.kernel.status === 'idle'; }",
+        timeout=60_000,
+    )
     seconds = time.monotonic() - start
     state = page.evaluate(NOTEBOOK_STATE)
-    page.evaluate("() => { const img = window.jupyterapp.shell.currentWidget.node.querySelector('.jp-RenderedImage');"
-                  " if (img) img.scrollIntoView({block: 'center'}); }")
+    page.evaluate(
+        "() => { const img = window.jupyterapp.shell.currentWidget.node.querySelector('.jp-RenderedImage');"
+        " if (img) img.scrollIntoView({block: 'center'}); }"
+    )
     time.sleep(1)
     page.screenshot(path=str(shot))
     return {"opened_dirty": opened_dirty, "change": change, "seconds": seconds, **state}
@@ -135,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("labs", nargs="*", help="lab folders (default: every lab)")
-    parser.add_argument("--shots", default=tempfile.gettempdir(), help="folder for one screenshot per lab")
-    parser.add_argument("--run-timeout", type=int, default=900, help="seconds allowed for one lab's run-all")
+    parser.add_argument(
+        "--shots", default=tempfile.gettempdir(), help="folder for one screenshot per lab"
+    )
+    parser.add_argument(
+        "--run-timeout", type=int, default=900, help="seconds allowed for one lab's run-all"
+    )
     args = parser.parse_args(argv)
     notebooks = sorted(ROOT.glob("labs/*/*_lab.ipynb"))
     if args.labs:
@@ -154,19 +198,37 @@ def main(argv: list[str] | None = None) -> int:
                 lab = nb.parent.name
                 shot = Path(args.shots) / f"browser_{lab}.png"
                 try:
-                    r = check_lab(page, f"http://127.0.0.1:{port}", token, nb.relative_to(ROOT).as_posix(), shot,
-                                  args.run_timeout, work)
-                except Exception as exc:  # a timeout or a page that never became ready: report, go on
+                    r = check_lab(
+                        page,
+                        f"http://127.0.0.1:{port}",
+                        token,
+                        nb.relative_to(ROOT).as_posix(),
+                        shot,
+                        args.run_timeout,
+                        work,
+                    )
+                except (
+                    Exception
+                ) as exc:  # a timeout or a page that never became ready: report, go on
                     problems += 1
-                    print(f"{lab:<24} could not be checked: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    print(
+                        f"{lab:<24} could not be checked: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    )
                     page.evaluate(CLOSE_NOTEBOOK)
                     continue
                 bad = r["opened_dirty"] or r["errors"] or r["stderr"] or r["running"]
                 problems += bool(bad)
-                print(f"{lab:<24} {'PROBLEMS' if bad else 'clean':<9} modified on open: {'yes' if r['opened_dirty'] else 'no'};"
-                      f" run all {r['seconds']:.0f} s; {len(r['errors'])} errors; {len(r['stderr'])} stderr boxes;"
-                      f" {r['images']} pictures; screenshot {shot}")
-                for line in ([f"on open, JupyterLab rewrote {r['change']}"] if r["change"] else []) + r["errors"] + r["stderr"]:
+                print(
+                    f"{lab:<24} {'PROBLEMS' if bad else 'clean':<9} "
+                    f"modified on open: {'yes' if r['opened_dirty'] else 'no'};"
+                    f" run all {r['seconds']:.0f} s; {len(r['errors'])} errors; {len(r['stderr'])} stderr boxes;"
+                    f" {r['images']} pictures; screenshot {shot}"
+                )
+                for line in (
+                    ([f"on open, JupyterLab rewrote {r['change']}"] if r["change"] else [])
+                    + r["errors"]
+                    + r["stderr"]
+                ):
                     print(f"    {line}")
                 page.evaluate(CLOSE_NOTEBOOK)
             browser.close()

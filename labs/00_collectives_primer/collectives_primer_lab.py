@@ -50,6 +50,7 @@ def show_collective(op, title=None):
     print(before_after_table(before[op], [a[op] for a in after]))
     show(plot_collective(title or op, before[op], [a[op] for a in after]))
 
+
 # %% [markdown]
 # ## 1. Four ranks, one function
 #
@@ -73,7 +74,12 @@ print(run(who_am_i, WORLD))
 # same on any machine.
 
 # %%
-print(text_table(("rank", "holds"), [(r, op_input("all_reduce", r, WORLD).long().tolist()) for r in range(WORLD)]))
+print(
+    text_table(
+        ("rank", "holds"),
+        [(r, op_input("all_reduce", r, WORLD).long().tolist()) for r in range(WORLD)],
+    )
+)
 
 # %% [markdown]
 # ## 2. The six collectives
@@ -103,17 +109,34 @@ print(text_table(("rank", "holds"), [(r, op_input("all_reduce", r, WORLD).long()
 after = run(runs.forward_job, WORLD, apply_collective)
 before = {op: [op_input(op, r, WORLD) for r in range(WORLD)] for op in OPS}
 expected = {op: runs.expected_forward(op, WORLD) for op in OPS}
-forward_verdicts = compare([{op: a[op] for op in OPS} for a in after],
-                           [{op: expected[op][r] for op in OPS} for r in range(WORLD)], name="forward")
-spellings_agree = all(torch.equal(a["all_gather"], a[other]) for a in after
-                      for other in ("all_gather (list)", "all_gather_single"))
-print(f"{sum(v.passed for v in forward_verdicts)} of {len(forward_verdicts)} (rank, collective) results "
-      "equal the one-process answer element by element")
-verdicts.append(claim("forward: 6 collectives x 4 ranks equal the one-process answer",
-                      all(v.passed for v in forward_verdicts),
-                      f"{sum(v.passed for v in forward_verdicts)}/{len(forward_verdicts)} tensors bitwise"))
-verdicts.append(claim("all_gather_into_tensor = all_gather (list) = all_gather_single", spellings_agree,
-                      f"{WORLD}/{WORLD} ranks identical" if spellings_agree else "they differ"))
+forward_verdicts = compare(
+    [{op: a[op] for op in OPS} for a in after],
+    [{op: expected[op][r] for op in OPS} for r in range(WORLD)],
+    name="forward",
+)
+spellings_agree = all(
+    torch.equal(a["all_gather"], a[other])
+    for a in after
+    for other in ("all_gather (list)", "all_gather_single")
+)
+print(
+    f"{sum(v.passed for v in forward_verdicts)} of {len(forward_verdicts)} (rank, collective) results "
+    "equal the one-process answer element by element"
+)
+verdicts.append(
+    claim(
+        "forward: 6 collectives x 4 ranks equal the one-process answer",
+        all(v.passed for v in forward_verdicts),
+        f"{sum(v.passed for v in forward_verdicts)}/{len(forward_verdicts)} tensors bitwise",
+    )
+)
+verdicts.append(
+    claim(
+        "all_gather_into_tensor = all_gather (list) = all_gather_single",
+        spellings_agree,
+        f"{WORLD}/{WORLD} ranks identical" if spellings_agree else "they differ",
+    )
+)
 
 # %% [markdown]
 # ### 2.1 All-gather — everyone gets everyone's shard
@@ -283,10 +306,17 @@ for op in OPS:
     holds = all(v.passed for v in autograd_ok + mirror_ok)
     issued = runs.calls_by_phase(backward[0][op]["records"])
     both = sum(a.passed and m.passed for a, m in zip(autograd_ok, mirror_ok))
-    print(f"{op:<15} forward: {issued['forward']:<22} backward: {issued['backward']:<22}"
-          f" autograd = mirror = expected on {both}/{WORLD} ranks")
-    verdicts.append(claim(f"backward of {op} = its mirror", holds,
-                          f"{sum(v.passed for v in autograd_ok + mirror_ok)}/{2 * WORLD} grads exact"))
+    print(
+        f"{op:<15} forward: {issued['forward']:<22} backward: {issued['backward']:<22}"
+        f" autograd = mirror = expected on {both}/{WORLD} ranks"
+    )
+    verdicts.append(
+        claim(
+            f"backward of {op} = its mirror",
+            holds,
+            f"{sum(v.passed for v in autograd_ok + mirror_ok)}/{2 * WORLD} grads exact",
+        )
+    )
 
 # %% [markdown]
 # The middle column is the ledger's record of what autograd actually called on rank 0.
@@ -302,10 +332,15 @@ for op in OPS:
 # gradients on the right — a reduce-scatter, as in 2.2.
 
 # %%
-show(plot_collective("all_gather's backward, a reduce-scatter",
-                     [runs.upstream_grad("all_gather", r, WORLD) for r in range(WORLD)],
-                     [b["all_gather"]["autograd"] for b in backward],
-                     before_label="gradient of the output", after_label="gradient\nof the input"))
+show(
+    plot_collective(
+        "all_gather's backward, a reduce-scatter",
+        [runs.upstream_grad("all_gather", r, WORLD) for r in range(WORLD)],
+        [b["all_gather"]["autograd"] for b in backward],
+        before_label="gradient of the output",
+        after_label="gradient\nof the input",
+    )
+)
 
 # %% [markdown]
 # ## 4. What a collective costs: the ring
@@ -344,11 +379,14 @@ show(plot_collective("all_gather's backward, a reduce-scatter",
 # </details>
 
 # %%
-NUMEL = 24                        # float64 elements in S: divisible by 2, 4 and 8
+NUMEL = 24  # float64 elements in S: divisible by 2, 4 and 8
 S = NUMEL * 8
 rows, ring_ok = [], {name: True for name in runs.RING_STEPS}
-formulas = {"reduce_scatter": costs.reduce_scatter_bytes, "all_gather": costs.all_gather_bytes,
-            "all_reduce": costs.all_reduce_bytes}
+formulas = {
+    "reduce_scatter": costs.reduce_scatter_bytes,
+    "all_gather": costs.all_gather_bytes,
+    "all_reduce": costs.all_reduce_bytes,
+}
 for n in (2, 4, 8):
     per_rank = run(runs.ring_cost_job, n, NUMEL)
     for name, formula in formulas.items():
@@ -359,17 +397,39 @@ for n in (2, 4, 8):
         ring_ok[name] &= same and set(by_hand) == set(booked) == {formula(S, n)}
         rows.append((n, name, steps, formula(S, n), by_hand[0], booked[0], "yes" if same else "NO"))
 print(f"S = {S} B")
-print(text_table(("n", "collective", "ring steps", "formula B", "ring by hand B", "ledger: torch's B",
-                  "ring result = torch's"), rows, align_right=(2, 3, 4, 5)))
+print(
+    text_table(
+        (
+            "n",
+            "collective",
+            "ring steps",
+            "formula B",
+            "ring by hand B",
+            "ledger: torch's B",
+            "ring result = torch's",
+        ),
+        rows,
+        align_right=(2, 3, 4, 5),
+    )
+)
 
 # %% [markdown]
 # Every rank, not only rank 0, sent exactly the formula's bytes (the check compares all
 # of them), and the hand-written rings give torch's results element for element.
 
 # %%
-for name, label in (("reduce_scatter", "(n-1)/n S"), ("all_gather", "(n-1)/n S"), ("all_reduce", "2(n-1)/n S")):
-    verdicts.append(claim(f"ring {name.replace('_', '-')} by hand: torch's result, {label} per rank",
-                          ring_ok[name], "n = 2, 4, 8: every rank" if ring_ok[name] else "differs"))
+for name, label in (
+    ("reduce_scatter", "(n-1)/n S"),
+    ("all_gather", "(n-1)/n S"),
+    ("all_reduce", "2(n-1)/n S"),
+):
+    verdicts.append(
+        claim(
+            f"ring {name.replace('_', '-')} by hand: torch's result, {label} per rank",
+            ring_ok[name],
+            "n = 2, 4, 8: every rank" if ring_ok[name] else "differs",
+        )
+    )
 
 # %% [markdown]
 # ## 5. Closing table

@@ -60,7 +60,13 @@ verdicts = []
 # %%
 pd = ParallelDims(WORLD, **CONFIG)
 print(pd)
-print("enabled:", {axis: getattr(pd, f"{axis}_enabled") for axis in ("dp", "dp_shard", "dp_replicate", "cp", "cfgp", "lb")})
+print(
+    "enabled:",
+    {
+        axis: getattr(pd, f"{axis}_enabled")
+        for axis in ("dp", "dp_shard", "dp_replicate", "cp", "cfgp", "lb")
+    },
+)
 print("meshes before build_meshes:", pd.mesh)
 
 # %% [markdown]
@@ -105,17 +111,24 @@ print("meshes before build_meshes:", pd.mesh)
 def groups_on_this_rank(config):
     pd = ParallelDims(dist.get_world_size(), **config)
     pd.build_meshes("cpu")
-    local = {axis: (getattr(pd, f"{axis}_rank"), getattr(pd, f"{axis}_size")) for axis in ("cp", "cfgp", "lb")}
+    local = {
+        axis: (getattr(pd, f"{axis}_rank"), getattr(pd, f"{axis}_size"))
+        for axis in ("cp", "cfgp", "lb")
+    }
     return pd.group_ranks(), local
 
 
 results = run(groups_on_this_rank, WORLD, CONFIG)
 groups = [g for g, _ in results]
-print(f"{'rank':>4}  {'dp_shard':<12} {'dp_replicate':<12} {'cfgp':<8} {'cp':<8} {'lb':<8} (cp_rank, cfgp_rank, lb_rank)")
+print(
+    f"{'rank':>4}  {'dp_shard':<12} {'dp_replicate':<12} {'cfgp':<8} {'cp':<8} {'lb':<8} (cp_rank, cfgp_rank, lb_rank)"
+)
 for rank, (g, local) in enumerate(results):
     cells = [",".join(map(str, g[a])) for a in ("dp_shard", "dp_replicate", "cfgp", "cp", "lb")]
-    print(f"{rank:>4}  {cells[0]:<12} {cells[1]:<12} {cells[2]:<8} {cells[3]:<8} {cells[4]:<8} "
-          f"({local['cp'][0]}, {local['cfgp'][0]}, {local['lb'][0]})")
+    print(
+        f"{rank:>4}  {cells[0]:<12} {cells[1]:<12} {cells[2]:<8} {cells[3]:<8} {cells[4]:<8} "
+        f"({local['cp'][0]}, {local['cfgp'][0]}, {local['lb'][0]})"
+    )
 
 # %% [markdown]
 # **Check.** The same groups follow from row-major arithmetic alone (`predict_groups`,
@@ -126,16 +139,25 @@ for rank, (g, local) in enumerate(results):
 # %%
 # show: paralab.parallel_dims.predict_groups
 
+
 # %%
 def as_tensors(per_rank_groups):
-    return [{axis: torch.tensor(members) for axis, members in sorted(g.items())} for g in per_rank_groups]
+    return [
+        {axis: torch.tensor(members) for axis, members in sorted(g.items())}
+        for g in per_rank_groups
+    ]
 
 
 predicted = [predict_groups(pd, rank) for rank in range(WORLD)]
 group_verdicts = compare(as_tensors(groups), as_tensors(predicted), name="groups")
 matching = sum(v.passed for v in group_verdicts)
-verdicts.append(claim("every rank's groups on every axis, read off the real DeviceMesh, equal predict_groups",
-                      matching == len(group_verdicts), f"{matching} of {len(group_verdicts)} (rank, axis) groups equal"))
+verdicts.append(
+    claim(
+        "every rank's groups on every axis, read off the real DeviceMesh, equal predict_groups",
+        matching == len(group_verdicts),
+        f"{matching} of {len(group_verdicts)} (rank, axis) groups equal",
+    )
+)
 print(verdicts[-1].describe())
 
 # %% [markdown]
@@ -167,8 +189,13 @@ show(plot_dp_grid(pd.dp_replicate, pd.dp_shard))
 # gets the fastest links is a choice to make per workload, from its traffic.
 
 # %%
-show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
-                      title="One world of 8 ranks (r0-r7), five groupings: ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2)"))
+show(
+    plot_rank_groups(
+        groups,
+        ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
+        title="One world of 8 ranks (r0-r7), five groupings: ParallelDims(8, dp 2x4, cfgp 2, cp 2, lb 2)",
+    )
+)
 
 # %% [markdown]
 # ## 3. Which data each rank gets in the overlay
@@ -192,18 +219,35 @@ show(plot_rank_groups(groups, ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"],
 
 # %%
 per_group = pd.cfgp * pd.cp
-print(f"{'rank':>4}  {'sample group':<13} {'branch (cfgp rank)':<19} {'token slice (cp rank)':<22} cp group  cfgp group")
+print(
+    f"{'rank':>4}  {'sample group':<13} {'branch (cfgp rank)':<19} {'token slice (cp rank)':<22} cp group  cfgp group"
+)
 for rank, (g, local) in enumerate(results):
     cfgp_rank, cp_rank = local["cfgp"][0], local["cp"][0]
     branch, tokens = f"{['cond', 'uncond'][cfgp_rank]} ({cfgp_rank})", f"{cp_rank + 1} of {pd.cp}"
     cp_group, cfgp_group = ",".join(map(str, g["cp"])), ",".join(map(str, g["cfgp"]))
-    print(f"{rank:>4}  {rank // per_group:<13} {branch:<19} {tokens:<22} {cp_group:<9} {cfgp_group}")
-same_sample = {axis: all(len({m // per_group for m in g[axis]}) == 1 for g in groups) for axis in ("cp", "cfgp")}
-verdicts.append(claim("cp partners share a sample (same rank // (cfgp*cp))", same_sample["cp"],
-                      "every cp group inside one sample group"))
-verdicts.append(claim("cfgp partners share a sample, and run different branches", same_sample["cfgp"]
-                      and all(len({results[m][1]["cfgp"][0] for m in g["cfgp"]}) == pd.cfgp for g in groups),
-                      "every cfgp group inside one sample group, cfgp ranks 0 and 1"))
+    print(
+        f"{rank:>4}  {rank // per_group:<13} {branch:<19} {tokens:<22} {cp_group:<9} {cfgp_group}"
+    )
+same_sample = {
+    axis: all(len({m // per_group for m in g[axis]}) == 1 for g in groups)
+    for axis in ("cp", "cfgp")
+}
+verdicts.append(
+    claim(
+        "cp partners share a sample (same rank // (cfgp*cp))",
+        same_sample["cp"],
+        "every cp group inside one sample group",
+    )
+)
+verdicts.append(
+    claim(
+        "cfgp partners share a sample, and run different branches",
+        same_sample["cfgp"]
+        and all(len({results[m][1]["cfgp"][0] for m in g["cfgp"]}) == pd.cfgp for g in groups),
+        "every cfgp group inside one sample group, cfgp ranks 0 and 1",
+    )
+)
 print("\n".join(v.describe() for v in verdicts[-2:]))
 
 # %% [markdown]
@@ -238,8 +282,13 @@ for rule, kwargs in bad_configs:
 for rule, outcome in rule_rows:
     print(f"{rule:<40} {outcome}")
 fired = sum(outcome.startswith("ValueError") for _, outcome in rule_rows)
-verdicts.append(claim("every bad config is rejected with a ValueError", fired == len(bad_configs),
-                      f"{fired} of {len(bad_configs)} rejected"))
+verdicts.append(
+    claim(
+        "every bad config is rejected with a ValueError",
+        fired == len(bad_configs),
+        f"{fired} of {len(bad_configs)} rejected",
+    )
+)
 
 # %%
 with warnings.catch_warnings(record=True) as caught:
@@ -256,12 +305,23 @@ descriptor_log.setLevel(logging.INFO)
 descriptor_log.handlers[:] = [to_stdout]  # replace, so re-running the cell prints the line once
 descriptor_log.propagate = False
 inferred = ParallelDims(8, cp=2)
-print(f"dp_shard=-1 on 8 ranks with cp=2 -> dp_shard={inferred.dp_shard} (cp does not eat the dp budget)")
-verdicts.append(claim("dp_shard=16 on 8 ranks is clamped to 8 with one warning; dp_shard=-1 is inferred as 8",
-                      (clamped.dp_shard, inferred.dp_shard, len(caught)) == (8, 8, 1),
-                      f"clamped {clamped.dp_shard}, {len(caught)} warning, inferred {inferred.dp_shard}"))
-verdicts.append(claim("the auto-infer is logged at info level", [r.levelno for r in logged] == [logging.INFO],
-                      f"{len(logged)} record(s): {', '.join(logging.getLevelName(r.levelno) for r in logged)}"))
+print(
+    f"dp_shard=-1 on 8 ranks with cp=2 -> dp_shard={inferred.dp_shard} (cp does not eat the dp budget)"
+)
+verdicts.append(
+    claim(
+        "dp_shard=16 on 8 ranks is clamped to 8 with one warning; dp_shard=-1 is inferred as 8",
+        (clamped.dp_shard, inferred.dp_shard, len(caught)) == (8, 8, 1),
+        f"clamped {clamped.dp_shard}, {len(caught)} warning, inferred {inferred.dp_shard}",
+    )
+)
+verdicts.append(
+    claim(
+        "the auto-infer is logged at info level",
+        [r.levelno for r in logged] == [logging.INFO],
+        f"{len(logged)} record(s): {', '.join(logging.getLevelName(r.levelno) for r in logged)}",
+    )
+)
 
 # %% [markdown]
 # ## 5. Which workload uses which axis
@@ -297,13 +357,26 @@ from paralab.exercises.lab00 import predict_groups_cfgp_last as buggy_predict_gr
 
 AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
 truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
-buggy = torch.stack([torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)])
+buggy = torch.stack(
+    [torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)]
+)
 clinic = compare(buggy, truth, name="buggy predict_groups")
-show(plot_rank_strip(truth, buggy, [(axis, len(groups[0][axis])) for axis in AXES],
-                     "buggy predict_groups vs the real DeviceMesh: each rank's group members, axis by axis",
-                     unit="|predicted - true| (rank numbers)"))
-verdicts.append(claim("the element-wise check catches the buggy prediction", not clinic[0].passed,
-                      f"the check catches the bug: {clinic[0].n_diff} of {truth.numel()} group members differ"))
+show(
+    plot_rank_strip(
+        truth,
+        buggy,
+        [(axis, len(groups[0][axis])) for axis in AXES],
+        "buggy predict_groups vs the real DeviceMesh: each rank's group members, axis by axis",
+        unit="|predicted - true| (rank numbers)",
+    )
+)
+verdicts.append(
+    claim(
+        "the element-wise check catches the buggy prediction",
+        not clinic[0].passed,
+        f"the check catches the bug: {clinic[0].n_diff} of {truth.numel()} group members differ",
+    )
+)
 print(verdicts[-1].describe())
 
 # %% [markdown]

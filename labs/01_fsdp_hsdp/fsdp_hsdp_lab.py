@@ -38,16 +38,34 @@ from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
 from paralab.check import claim, compare, verdict_table
-from paralab.launch import run
-from paralab.models import make_mlp_stack
 from paralab.fsdp import runs as fsdp_runs
 from paralab.fsdp.runs import (
-    MEMORY_PARTS, STEPS, Job, check_fsdp2_calls, check_memory, check_params, check_traffic, fold, fsdp2_calls,
-    fsdp2_mesh_calls, reference_first_gradient, reference_first_loss, train_reference, train_reference_rank_by_rank,
+    MEMORY_PARTS,
+    STEPS,
+    Job,
+    check_fsdp2_calls,
+    check_memory,
+    check_params,
+    check_traffic,
+    fold,
+    fsdp2_calls,
+    fsdp2_mesh_calls,
+    reference_first_gradient,
+    reference_first_loss,
+    train_reference,
+    train_reference_rank_by_rank,
     unit_numels,
 )
+from paralab.launch import run
+from paralab.models import make_mlp_stack
 from paralab.viz import (
-    plot_fsdp_timeline, plot_memory, plot_overlay_vs_consuming, plot_rank_strip, plot_shard_layout, plot_traffic, show,
+    plot_fsdp_timeline,
+    plot_memory,
+    plot_overlay_vs_consuming,
+    plot_rank_strip,
+    plot_shard_layout,
+    plot_traffic,
+    show,
 )
 
 LAB_START = time.monotonic()
@@ -58,7 +76,9 @@ def summary(name, rows):
     """One claim for a table of checks: holds if every row passes; observed = rows passed and the largest |diff|."""
     passed = sum(v.passed for v in rows)
     worst = max(v.max_abs for v in rows)
-    return claim(name, passed == len(rows), f"{passed} of {len(rows)} rows pass, max |diff| {worst:.1e}")
+    return claim(
+        name, passed == len(rows), f"{passed} of {len(rows)} rows pass, max |diff| {worst:.1e}"
+    )
 
 
 # %% [markdown]
@@ -110,12 +130,20 @@ tiny = run(one_unit_on_this_rank, 2)
 torch.set_printoptions(precision=4)
 print("the layer's 9 parameters, flat:", tiny[0][0])
 for rank, (_, shard, gathered, freed) in enumerate(tiny):
-    print(f"rank {rank}: shard {shard}\n        gathered {gathered}  (bytes held after free: {freed})")
+    print(
+        f"rank {rank}: shard {shard}\n        gathered {gathered}  (bytes held after free: {freed})"
+    )
 padded = torch.nn.functional.pad(tiny[0][0], (0, 1))
-CLAIMS.append(claim("one unit on 2 ranks: shards = halves of the padded vector, gather = it",
-                    all(torch.equal(g, padded) and torch.equal(s, padded[5 * r:5 * r + 5]) and freed == 0
-                        for r, (_, s, g, freed) in enumerate(tiny)),
-                    "both ranks: gathered == padded parameters (exact), storage 0 B after free"))
+CLAIMS.append(
+    claim(
+        "one unit on 2 ranks: shards = halves of the padded vector, gather = it",
+        all(
+            torch.equal(g, padded) and torch.equal(s, padded[5 * r : 5 * r + 5]) and freed == 0
+            for r, (_, s, g, freed) in enumerate(tiny)
+        ),
+        "both ranks: gathered == padded parameters (exact), storage 0 B after free",
+    )
+)
 print(CLAIMS[-1].describe())
 
 # %% [markdown]
@@ -164,9 +192,13 @@ scattered = run(reduce_scatter_on_this_rank, 2)
 mean = 1.5 * torch.arange(10, dtype=torch.float64)
 for rank, shard in enumerate(scattered):
     print(f"rank {rank}: gradient shard {shard}")
-CLAIMS.append(claim("reduce-scatter on 2 ranks: each rank gets its slice of the mean",
-                    all(torch.equal(g, mean[5 * r:5 * r + 5]) for r, g in enumerate(scattered)),
-                    "both ranks exact"))
+CLAIMS.append(
+    claim(
+        "reduce-scatter on 2 ranks: each rank gets its slice of the mean",
+        all(torch.equal(g, mean[5 * r : 5 * r + 5]) for r, g in enumerate(scattered)),
+        "both ranks exact",
+    )
+)
 print(CLAIMS[-1].describe())
 torch.set_printoptions(profile="default")
 
@@ -220,14 +252,36 @@ torch.set_printoptions(profile="default")
 
 # %%
 PLAN = {
-    2: [Job("hand"), Job("hand", optimizer="sgd"), Job("hand", reshard_after_forward=False),
-        Job("ddp"), Job("fsdp2")],
-    4: [Job("hand"), Job("hand", optimizer="sgd"), Job("hand", 2), Job("hand", reshard_after_forward=False),
-        Job("ddp"), Job("fsdp2"), Job("fsdp2", 2), Job("fsdp2", mesh="dp_mesh")],
-    8: [Job("hand"), Job("hand", 2), Job("hand", 2, optimizer="sgd"), Job("hand", reshard_after_forward=False),
-        Job("ddp"), Job("fsdp2"), Job("fsdp2", 2)],
+    2: [
+        Job("hand"),
+        Job("hand", optimizer="sgd"),
+        Job("hand", reshard_after_forward=False),
+        Job("ddp"),
+        Job("fsdp2"),
+    ],
+    4: [
+        Job("hand"),
+        Job("hand", optimizer="sgd"),
+        Job("hand", 2),
+        Job("hand", reshard_after_forward=False),
+        Job("ddp"),
+        Job("fsdp2"),
+        Job("fsdp2", 2),
+        Job("fsdp2", mesh="dp_mesh"),
+    ],
+    8: [
+        Job("hand"),
+        Job("hand", 2),
+        Job("hand", 2, optimizer="sgd"),
+        Job("hand", reshard_after_forward=False),
+        Job("ddp"),
+        Job("fsdp2"),
+        Job("fsdp2", 2),
+    ],
 }
-IMPL = dict(HandFSDP=HandFSDP, ShardOptimizer=ShardOptimizer, all_reduce_gradients=all_reduce_gradients)
+IMPL = dict(
+    HandFSDP=HandFSDP, ShardOptimizer=ShardOptimizer, all_reduce_gradients=all_reduce_gradients
+)
 RESULTS = {}  # label -> list of per-rank results
 for world, jobs in PLAN.items():
     per_rank = run(fsdp_runs.run_jobs, world, jobs, timeout=120, **IMPL)
@@ -251,7 +305,13 @@ print(len(RESULTS), "jobs:", ", ".join(RESULTS))
 
 # %%
 r = RESULTS["ZeRO-3 n=4 adam"][0]
-show(plot_fsdp_timeline(r["records"], UNIT_NAMES, resident_bytes=sum(r["memory"][k] for k in ("params", "grads", "optimizer"))))
+show(
+    plot_fsdp_timeline(
+        r["records"],
+        UNIT_NAMES,
+        resident_bytes=sum(r["memory"][k] for k in ("params", "grads", "optimizer")),
+    )
+)
 
 # %% [markdown]
 # ## 6. Exactness against one process on the whole global batch
@@ -271,17 +331,35 @@ loss_rows, grad_rows = [], []
 for label, res in RESULTS.items():
     world = res[0]["world"]
     losses = [r["loss"] for r in res]
-    loss_rows.append(fold(compare(losses, [reference_first_loss(r, world) for r in range(world)]), label))
+    loss_rows.append(
+        fold(compare(losses, [reference_first_loss(r, world) for r in range(world)]), label)
+    )
     grad_rows.append(fold(check_params(res, GRAD_REFERENCE, atol=1e-12, key="grads"), label))
-CLAIMS.append(summary(f"first-step loss, every rank of {len(loss_rows)} jobs = one process (exact)",
-                      loss_rows))
-CLAIMS.append(summary(f"first-step gradient, every rank of {len(grad_rows)} jobs = global-batch slice (1e-12)", grad_rows))
+CLAIMS.append(
+    summary(
+        f"first-step loss, every rank of {len(loss_rows)} jobs = one process (exact)", loss_rows
+    )
+)
+CLAIMS.append(
+    summary(
+        f"first-step gradient, every rank of {len(grad_rows)} jobs = global-batch slice (1e-12)",
+        grad_rows,
+    )
+)
 print("\n".join(c.describe() for c in CLAIMS[-2:]))
 
 # %% jupyter={"outputs_hidden": true}
-print(verdict_table(loss_rows, "first-step loss of every rank vs one process on the same rows (exact)"))
+print(
+    verdict_table(
+        loss_rows, "first-step loss of every rank vs one process on the same rows (exact)"
+    )
+)
 print()
-print(verdict_table(grad_rows, "first-step gradient every rank holds vs the global-batch gradient (atol 1e-12)"))
+print(
+    verdict_table(
+        grad_rows, "first-step gradient every rank holds vs the global-batch gradient (atol 1e-12)"
+    )
+)
 
 # %% [markdown]
 # **After 3 optimizer steps.** The reference is one process training the same model
@@ -296,13 +374,24 @@ print(verdict_table(grad_rows, "first-step gradient every rank holds vs the glob
 
 # %%
 REFERENCE = {opt: train_reference(opt) for opt in ("adam", "sgd")}
-rows = [fold(check_params(res, REFERENCE[res[0]["job"].optimizer], atol=1e-12), label)
-        for label, res in RESULTS.items()]
-CLAIMS.append(summary(f"parameters after 3 steps, every rank of {len(rows)} jobs on 2/4/8 ranks = one process (1e-12)", rows))
+rows = [
+    fold(check_params(res, REFERENCE[res[0]["job"].optimizer], atol=1e-12), label)
+    for label, res in RESULTS.items()
+]
+CLAIMS.append(
+    summary(
+        f"parameters after 3 steps, every rank of {len(rows)} jobs on 2/4/8 ranks = one process (1e-12)",
+        rows,
+    )
+)
 print(CLAIMS[-1].describe())
 
 # %% jupyter={"outputs_hidden": true}
-print(verdict_table(rows, "every rank's parameters after 3 steps vs the global-batch reference (atol 1e-12)"))
+print(
+    verdict_table(
+        rows, "every rank's parameters after 3 steps vs the global-batch reference (atol 1e-12)"
+    )
+)
 
 # %% [markdown]
 # The same check for one job, ZeRO-3 on 8 ranks, one row per rank (its 4 unit shards).
@@ -313,14 +402,21 @@ print(verdict_table(rows, "every rank's parameters after 3 steps vs the global-b
 # %%
 res = RESULTS["ZeRO-3 n=8 adam"]
 verdicts = check_params(res, REFERENCE["adam"], atol=1e-12)
-rows = [fold(verdicts[r * n:(r + 1) * n], f"rank {r}, {n} unit shards") for r, n in enumerate([len(NUMELS)] * 8)]
+rows = [
+    fold(verdicts[r * n : (r + 1) * n], f"rank {r}, {n} unit shards")
+    for r, n in enumerate([len(NUMELS)] * 8)
+]
 padding = []
 for rank, out in enumerate(res):
     for numel, shard in zip(NUMELS, out["params"]):
-        padding.append(shard[max(0, min(shard.numel(), numel - rank * shard.numel())):])
+        padding.append(shard[max(0, min(shard.numel(), numel - rank * shard.numel())) :])
 padding = torch.cat(padding)
-rows += compare(padding, torch.zeros_like(padding), name="padding elements of all ranks [exact zero]")
-CLAIMS.append(summary("ZeRO-3 on 8 ranks: every rank's shards match (1e-12), padding stays 0", rows))
+rows += compare(
+    padding, torch.zeros_like(padding), name="padding elements of all ranks [exact zero]"
+)
+CLAIMS.append(
+    summary("ZeRO-3 on 8 ranks: every rank's shards match (1e-12), padding stays 0", rows)
+)
 print(CLAIMS[-1].describe())
 
 # %% jupyter={"outputs_hidden": true}
@@ -347,14 +443,27 @@ for label in BITWISE + CLOSE:
     job, world = res[0]["job"], res[0]["world"]
     rbr = train_reference_rank_by_rank(world, job.dp_replicate, job.optimizer)
     atol = 0.0 if label in BITWISE else 1e-12
-    rows.append(fold(check_params(res, rbr, atol=atol), label + (" [exact]" if atol == 0 else " [1e-12]")))
-CLAIMS.append(summary(f"2-rank groups = rank-by-rank reference, bitwise ({len(BITWISE)} jobs)",
-                      rows[:len(BITWISE)]))
-CLAIMS.append(summary(f"groups of 4 or 8 = rank-by-rank reference within 1e-12 ({len(CLOSE)} jobs)", rows[len(BITWISE):]))
+    rows.append(
+        fold(check_params(res, rbr, atol=atol), label + (" [exact]" if atol == 0 else " [1e-12]"))
+    )
+CLAIMS.append(
+    summary(
+        f"2-rank groups = rank-by-rank reference, bitwise ({len(BITWISE)} jobs)",
+        rows[: len(BITWISE)],
+    )
+)
+CLAIMS.append(
+    summary(
+        f"groups of 4 or 8 = rank-by-rank reference within 1e-12 ({len(CLOSE)} jobs)",
+        rows[len(BITWISE) :],
+    )
+)
 print("\n".join(c.describe() for c in CLAIMS[-2:]))
 
 # %% jupyter={"outputs_hidden": true}
-print(verdict_table(rows, "vs the rank-by-rank reference: exact for 2-rank groups, 1e-12 otherwise"))
+print(
+    verdict_table(rows, "vs the rank-by-rank reference: exact for 2-rank groups, 1e-12 otherwise")
+)
 
 # %% [markdown]
 # ## 7. The real engine, and the 2-D-mesh trap
@@ -379,14 +488,21 @@ print(verdict_table(rows, "vs the rank-by-rank reference: exact for 2-rank group
 # %% [markdown]
 # The two meshes on 4 ranks with `dp_replicate == 1`:
 
+
 # %%
 def mesh_shapes():
     import torch.distributed as dist
 
     pd = ParallelDims(dist.get_world_size(), dp_replicate=1)
     pd.build_meshes("cpu")
-    return {"pd.dp_mesh": (pd.dp_mesh.ndim, tuple(pd.dp_mesh.shape), pd.dp_mesh.mesh_dim_names),
-            "fsdp_mesh(pd)": (fsdp_mesh(pd).ndim, tuple(fsdp_mesh(pd).shape), fsdp_mesh(pd).mesh_dim_names)}
+    return {
+        "pd.dp_mesh": (pd.dp_mesh.ndim, tuple(pd.dp_mesh.shape), pd.dp_mesh.mesh_dim_names),
+        "fsdp_mesh(pd)": (
+            fsdp_mesh(pd).ndim,
+            tuple(fsdp_mesh(pd).shape),
+            fsdp_mesh(pd).mesh_dim_names,
+        ),
+    }
 
 
 for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
@@ -416,14 +532,23 @@ for use in (True, False):
     ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, not use)[0]]
     counts[use] = {op: ops.count(op) for op in sorted(set(ops))}
     label = "fsdp_mesh(pd) (1-D)" if use else "pd.dp_mesh (1, 4)  "
-    print(label, "->", ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()))
+    print(
+        label,
+        "->",
+        ", ".join(f"{n} x {op}[group of {size}]" for (op, size), n in counts[use].items()),
+    )
 units = 2
 expected_trap = {("all_gather_single", 4): 2 * units, ("reduce_scatter_single", 4): units}
 trap_rows = compare(
     torch.tensor([counts[True].get(k, 0) for k in [*expected_trap, ("all_reduce", 1)]]),
-    torch.tensor([*expected_trap.values(), 0]), name="fsdp_mesh: 2U all-gathers, U reduce-scatters, no all-reduce")
-trap_rows += compare(torch.tensor(counts[False].get(("all_reduce", 1), 0)), torch.tensor(units),
-                     name="2-D (1,N) mesh: U extra one-rank all-reduces")
+    torch.tensor([*expected_trap.values(), 0]),
+    name="fsdp_mesh: 2U all-gathers, U reduce-scatters, no all-reduce",
+)
+trap_rows += compare(
+    torch.tensor(counts[False].get(("all_reduce", 1), 0)),
+    torch.tensor(units),
+    name="2-D (1,N) mesh: U extra one-rank all-reduces",
+)
 print(verdict_table(trap_rows, "the 2-D-mesh trap on 2 units"))
 
 # %% [markdown]
@@ -433,15 +558,27 @@ print(verdict_table(trap_rows, "the 2-D-mesh trap on 2 units"))
 rows = []
 for label, res in RESULTS.items():
     if res[0]["job"].engine == "fsdp2":
-        print(f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces "
-              f"{fsdp2_calls(res[0]['records'], res[0]['job'].dp_replicate)}")
+        print(
+            f"{label:<32} per step: gathers, reduce-scatters, 1-rank all-reduces, replica all-reduces "
+            f"{fsdp2_calls(res[0]['records'], res[0]['job'].dp_replicate)}"
+        )
         rows.append(check_fsdp2_calls(res, len(NUMELS)))
-CLAIMS.append(summary("FSDP2 calls per unit per step = formula; the (1, n) mesh adds a 1-rank all-reduce", rows + trap_rows))
+CLAIMS.append(
+    summary(
+        "FSDP2 calls per unit per step = formula; the (1, n) mesh adds a 1-rank all-reduce",
+        rows + trap_rows,
+    )
+)
 print(CLAIMS[-1].describe())
 
 # %% jupyter={"outputs_hidden": true}
-print(verdict_table(rows, "FSDP2 calls per step, every rank vs formula: per unit 2 gathers, 1 reduce-scatter, "
-                          "1 replica all-reduce for HSDP, 1 one-rank all-reduce on the (1, n) mesh"))
+print(
+    verdict_table(
+        rows,
+        "FSDP2 calls per step, every rank vs formula: per unit 2 gathers, 1 reduce-scatter, "
+        "1 replica all-reduce for HSDP, 1 one-rank all-reduce on the (1, n) mesh",
+    )
+)
 
 # %% [markdown]
 # ### Overlay vs consuming: the same 8 ranks, read two ways
@@ -484,16 +621,29 @@ def consuming_vs_overlay():
 
 
 contrast = run(consuming_vs_overlay, 8)
-overlay = [{"dp_shard": c["overlay dp_shard = FSDP"], "dp_replicate": c["overlay dp_replicate"], "cp": c["overlay cp"]}
-           for c in contrast]
-consuming = [{"dp_shard_cp": c["titan FSDP group"], "dp_shard": c["titan dp_shard"], "cp": c["titan cp"]}
-             for c in contrast]
+overlay = [
+    {
+        "dp_shard": c["overlay dp_shard = FSDP"],
+        "dp_replicate": c["overlay dp_replicate"],
+        "cp": c["overlay cp"],
+    }
+    for c in contrast
+]
+consuming = [
+    {"dp_shard_cp": c["titan FSDP group"], "dp_shard": c["titan dp_shard"], "cp": c["titan cp"]}
+    for c in contrast
+]
 show(plot_overlay_vs_consuming(overlay, consuming))
-fsdp_sizes = torch.tensor([[len(r["titan FSDP group"]), len(r["overlay dp_shard = FSDP"])] for r in contrast])
-titan_rows = compare(fsdp_sizes, torch.tensor([[8, 4]] * 8), name="FSDP group size: consuming 8, overlay 4")
+fsdp_sizes = torch.tensor(
+    [[len(r["titan FSDP group"]), len(r["overlay dp_shard = FSDP"])] for r in contrast]
+)
+titan_rows = compare(
+    fsdp_sizes, torch.tensor([[8, 4]] * 8), name="FSDP group size: consuming 8, overlay 4"
+)
 print(verdict_table(titan_rows, "consuming vs overlay"))
-CLAIMS.append(summary("dp_shard 4, cp 2 on 8 ranks: FSDP over 8 ranks consuming, 4 overlaid",
-                      titan_rows))
+CLAIMS.append(
+    summary("dp_shard 4, cp 2 on 8 ranks: FSDP over 8 ranks consuming, 4 overlaid", titan_rows)
+)
 
 # %% [markdown]
 # The cp pairs are the same, everything else differs. Consuming: cp ate a factor 2 of
@@ -540,9 +690,13 @@ CLAIMS.append(summary("dp_shard 4, cp 2 on 8 ranks: FSDP over 8 ranks consuming,
 # %%
 # Bytes per parameter per step (ring model, large n) under MixedPrecisionPolicy(bf16 params, fp32 reduce)
 bf16, fp32 = torch.bfloat16.itemsize, torch.float32.itemsize
-zero3 = 2 * bf16 + fp32  # forward and backward all-gather of bf16 params + reduce-scatter of fp32 grads
+zero3 = (
+    2 * bf16 + fp32
+)  # forward and backward all-gather of bf16 params + reduce-scatter of fp32 grads
 ddp = 2 * bf16  # all-reduce of bf16 grads = a reduce-scatter and an all-gather
-print(f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g} (one dtype: 3 passes vs 2 = 1.5)")
+print(
+    f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g} (one dtype: 3 passes vs 2 = 1.5)"
+)
 
 # %% [markdown]
 # First the ledger itself for HSDP 2×4, all 3 steps, by phase, collective and group
@@ -553,7 +707,11 @@ print(f"FSDP2 (ZeRO-3) {zero3} B/param, DDP {ddp} B/param: ratio {zero3 / ddp:g}
 # %%
 from paralab.ledger import format_table
 
-print(format_table([r["records"] for r in RESULTS["HSDP 2x4 adam"][:4]], by=("phase", "op", "group_size")))
+print(
+    format_table(
+        [r["records"] for r in RESULTS["HSDP 2x4 adam"][:4]], by=("phase", "op", "group_size")
+    )
+)
 
 # %%
 # show: paralab.fsdp.costs.traffic_formula paralab.fsdp.costs.per_step_sent
@@ -566,14 +724,24 @@ for label, res in RESULTS.items():
         continue
     rows.append(check_traffic(res, NUMELS))
     if job.optimizer == "adam":
-        formula = traffic_formula(job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward)
+        formula = traffic_formula(
+            job.engine, NUMELS, world, job.dp_replicate, job.reshard_after_forward
+        )
         per_op = per_step_sent(res[0]["records"], STEPS)
         # HSDP's only cross-replica collective is the gradient shard's all-reduce; everything else stays in a group
         across = per_op.get("all_reduce", 0) if job.dp_replicate > 1 else 0
-        TRAFFIC.setdefault(job.strategy, {})[world] = (sum(per_op.values()) - across, across, sum(formula.values()))
-        print(f"{label:<22} measured {sum(per_op.values()):5d} B/step ({across:4d} across replicas)  "
-              f"formula {sum(formula.values()):5d} B/step  {formula}")
-CLAIMS.append(summary(f"bytes sent per rank per step = ring formula, every rank of {len(rows)} jobs", rows))
+        TRAFFIC.setdefault(job.strategy, {})[world] = (
+            sum(per_op.values()) - across,
+            across,
+            sum(formula.values()),
+        )
+        print(
+            f"{label:<22} measured {sum(per_op.values()):5d} B/step ({across:4d} across replicas)  "
+            f"formula {sum(formula.values()):5d} B/step  {formula}"
+        )
+CLAIMS.append(
+    summary(f"bytes sent per rank per step = ring formula, every rank of {len(rows)} jobs", rows)
+)
 print(CLAIMS[-1].describe())
 
 # %% jupyter={"outputs_hidden": true}
@@ -628,12 +796,19 @@ for label, res in RESULTS.items():
         continue
     rows.append(check_memory(res, NUMELS))
     if job.optimizer == "adam":
-        formula = memory_formula(job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
+        formula = memory_formula(
+            job.engine, NUMELS, world, job.optimizer, job.dp_replicate, job.reshard_after_forward
+        )
         MEMORY[label] = res[0]["memory"]
         MEMORY_FORMULA[label] = sum(formula.values())
-        print(f"{label:<22} " + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in MEMORY_PARTS)
-              + f"  total {sum(res[0]['memory'].values()):5d}  formula {sum(formula.values()):5d}")
-CLAIMS.append(summary(f"bytes held per rank (4 parts) = formula, every rank of {len(rows)} jobs", rows))
+        print(
+            f"{label:<22} "
+            + "  ".join(f"{p} {res[0]['memory'][p]:4d}" for p in MEMORY_PARTS)
+            + f"  total {sum(res[0]['memory'].values()):5d}  formula {sum(formula.values()):5d}"
+        )
+CLAIMS.append(
+    summary(f"bytes held per rank (4 parts) = formula, every rank of {len(rows)} jobs", rows)
+)
 print(CLAIMS[-1].describe())
 
 # %% jupyter={"outputs_hidden": true}
@@ -653,11 +828,23 @@ show(plot_memory(MEMORY, MEMORY_FORMULA))
 
 # %%
 closing = ["| strategy | world | bytes sent per rank per step (= formula) |", "|---|---|---|"]
-closing += [f"| {name} | {world} | {sum(measured):,} |" for name, rows in TRAFFIC.items() for world, (*measured, _) in rows.items()]
-closing += ["", "| job (Adam) | bytes held per rank: params + grads + state + gathered peak (= formula) |", "|---|---|"]
+closing += [
+    f"| {name} | {world} | {sum(measured):,} |"
+    for name, rows in TRAFFIC.items()
+    for world, (*measured, _) in rows.items()
+]
+closing += [
+    "",
+    "| job (Adam) | bytes held per rank: params + grads + state + gathered peak (= formula) |",
+    "|---|---|",
+]
 closing += [f"| {label} | {sum(memory.values()):,} |" for label, memory in MEMORY.items()]
-display(Markdown("Measured on this run (ledger and real tensors; sections 8 and 9 check every rank against "
-                 "the formulas):\n\n" + "\n".join(closing)))
+display(
+    Markdown(
+        "Measured on this run (ledger and real tensors; sections 8 and 9 check every rank against "
+        "the formulas):\n\n" + "\n".join(closing)
+    )
+)
 
 # %% [markdown]
 # ## 10. Bug clinic: an HSDP run that trains, but not the model it should
@@ -686,33 +873,65 @@ def clinic_worker(jobs, bug):
 
 CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
 clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
-correct, buggy = ([[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1))
+correct, buggy = (
+    [[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1)
+)
 shard_sizes = [p.numel() for p in correct[0][0]["params"]]
-show(plot_rank_strip(torch.stack([torch.cat(r["params"]) for r in correct[0]]),
-                     torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
-                     [(f"{name} shard", size) for name, size in zip(UNIT_NAMES, shard_sizes)],
-                     f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: every parameter element each rank holds after 3 steps",
-                     unit="|buggy - correct| (parameter value)"))
+show(
+    plot_rank_strip(
+        torch.stack([torch.cat(r["params"]) for r in correct[0]]),
+        torch.stack([torch.cat(r["params"]) for r in buggy[0]]),
+        [(f"{name} shard", size) for name, size in zip(UNIT_NAMES, shard_sizes)],
+        f"{CLINIC_JOBS[0].label(CLINIC_WORLD)}: every parameter element each rank holds after 3 steps",
+        unit="|buggy - correct| (parameter value)",
+    )
+)
 
 # %%
 first_grad = [(torch.cat(b["grads"]), torch.cat(c["grads"])) for b, c in zip(buggy[0], correct[0])]
 ratios = torch.cat([b[c != 0] / c[c != 0] for b, c in first_grad])
-print("first-step loss equal on every rank:", all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])))
-print("buggy / correct first-step gradient, every nonzero element of every rank: min", f"{ratios.min().item():.6g}",
-      "max", f"{ratios.max().item():.6g}")
+print(
+    "first-step loss equal on every rank:",
+    all(torch.equal(b["loss"], c["loss"]) for b, c in zip(buggy[0], correct[0])),
+)
+print(
+    "buggy / correct first-step gradient, every nonzero element of every rank: min",
+    f"{ratios.min().item():.6g}",
+    "max",
+    f"{ratios.max().item():.6g}",
+)
 for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
-    diff = max((torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item() for b, c in zip(b_runs, c_runs))
-    moved = max((torch.cat(c["params"]) - p0).abs().max().item()
-                for c, p0 in zip(c_runs, (torch.cat(fsdp_runs.expected_params(make_mlp_stack(), job, CLINIC_WORLD, r))
-                                          for r in range(CLINIC_WORLD))))
-    print(f"{job.optimizer}: largest parameter difference after 3 steps {diff:.1e}, largest move of a parameter {moved:.1e}")
+    diff = max(
+        (torch.cat(b["params"]) - torch.cat(c["params"])).abs().max().item()
+        for b, c in zip(b_runs, c_runs)
+    )
+    moved = max(
+        (torch.cat(c["params"]) - p0).abs().max().item()
+        for c, p0 in zip(
+            c_runs,
+            (
+                torch.cat(fsdp_runs.expected_params(make_mlp_stack(), job, CLINIC_WORLD, r))
+                for r in range(CLINIC_WORLD)
+            ),
+        )
+    )
+    print(
+        f"{job.optimizer}: largest parameter difference after 3 steps {diff:.1e}, largest move of a parameter {moved:.1e}"
+    )
 rows = []
 for job, runs in zip(CLINIC_JOBS, zip(correct, buggy)):
     label = f"clinic: {job.label(CLINIC_WORLD)}"
     right, wrong = (fold(check_params(r, REFERENCE[job.optimizer], atol=1e-12), "") for r in runs)
-    rows.append(claim(f"{label}, package code passes", right.passed, f"max |diff| {right.max_abs:.1e}"))
-    rows.append(claim(f"{label}, seeded bug caught (atol 1e-12)", not wrong.passed,
-                      f"the check catches the bug: {wrong.n_diff} elements differ, max {wrong.max_abs:.1e}"))
+    rows.append(
+        claim(f"{label}, package code passes", right.passed, f"max |diff| {right.max_abs:.1e}")
+    )
+    rows.append(
+        claim(
+            f"{label}, seeded bug caught (atol 1e-12)",
+            not wrong.passed,
+            f"the check catches the bug: {wrong.n_diff} elements differ, max {wrong.max_abs:.1e}",
+        )
+    )
 print(verdict_table(rows, "bug clinic: the check sees the bug, with SGD and with Adam"))
 CLAIMS.append(summary("bug clinic: package passes, seeded HSDP bug caught (SGD and Adam)", rows))
 

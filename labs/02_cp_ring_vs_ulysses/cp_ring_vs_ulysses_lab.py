@@ -71,20 +71,33 @@ import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from paralab import viz
-from paralab.viz import show
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.cp import shard_bytes
 from paralab.cp.costs import ring_bytes, ulysses_bytes
 from paralab.cp.runs import (
-    CONFIGS, PHASES, assemble, bytes_formula, bytes_sent, check_bytes, check_config, correct_and_buggy, sdpa_reference,
+    CONFIGS,
+    PHASES,
+    assemble,
+    bytes_formula,
+    bytes_sent,
+    check_bytes,
+    check_config,
+    correct_and_buggy,
+    sdpa_reference,
 )
 from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
 from paralab.launch import run
 from paralab.ledger import format_table, sent
 from paralab.tables import text_table
+from paralab.viz import show
 
 LAB_START = time.monotonic()
-B, H, N, D = 2, 24, 48, 5  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
+B, H, N, D = (
+    2,
+    24,
+    48,
+    5,
+)  # not powers of two: 24 heads (divisible by 2, 4, 8), 48 tokens = 16 chunks of 3
 CPS = (2, 4, 8)
 
 # %% [markdown]
@@ -103,7 +116,10 @@ positions = torch.arange(16).reshape(1, 1, 16, 1)
 for zigzag in (False, True):
     shards = [shard_sequence(positions, r, 4, zigzag=zigzag) for r in range(4)]
     assert torch.equal(unshard_sequence(shards, zigzag=zigzag), positions)
-    print(f"{'zigzag' if zigzag else 'contiguous':>10}:", "  ".join(f"rank {r} {s.flatten().tolist()}" for r, s in enumerate(shards)))
+    print(
+        f"{'zigzag' if zigzag else 'contiguous':>10}:",
+        "  ".join(f"rank {r} {s.flatten().tolist()}" for r, s in enumerate(shards)),
+    )
 try:
     shard_sequence(torch.zeros(1, 1, 12, 1), 0, 4, zigzag=True)
 except ValueError as exc:
@@ -146,22 +162,35 @@ except ValueError as exc:
 
 # %%
 g = torch.Generator().manual_seed(0)
-q1, k1, v1 = (4 * torch.randn(B, 3, 10, D, dtype=torch.float64, generator=g) for _ in range(3))  # large scores
+q1, k1, v1 = (
+    4 * torch.randn(B, 3, 10, D, dtype=torch.float64, generator=g) for _ in range(3)
+)  # large scores
 reference = F.scaled_dot_product_attention(q1, k1, v1)
 partials = [attention_block(q1, k1[:, :, a:b], v1[:, :, a:b]) for a, b in ((0, 3), (3, 7), (7, 10))]
 out, lse = partials[0]
 for block in partials[1:]:
     out, lse = merge_partials(out, lse, *block)
-merge_verdicts = compare(out, reference, atol=1e-12 * reference.abs().max().item(), name="3 key blocks merged vs SDPA")
+merge_verdicts = compare(
+    out, reference, atol=1e-12 * reference.abs().max().item(), name="3 key blocks merged vs SDPA"
+)
 
 unscaled, unscaled_lse = partials[0]  # the classic bug: add partial outputs without rescaling
 for block in partials[1:]:
     unscaled, unscaled_lse = merge_without_rescaling(unscaled, unscaled_lse, *block)
 try:
-    assert_match(unscaled, reference, atol=1e-12 * reference.abs().max().item(), name="merged WITHOUT rescaling")
+    assert_match(
+        unscaled,
+        reference,
+        atol=1e-12 * reference.abs().max().item(),
+        name="merged WITHOUT rescaling",
+    )
     print("broken merge NOT caught")
 except CheckFailed as exc:
-    print("broken merge (no rescaling) caught by the check:", exc.verdicts[0].n_diff == exc.verdicts[0].numel, "(every element differs)")
+    print(
+        "broken merge (no rescaling) caught by the check:",
+        exc.verdicts[0].n_diff == exc.verdicts[0].numel,
+        "(every element differs)",
+    )
 print(verdict_table(merge_verdicts, "log-sum-exp merge, one process"))
 
 # %% [markdown]
@@ -193,9 +222,14 @@ show(viz.plot_ring_timeline(4))
 show(viz.plot_causal_ownership(4))
 for cp in CPS:
     for zigzag in (False, True):
-        work = [sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp)) for r in range(cp)]
-        print(f"cp={cp} {'zigzag    ' if zigzag else 'contiguous'} causal work per rank {work}: "
-              f"slowest/mean = {max(work) / (sum(work) / cp):.3f}")
+        work = [
+            sum(causal_work(r, s, cp, causal=True, zigzag=zigzag) for s in range(cp))
+            for r in range(cp)
+        ]
+        print(
+            f"cp={cp} {'zigzag    ' if zigzag else 'contiguous'} causal work per rank {work}: "
+            f"slowest/mean = {max(work) / (sum(work) / cp):.3f}"
+        )
 
 # %% [markdown]
 # Contiguous: rank `r` does `r + 1/2` blocks of work; the slowest rank sets the pace, so
@@ -237,6 +271,7 @@ for cp in CPS:
 # reassembles the shards of the output and of dq and compares them with full SDPA (the
 # job and the check are folded; the run is the cell after them).
 
+
 # %% jupyter={"source_hidden": true}
 def tiny_attention(full, attention, zigzag=False, **kw):
     """This rank's shards of q, k, v in; its shards of out and dq (after out.sum().backward()) back."""
@@ -246,8 +281,15 @@ def tiny_attention(full, attention, zigzag=False, **kw):
     q, k, v = (shard_sequence(t, rank, cp, zigzag=zigzag).clone().requires_grad_() for t in full)
     out = attention(q, k, v, causal=True, **({"zigzag": zigzag} if zigzag else {}), **kw)
     out.sum().backward()
-    return {"tokens": shard_sequence(torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, cp,
-                                     zigzag=zigzag).flatten().tolist(), "out": out.detach(), "dq": q.grad}
+    return {
+        "tokens": shard_sequence(
+            torch.arange(full[0].shape[2]).reshape(1, 1, -1, 1), rank, cp, zigzag=zigzag
+        )
+        .flatten()
+        .tolist(),
+        "out": out.detach(),
+        "dq": q.grad,
+    }
 
 
 def tiny_check(name, results, zigzag):
@@ -264,8 +306,13 @@ def tiny_check(name, results, zigzag):
 
 
 # %%
-TINY = [torch.randn(1, 4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) for _ in range(3)]
-tiny_verdicts = tiny_check("ring", run(tiny_attention, 2, TINY, ring_attention, zigzag=True), zigzag=True)
+TINY = [
+    torch.randn(1, 4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    for _ in range(3)
+]
+tiny_verdicts = tiny_check(
+    "ring", run(tiny_attention, 2, TINY, ring_attention, zigzag=True), zigzag=True
+)
 print(verdict_table(tiny_verdicts, "a tiny ring run"))
 
 
@@ -352,7 +399,9 @@ print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
 # %%
 print("\n".join(config.name for config in CONFIGS))
 g = torch.Generator().manual_seed(1)
-FULL = [torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)]  # q, k, v, dout
+FULL = [
+    torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)
+]  # q, k, v, dout
 runs = {cp: run(cp_worker, cp, FULL, CONFIGS, probe_heads=20, timeout=120) for cp in CPS}
 print("heads error at cp = 8:", runs[8][0]["heads_error"])
 print("heads error at cp = 4:", runs[4][0]["heads_error"])
@@ -368,6 +417,7 @@ print("heads error at cp = 4:", runs[4][0]["heads_error"])
 # each head with the very same arithmetic as `attention_block` / `attention_block_backward`
 # on the full tensors in one process, whatever cp is, because heads never mix.
 
+
 # %%
 def results(cp, config):
     """Every rank's result for one config at one cp."""
@@ -377,15 +427,28 @@ def results(cp, config):
 def summarize(name, found):
     """One claim over many verdict rows: does every row pass, and the worst difference."""
     worst = max(v.max_abs for v in found)
-    return claim(name, all(v.passed for v in found),
-                 f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| " + (f"{worst:.1e}" if worst else "0"))
+    return claim(
+        name,
+        all(v.passed for v in found),
+        f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| "
+        + (f"{worst:.1e}" if worst else "0"),
+    )
 
 
-by_config = {config.name: [v for cp in CPS for v in check_config(results(cp, config), config, FULL)] for config in CONFIGS}
-claims = [summarize(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
-          for name, found in by_config.items()]
-claims.append(summarize("every Ulysses layout = attention_block, bitwise",
-                        [v for found in by_config.values() for v in found if "bitwise" in v.path]))
+by_config = {
+    config.name: [v for cp in CPS for v in check_config(results(cp, config), config, FULL)]
+    for config in CONFIGS
+}
+claims = [
+    summarize(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
+    for name, found in by_config.items()
+]
+claims.append(
+    summarize(
+        "every Ulysses layout = attention_block, bitwise",
+        [v for found in by_config.values() for v in found if "bitwise" in v.path],
+    )
+)
 print(verdict_table(claims, "out, dq, dk, dv vs the one-process reference (relative, bound 1e-12)"))
 
 # %% jupyter={"outputs_hidden": true}
@@ -417,30 +480,66 @@ for config in (CONFIGS[2], CONFIGS[5], CONFIGS[7]):
 # %%
 rows = []
 for cp in CPS:
-    for config in [c for c in CONFIGS if c.causal]:  # masking changes compute, not traffic: print causal rows
+    for config in [
+        c for c in CONFIGS if c.causal
+    ]:  # masking changes compute, not traffic: print causal rows
         want, measured = bytes_formula(config, (B, H, N, D), cp), bytes_sent(results(cp, config))
-        rows.append((cp, shard_bytes(B, H, N, D, cp), config.name,
-                     *(x for k, p in enumerate(PHASES) for x in (want[p], int(measured[k].max())))))
-print(text_table(("cp", "S (B)", "configuration", "forward formula", "ledger", "backward formula", "ledger"), rows,
-                 align_right=(0, 1, 3, 4, 5, 6)))
+        rows.append(
+            (
+                cp,
+                shard_bytes(B, H, N, D, cp),
+                config.name,
+                *(x for k, p in enumerate(PHASES) for x in (want[p], int(measured[k].max()))),
+            )
+        )
+print(
+    text_table(
+        ("cp", "S (B)", "configuration", "forward formula", "ledger", "backward formula", "ledger"),
+        rows,
+        align_right=(0, 1, 3, 4, 5, 6),
+    )
+)
 FAMILIES = ("ring", "Ulysses sequence_sharded", "Ulysses replicated")
 byte_verdicts = {name: [] for name in FAMILIES}
 for cp in CPS:
     for config in CONFIGS:
-        family = FAMILIES[0] if config.algorithm == "ring" else FAMILIES[2 if config.replicated else 1]
+        family = (
+            FAMILIES[0] if config.algorithm == "ring" else FAMILIES[2 if config.replicated else 1]
+        )
         byte_verdicts[family] += check_bytes(results(cp, config), config, (B, H, N, D))
-byte_claims = [summarize(f"{name}: ledger = formula, every rank, fwd and bwd", found)
-               for name, found in byte_verdicts.items()]
-print(verdict_table(byte_claims, "\nbytes sent per rank, ledger vs closed form (exact), cp 2, 4, 8, causal or not"))
+byte_claims = [
+    summarize(f"{name}: ledger = formula, every rank, fwd and bwd", found)
+    for name, found in byte_verdicts.items()
+]
+print(
+    verdict_table(
+        byte_claims,
+        "\nbytes sent per rank, ledger vs closed form (exact), cp 2, 4, 8, causal or not",
+    )
+)
 
 # %% jupyter={"outputs_hidden": true}
-print(verdict_table([v for found in byte_verdicts.values() for v in found], "the detail: one row per cp and configuration"))
+print(
+    verdict_table(
+        [v for found in byte_verdicts.values() for v in found],
+        "the detail: one row per cp and configuration",
+    )
+)
 
 # %%
-series = {"ring": CONFIGS[2], "Ulysses sequence_sharded": CONFIGS[5], "Ulysses replicated": CONFIGS[7]}
-measured = {name: {p: [int(bytes_sent(results(cp, c))[k, 0]) for cp in CPS] for k, p in enumerate(PHASES)}
-            for name, c in series.items()}
-formulas = {name: {p: [bytes_formula(c, (B, H, N, D), cp)[p] for cp in CPS] for p in PHASES} for name, c in series.items()}
+series = {
+    "ring": CONFIGS[2],
+    "Ulysses sequence_sharded": CONFIGS[5],
+    "Ulysses replicated": CONFIGS[7],
+}
+measured = {
+    name: {p: [int(bytes_sent(results(cp, c))[k, 0]) for cp in CPS] for k, p in enumerate(PHASES)}
+    for name, c in series.items()
+}
+formulas = {
+    name: {p: [bytes_formula(c, (B, H, N, D), cp)[p] for cp in CPS] for p in PHASES}
+    for name, c in series.items()
+}
 show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D * 8))
 
 # %% [markdown]
@@ -454,20 +553,30 @@ show(viz.plot_cp_bytes(list(CPS), measured, formulas, full_bytes=B * H * N * D *
 # more at cp = 2. The table below evaluates the same formulas the ledger was checked
 # against:
 
+
 # %%
 def step_bytes(algo, layout, cp, s=1):
     per_phase = ring_bytes(s, cp) if algo == "ring" else ulysses_bytes(s, cp, layout)
     return {**per_phase, "step": per_phase["forward"] + per_phase["backward"]}
 
 
-ratio_rows = ["| cp | ring / Ulysses: forward | backward | step | replicated / sequence_sharded: forward | backward | step |",
-              "|---|---|---|---|---|---|---|"]
+ratio_rows = [
+    "| cp | ring / Ulysses: forward | backward | step | replicated / sequence_sharded: forward | backward | step |",
+    "|---|---|---|---|---|---|---|",
+]
 for cp in CPS:
     unit = cp  # any S divisible by cp keeps the integer formulas exact
-    ring, sharded, replicated = (step_bytes(a, lay, cp, unit) for a, lay in
-                                 (("ring", None), ("ulysses", "sequence_sharded"), ("ulysses", "replicated")))
-    ratio_rows.append(f"| {cp} | " + " | ".join(f"{ring[p] / sharded[p]:g}" for p in ("forward", "backward", "step"))
-                      + " | " + " | ".join(f"{replicated[p] / sharded[p]:g}" for p in ("forward", "backward", "step")) + " |")
+    ring, sharded, replicated = (
+        step_bytes(a, lay, cp, unit)
+        for a, lay in (("ring", None), ("ulysses", "sequence_sharded"), ("ulysses", "replicated"))
+    )
+    ratio_rows.append(
+        f"| {cp} | "
+        + " | ".join(f"{ring[p] / sharded[p]:g}" for p in ("forward", "backward", "step"))
+        + " | "
+        + " | ".join(f"{replicated[p] / sharded[p]:g}" for p in ("forward", "backward", "step"))
+        + " |"
+    )
 display(Markdown("\n".join(ratio_rows)))
 
 # %% [markdown]
@@ -502,16 +611,33 @@ display(Markdown("\n".join(ratio_rows)))
 # %%
 clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
 correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
-show(viz.plot_error_by_token((buggy["dk"] - correct["dk"]).transpose(-1, -2), 4, zigzag=True,
-                             title="ring attention, cp = 4, causal zigzag: dK, buggy vs correct"))
-exact_tokens = (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
+show(
+    viz.plot_error_by_token(
+        (buggy["dk"] - correct["dk"]).transpose(-1, -2),
+        4,
+        zigzag=True,
+        title="ring attention, cp = 4, causal zigzag: dK, buggy vs correct",
+    )
+)
+exact_tokens = (
+    (buggy["dk"] == correct["dk"]).all(dim=-1).all(dim=1).all(dim=0).nonzero().flatten().tolist()
+)
 print("tokens whose dK is still bitwise right:", exact_tokens)
 clinic_verdicts = []
 for name, ref in sdpa_reference(FULL, causal=True).items():
     verdict = compare(buggy[name], ref, atol=1e-12 * ref.abs().max().item())[0]
-    seen = "matches SDPA" if verdict.passed else f"{verdict.n_diff} of {verdict.numel} elements differ from SDPA"
-    clinic_verdicts.append(claim(f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}",
-                                 verdict.passed == (name == "out"), seen))  # out must still match, gradients not
+    seen = (
+        "matches SDPA"
+        if verdict.passed
+        else f"{verdict.n_diff} of {verdict.numel} elements differ from SDPA"
+    )
+    clinic_verdicts.append(
+        claim(
+            f"clinic: {name} {'still matches' if name == 'out' else 'caught by the check'}",
+            verdict.passed == (name == "out"),
+            seen,
+        )
+    )  # out must still match, gradients not
 print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 
 # %% [markdown]
@@ -555,14 +681,35 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # %%
 cp = 4
 replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
-show(viz.plot_scale_scatter(replicated[1][0]["dq"], replicated[1][1]["dq"], cp,
-                            "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)"))
+show(
+    viz.plot_scale_scatter(
+        replicated[1][0]["dq"],
+        replicated[1][1]["dq"],
+        cp,
+        "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)",
+    )
+)
 ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
-print("buggy dQ / correct dQ on every rank and element: min", f"{ratio.min().item():.6g}", "max", f"{ratio.max().item():.6g}")
+print(
+    "buggy dQ / correct dQ on every rank and element: min",
+    f"{ratio.min().item():.6g}",
+    "max",
+    f"{ratio.max().item():.6g}",
+)
 ref = sdpa_reference(FULL, causal=False)["dq"]
 verdict = compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0]
-print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict.passed,
-                           f"{verdict.n_diff} of {verdict.numel} dq elements differ from SDPA")], "bug clinic, second case"))
+print(
+    verdict_table(
+        [
+            claim(
+                "clinic: reduce-scatter backward caught",
+                not verdict.passed,
+                f"{verdict.n_diff} of {verdict.numel} dq elements differ from SDPA",
+            )
+        ],
+        "bug clinic, second case",
+    )
+)
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -581,21 +728,39 @@ print(verdict_table([claim("clinic: reduce-scatter backward caught", not verdict
 # ## Closing note
 
 # %%
-closing = ["| cp | S | ring fwd | ring bwd | Ulysses fwd = bwd | replicated fwd | replicated bwd |",
-           "|---|---|---|---|---|---|---|",
-           "| formula | | `2(cp\u20111)S` | `4(cp\u20111)S` | `4(cp\u20111)S/cp` | `(cp\u20111)S` | `3(cp\u20111)S` |"]
+closing = [
+    "| cp | S | ring fwd | ring bwd | Ulysses fwd = bwd | replicated fwd | replicated bwd |",
+    "|---|---|---|---|---|---|---|",
+    "| formula | | `2(cp\u20111)S` | `4(cp\u20111)S` | `4(cp\u20111)S/cp` | `(cp\u20111)S` | `3(cp\u20111)S` |",
+]
 for cp in CPS:
-    ledger = {name: {p: sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p) for p in ("forward", "backward")}
-              for name, c in series.items()}
-    cells = [ledger["ring"]["forward"], ledger["ring"]["backward"], ledger["Ulysses sequence_sharded"]["forward"],
-             ledger["Ulysses replicated"]["forward"], ledger["Ulysses replicated"]["backward"]]
-    closing.append(f"| {cp} | {shard_bytes(B, H, N, D, cp)} | " + " | ".join(str(c) for c in cells) + " |")
-display(Markdown(
-    f"Bytes sent per rank by rank 0, as the ledger measured them (the second row: the formula of each column; B={B}, H={H}, N={N}, D={D}, float64; "
-    "section 6 checks every one against its formula, on every rank, causal or not):\n\n" + "\n".join(closing)
-    + "\n\nEvery output and gradient matched SDPA within the checked bound (`1e-12` relative; section 5 "
-    "prints each row's error in its folded detail); Ulysses matched the one-process `attention_block` bitwise. The last cell "
-    "prints this run's time."))
+    ledger = {
+        name: {
+            p: sent(runs[cp][0]["results"][CONFIGS.index(c)]["records"], phase=p)
+            for p in ("forward", "backward")
+        }
+        for name, c in series.items()
+    }
+    cells = [
+        ledger["ring"]["forward"],
+        ledger["ring"]["backward"],
+        ledger["Ulysses sequence_sharded"]["forward"],
+        ledger["Ulysses replicated"]["forward"],
+        ledger["Ulysses replicated"]["backward"],
+    ]
+    closing.append(
+        f"| {cp} | {shard_bytes(B, H, N, D, cp)} | " + " | ".join(str(c) for c in cells) + " |"
+    )
+display(
+    Markdown(
+        f"Bytes sent per rank by rank 0, as the ledger measured them (the second row: the formula of each column; B={B}, H={H}, N={N}, D={D}, float64; "
+        "section 6 checks every one against its formula, on every rank, causal or not):\n\n"
+        + "\n".join(closing)
+        + "\n\nEvery output and gradient matched SDPA within the checked bound (`1e-12` relative; section 5 "
+        "prints each row's error in its folded detail); Ulysses matched the one-process `attention_block` bitwise. The last cell "
+        "prints this run's time."
+    )
+)
 
 # %% [markdown]
 # ## What to try

@@ -64,9 +64,15 @@ from paralab.check import claim, closing_table, compare, verdict_table
 from paralab.exercises.lab03 import SAMPLER_BUGS
 from paralab.launch import run
 from paralab.ledger import format_table, received, sent
-from paralab.tables import text_table
 from paralab.models import CondDenoiser, make_text_embedding, null_text_embedding
-from paralab.viz import plot_cfg_branches, plot_cfgp_timeline, plot_diff_heatmap, plot_step_traffic, show
+from paralab.tables import text_table
+from paralab.viz import (
+    plot_cfg_branches,
+    plot_cfgp_timeline,
+    plot_diff_heatmap,
+    plot_step_traffic,
+    show,
+)
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
@@ -75,8 +81,13 @@ print("torch", torch.__version__)
 def summarize(name, found):
     """One claim over many verdict rows: does every row pass, and the worst difference."""
     worst = max(v.max_abs for v in found)
-    return claim(name, all(v.passed for v in found),
-                 f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| " + (f"{worst:.1e}" if worst else "0"))
+    return claim(
+        name,
+        all(v.passed for v in found),
+        f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| "
+        + (f"{worst:.1e}" if worst else "0"),
+    )
+
 
 # %% [markdown]
 # ## 1. A small conditional denoiser and a guided sampler
@@ -105,13 +116,17 @@ def summarize(name, found):
 
 
 # %%
-model = CondDenoiser(channels=4, dim=32, heads=4, text_dim=16, n_blocks=2, frames=4, height=6, width=6, seed=0)
+model = CondDenoiser(
+    channels=4, dim=32, heads=4, text_dim=16, n_blocks=2, frames=4, height=6, width=6, seed=0
+)
 cond = make_text_embedding(seed=1)  # "a prompt", (1, n_text, text_dim)
 uncond = null_text_embedding(cond)  # the empty prompt: zeros
 STEPS, W, SEED = 8, 4.0, 0
 B, S, C = model.latent_shape
-print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
-      f"{sum(p.numel() for p in model.parameters())} parameters, {STEPS} steps, w = {W}")
+print(
+    f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
+    f"{sum(p.numel() for p in model.parameters())} parameters, {STEPS} steps, w = {W}"
+)
 
 # %% [markdown]
 # The sampler is Euler over flow-matching time `t = 1 → 0`. Each piece is
@@ -164,7 +179,9 @@ print(f"latent (B, S, C) = {model.latent_shape}, text {tuple(cond.shape)}, "
 
 # %%
 trajectory = []
-reference = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, trajectory=trajectory)
+reference = sample(
+    model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, trajectory=trajectory
+)
 print("reference latent", tuple(reference.shape), reference.dtype)
 
 # %% [markdown]
@@ -179,8 +196,17 @@ print("reference latent", tuple(reference.shape), reference.dtype)
 ts = timesteps(STEPS)
 with torch.no_grad():
     cond_pred, uncond_pred = predict_branches(model, trajectory[4], ts[4], cond, uncond)
-show(plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pred, W), W,
-                       model.frames, model.height, model.width))
+show(
+    plot_cfg_branches(
+        cond_pred,
+        uncond_pred,
+        cfg_combine(cond_pred, uncond_pred, W),
+        W,
+        model.frames,
+        model.height,
+        model.width,
+    )
+)
 
 # %% [markdown]
 # ## 3. Why batching cond and uncond in one forward can change the last bits
@@ -204,24 +230,32 @@ show(plot_cfg_branches(cond_pred, uncond_pred, cfg_combine(cond_pred, uncond_pre
 # %%
 # NBVAL_IGNORE_OUTPUT
 block = model.blocks[0]
-emb = torch.randn(2, block.modulation.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+emb = torch.randn(
+    2, block.modulation.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+)
 with torch.no_grad():
     alone = block.modulation(emb[:1])  # (1, D) @ W^T: matrix-vector
     batched_row = block.modulation(emb)[:1]  # (2, D) @ W^T: matrix-matrix, same row 0
     x0 = draw_noise(model.latent_shape, SEED)
     sep = predict_branches(model, x0, 1.0, cond, uncond)
     bat = predict_branches_batched(model, x0, 1.0, cond, uncond)
-batched_latent = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, batch_branches=True)
+batched_latent = sample(
+    model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, batch_branches=True
+)
 for name, a, b in [
     ("modulation Linear, row 0", batched_row, alone),
     ("first-step cond prediction", bat[0], sep[0]),
     ("first-step uncond prediction", bat[1], sep[1]),
     ("final latent after 8 steps", batched_latent, reference),
 ]:
-    print(f"{name:<30} {int((a != b).sum()):4d} of {a.numel():4d} elements differ, max |diff| {float((a - b).abs().max()):.1e}")
+    print(
+        f"{name:<30} {int((a != b).sum()):4d} of {a.numel():4d} elements differ, max |diff| {float((a - b).abs().max()):.1e}"
+    )
 
 # %%
-batching_verdicts = compare(batched_latent, reference, atol=1e-12, name="batched cond+uncond vs batch-1 loop (<= 1e-12)")
+batching_verdicts = compare(
+    batched_latent, reference, atol=1e-12, name="batched cond+uncond vs batch-1 loop (<= 1e-12)"
+)
 print(verdict_table(batching_verdicts, "Batching changes at most rounding-level bits"))
 
 # %% [markdown]
@@ -236,7 +270,9 @@ for kwargs in [dict(world_size=2, cfgp=2), dict(world_size=6, cfgp=3, enable_inf
         ParallelDims(**kwargs)
         print(f"ParallelDims({kwargs}) accepted (unexpected)")
     except ValueError as err:
-        print(f"ParallelDims({', '.join(f'{k}={v}' for k, v in kwargs.items())})\n  -> ValueError: {err}")
+        print(
+            f"ParallelDims({', '.join(f'{k}={v}' for k, v in kwargs.items())})\n  -> ValueError: {err}"
+        )
 pd_ok = ParallelDims(world_size=2, cfgp=2, enable_inference_mode=True)
 print(f"accepted: {pd_ok}")
 
@@ -267,8 +303,19 @@ show(plot_cfgp_timeline(steps=2, latent_bytes=B * S * C * 8))
 # </details>
 
 # %%
-cfgp_out = run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS,
-               {"wrong_sign": SAMPLER_BUGS["wrong_sign"]}, steps=STEPS, guidance_scale=W, seed=SEED)
+cfgp_out = run(
+    sample_variants,
+    2,
+    model,
+    cond,
+    uncond,
+    {"cfgp": 2},
+    EXCHANGE_VARIANTS,
+    {"wrong_sign": SAMPLER_BUGS["wrong_sign"]},
+    steps=STEPS,
+    guidance_scale=W,
+    seed=SEED,
+)
 print("cfgp_rank of each rank:", [r["p2p"]["cfgp_rank"] for r in cfgp_out])
 cfgp_verdicts, cfgp_claims = [], []
 for exchange in ("p2p", "all_gather"):
@@ -276,9 +323,15 @@ for exchange in ("p2p", "all_gather"):
     vs_reference = compare(latents, [reference, reference], name=f"cfgp=2 {exchange} vs reference")
     agree = compare(latents[1], latents[0], name=f"cfgp=2 {exchange}: rank 1 vs rank 0")
     cfgp_verdicts += vs_reference + agree
-    cfgp_claims += [summarize(f"{exchange}: both ranks = one process, bitwise", vs_reference),
-                    summarize(f"{exchange}: rank 1 = rank 0, bitwise", agree)]
-print(verdict_table(cfgp_claims, "cfgp = 2: the final latent vs the single-process batch-1 loop (exact)"))
+    cfgp_claims += [
+        summarize(f"{exchange}: both ranks = one process, bitwise", vs_reference),
+        summarize(f"{exchange}: rank 1 = rank 0, bitwise", agree),
+    ]
+print(
+    verdict_table(
+        cfgp_claims, "cfgp = 2: the final latent vs the single-process batch-1 loop (exact)"
+    )
+)
 
 # %% jupyter={"outputs_hidden": true}
 print(verdict_table(cfgp_verdicts, "the detail: one row per rank"))
@@ -305,11 +358,21 @@ for name in ("wrong_sign",):
     latents = [r[name]["latent"] for r in cfgp_out]
     found = compare(latents, [reference, reference], atol=1e-12)
     disagree = float((latents[0] - latents[1]).abs().max())
-    print(f"{name:<14} " + "  ".join(
-        f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}"
-        for v in found) + f"  | rank 0 vs rank 1 max |diff| {disagree:.1e}")
-    broken_verdicts.append(claim(f"check catches the {name} variant", not all(v.passed for v in found),
-                                 f"{sum(not v.passed for v in found)} of {len(found)} ranks differ"))
+    print(
+        f"{name:<14} "
+        + "  ".join(
+            f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}"
+            for v in found
+        )
+        + f"  | rank 0 vs rank 1 max |diff| {disagree:.1e}"
+    )
+    broken_verdicts.append(
+        claim(
+            f"check catches the {name} variant",
+            not all(v.passed for v in found),
+            f"{sum(not v.passed for v in found)} of {len(found)} ranks differ",
+        )
+    )
 print(verdict_table(broken_verdicts, "The same check fails the broken variant"))
 
 # %% [markdown]
@@ -342,22 +405,47 @@ print(format_table([r["all_gather"]["records"] for r in cfgp_out], by=("op", "gr
 ledger_verdicts, ledger_by_key, rows = [], {}, []
 for rank, r in enumerate(cfgp_out):
     p2p, gathered = r["p2p"]["records"], r["all_gather"]["records"]
-    measured = {"p2p sent": sent(p2p, op="isend"), "p2p received": received(p2p, op="irecv"),
-                "all_gather sent": sent(gathered, op="all_gather"), "noise broadcast sent": sent(p2p, op="broadcast")}
+    measured = {
+        "p2p sent": sent(p2p, op="isend"),
+        "p2p received": received(p2p, op="irecv"),
+        "all_gather sent": sent(gathered, op="all_gather"),
+        "noise broadcast sent": sent(p2p, op="broadcast"),
+    }
     want = cfgp_bytes(model.latent_shape, STEPS, cfgp_rank=rank)
-    formula = {"p2p sent": want["cfgp swap"], "p2p received": want["cfgp swap"],
-               "all_gather sent": want["cfgp swap"], "noise broadcast sent": want["noise broadcast"]}
+    formula = {
+        "p2p sent": want["cfgp swap"],
+        "p2p received": want["cfgp swap"],
+        "all_gather sent": want["cfgp swap"],
+        "noise broadcast sent": want["noise broadcast"],
+    }
     rows += [(rank, key, formula[key], measured[key]) for key in measured]
     for key in measured:
-        found = compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
+        found = compare(
+            torch.tensor(measured[key]),
+            torch.tensor(formula[key]),
+            name=f"ledger rank {rank}: {key}",
+        )
         ledger_verdicts += found
         ledger_by_key.setdefault(key, []).extend(found)
 print(text_table(("rank", "bytes", "formula", "measured"), rows, align_right=(0, 2, 3)))
-print(verdict_table(ledger_verdicts, f"the detail: ledger vs formula per rank (steps={STEPS}, B·S·C·8 = {latent_bytes} B)"))
+print(
+    verdict_table(
+        ledger_verdicts,
+        f"the detail: ledger vs formula per rank (steps={STEPS}, B·S·C·8 = {latent_bytes} B)",
+    )
+)
 
 # %%
-ledger_claims = [summarize(f"{key}: ledger = formula on both ranks", found) for key, found in ledger_by_key.items()]
-print(verdict_table(ledger_claims, f"the ledger vs the formulas (detail folded above; B·S·C·8 = {latent_bytes} B)"))
+ledger_claims = [
+    summarize(f"{key}: ledger = formula on both ranks", found)
+    for key, found in ledger_by_key.items()
+]
+print(
+    verdict_table(
+        ledger_claims,
+        f"the ledger vs the formulas (detail folded above; B·S·C·8 = {latent_bytes} B)",
+    )
+)
 
 # %% [markdown]
 # ## 8. Time per step: cfgp = 1 vs cfgp = 2
@@ -379,12 +467,30 @@ print(verdict_table(ledger_claims, f"the ledger vs the formulas (detail folded a
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-big = CondDenoiser(channels=4, dim=64, heads=4, text_dim=16, n_blocks=4, frames=4, height=8, width=8, seed=0)
-layouts = [("cfgp=1 (one process, 2 forwards/step)", 1, None), ("cfgp=2 (2 ranks, 1 forward/step each)", 2, {"cfgp": 2})]
+big = CondDenoiser(
+    channels=4, dim=64, heads=4, text_dim=16, n_blocks=4, frames=4, height=8, width=8, seed=0
+)
+layouts = [
+    ("cfgp=1 (one process, 2 forwards/step)", 1, None),
+    ("cfgp=2 (2 ranks, 1 forward/step each)", 2, {"cfgp": 2}),
+]
 timing = {label: float("inf") for label, _, _ in layouts}
-for _ in range(2):  # alternate the two layouts, so a burst of other work does not hit only one of them
+for _ in range(
+    2
+):  # alternate the two layouts, so a burst of other work does not hit only one of them
     for label, world, dims in layouts:
-        out = run(sample_on_rank, world, big, cond, uncond, dims, repeats=4, steps=4, guidance_scale=W, seed=SEED)
+        out = run(
+            sample_on_rank,
+            world,
+            big,
+            cond,
+            uncond,
+            dims,
+            repeats=4,
+            steps=4,
+            guidance_scale=W,
+            seed=SEED,
+        )
         timing[label] = min(timing[label], max(r["seconds_per_step"] for r in out))
 for label, sec in timing.items():
     print(f"{label:<40} {1000 * sec:7.1f} ms per step")
@@ -454,28 +560,59 @@ def block_attention(q, k, v):
     return cp.attention_block(q, k, v)[0]
 
 
-reference_block = sample(model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, attention=block_attention)
+reference_block = sample(
+    model, cond, uncond, steps=STEPS, guidance_scale=W, seed=SEED, attention=block_attention
+)
 
 
 cp_out = {
-    world: run(sample_variants, world, model, cond, uncond, {"cfgp": 2, "cp": world // 2},
-               {"ring": {"cp_attention": "ring"}, "ulysses": {"cp_attention": "ulysses"}},
-               steps=STEPS, guidance_scale=W, seed=SEED, timeout=120)
+    world: run(
+        sample_variants,
+        world,
+        model,
+        cond,
+        uncond,
+        {"cfgp": 2, "cp": world // 2},
+        {"ring": {"cp_attention": "ring"}, "ulysses": {"cp_attention": "ulysses"}},
+        steps=STEPS,
+        guidance_scale=W,
+        seed=SEED,
+        timeout=120,
+    )
     for world in (4, 8)
 }
-print("world 4 (cfgp_rank, cp_rank) per rank:", [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[4]])
-print("world 8 (cfgp_rank, cp_rank) per rank:", [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[8]])
+print(
+    "world 4 (cfgp_rank, cp_rank) per rank:",
+    [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[4]],
+)
+print(
+    "world 8 (cfgp_rank, cp_rank) per rank:",
+    [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[8]],
+)
 cp_verdicts, cp_groups = [], {}
 for world, out in cp_out.items():
     n = world
     tag = f"cfgp=2 x cp={world // 2}"
-    found = {"ulysses = attention_block ref, bitwise": compare([r["ulysses"]["latent"] for r in out], [reference_block] * n,
-                                                             name=f"{tag} ulysses vs attention_block ref (exact)"),
-             "ring = attention_block ref (<= 1e-12)": compare([r["ring"]["latent"] for r in out], [reference_block] * n,
-                                                              atol=1e-12, name=f"{tag} ring vs attention_block ref (<=1e-12)")}
+    found = {
+        "ulysses = attention_block ref, bitwise": compare(
+            [r["ulysses"]["latent"] for r in out],
+            [reference_block] * n,
+            name=f"{tag} ulysses vs attention_block ref (exact)",
+        ),
+        "ring = attention_block ref (<= 1e-12)": compare(
+            [r["ring"]["latent"] for r in out],
+            [reference_block] * n,
+            atol=1e-12,
+            name=f"{tag} ring vs attention_block ref (<=1e-12)",
+        ),
+    }
     for kind in ("ring", "ulysses"):
-        found[f"{kind} = SDPA ref (<= 1e-12)"] = compare([r[kind]["latent"] for r in out], [reference] * n, atol=1e-12,
-                                                         name=f"{tag} {kind} vs SDPA ref (<=1e-12)")
+        found[f"{kind} = SDPA ref (<= 1e-12)"] = compare(
+            [r[kind]["latent"] for r in out],
+            [reference] * n,
+            atol=1e-12,
+            name=f"{tag} {kind} vs SDPA ref (<=1e-12)",
+        )
     for key, rows in found.items():
         cp_verdicts += rows
         cp_groups.setdefault(key, []).extend(rows)
@@ -514,30 +651,50 @@ for rank, r in enumerate(out4):
     cfgp_peer = (rank + 2) % 4
     ring_recs, uly_recs = r["ring"]["records"], r["ulysses"]["records"]
     swap = sent(ring_recs, op="isend", peer=cfgp_peer)
-    measured = {"cfgp swap sent": swap, "ring K/V sent": sent(ring_recs, op="isend") - swap,
-                "ulysses a2a sent": sent(uly_recs, op="all_to_all_single"),
-                "noise broadcast sent": sent(ring_recs, op="broadcast"),
-                "latent return sent": sent(ring_recs, op="all_gather")}
+    measured = {
+        "cfgp swap sent": swap,
+        "ring K/V sent": sent(ring_recs, op="isend") - swap,
+        "ulysses a2a sent": sent(uly_recs, op="all_to_all_single"),
+        "noise broadcast sent": sent(ring_recs, op="broadcast"),
+        "latent return sent": sent(ring_recs, op="all_gather"),
+    }
     want = cfgp_bytes(model.latent_shape, STEPS, r["ring"]["cfgp_rank"], cpn)
-    formula = {"cfgp swap sent": want["cfgp swap"],
-               "ring K/V sent": cp_attention_bytes("ring", STEPS, L, B, H, S, D // H, cpn),
-               "ulysses a2a sent": cp_attention_bytes("ulysses", STEPS, L, B, H, S, D // H, cpn),
-               "noise broadcast sent": want["noise broadcast"], "latent return sent": want["latent return"]}
+    formula = {
+        "cfgp swap sent": want["cfgp swap"],
+        "ring K/V sent": cp_attention_bytes("ring", STEPS, L, B, H, S, D // H, cpn),
+        "ulysses a2a sent": cp_attention_bytes("ulysses", STEPS, L, B, H, S, D // H, cpn),
+        "noise broadcast sent": want["noise broadcast"],
+        "latent return sent": want["latent return"],
+    }
     rows += [(key, formula[key], measured[key]) for key in measured if rank == 0]
     for key in measured:
-        found = compare(torch.tensor(measured[key]), torch.tensor(formula[key]), name=f"ledger rank {rank}: {key}")
+        found = compare(
+            torch.tensor(measured[key]),
+            torch.tensor(formula[key]),
+            name=f"ledger rank {rank}: {key}",
+        )
         cp_ledger += found
         cp_ledger_by_key.setdefault(key, []).extend(found)
 print(text_table(("rank 0", "formula", "measured"), rows, align_right=(1, 2)))
 print(verdict_table(cp_ledger, "the detail: one row per rank and kind of traffic"))
 
 # %%
-cp_ledger_claims = [summarize(f"{key}: ledger = formula on all 4 ranks", rows) for key, rows in cp_ledger_by_key.items()]
-print(verdict_table(cp_ledger_claims, f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})"))
+cp_ledger_claims = [
+    summarize(f"{key}: ledger = formula on all 4 ranks", rows)
+    for key, rows in cp_ledger_by_key.items()
+]
+print(
+    verdict_table(
+        cp_ledger_claims,
+        f"cfgp x cp ledger vs formulas (steps={STEPS}, layers={L}, D={D}, C={C}, cp={cpn})",
+    )
+)
 per_step_cfgp = shard_bytes
 per_step_ring = cp_attention_bytes("ring", 1, L, B, H, S, D // H, cpn)
-print(f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
-      f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})")
+print(
+    f"per step and rank: cfgp swap {per_step_cfgp} B, ring attention {per_step_ring} B "
+    f"= {per_step_ring // per_step_cfgp}x the swap (= layers*2(cp-1)*D/C = {L * 2 * (cpn - 1) * D // C})"
+)
 
 # %% [markdown]
 # The same comparison measured at cp = 2 (world 4) and cp = 4 (world 8),
@@ -584,9 +741,20 @@ def clinic_noise(model, cond, uncond, seed, **kw):
     pd = ParallelDims(dist.get_world_size(), cfgp=2, enable_inference_mode=True)
     pd.build_meshes("cpu")
     shape = model.latent_shape
-    return {"correct": initial_latent(shape, seed, pd), "buggy": noise_per_rank_seed(shape, seed, pd),
-            **sample_variants(model, cond, uncond, {"cfgp": 2}, {}, {"per_rank_seed": SAMPLER_BUGS["per_rank_seed"]},
-                              seed=seed, **kw)}
+    return {
+        "correct": initial_latent(shape, seed, pd),
+        "buggy": noise_per_rank_seed(shape, seed, pd),
+        **sample_variants(
+            model,
+            cond,
+            uncond,
+            {"cfgp": 2},
+            {},
+            {"per_rank_seed": SAMPLER_BUGS["per_rank_seed"]},
+            seed=seed,
+            **kw,
+        ),
+    }
 
 
 def by_rank_and_channel(latents):
@@ -600,12 +768,22 @@ start_bug = by_rank_and_channel([r["buggy"] for r in clinic])
 end_ok = by_rank_and_channel([reference, reference])
 end_bug = by_rank_and_channel([r["per_rank_seed"]["latent"] for r in clinic])
 for label, ok, bug in [("initial latent", start_ok, start_bug), ("final latent", end_ok, end_bug)]:
-    print(f"{label:<15} " + "   ".join(
-        f"rank {r}: {int((bug[r * C:(r + 1) * C] != ok[r * C:(r + 1) * C]).sum()):3d} of {S * C} elements differ"
-        for r in range(2)))
-for title, ok, bug in [("initial latent: buggy vs correct", start_ok, start_bug),
-                       (f"final latent after {STEPS} steps: buggy vs the reference", end_ok, end_bug)]:
-    show(plot_diff_heatmap(ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token"))
+    print(
+        f"{label:<15} "
+        + "   ".join(
+            f"rank {r}: {int((bug[r * C : (r + 1) * C] != ok[r * C : (r + 1) * C]).sum()):3d} of {S * C} elements differ"
+            for r in range(2)
+        )
+    )
+for title, ok, bug in [
+    ("initial latent: buggy vs correct", start_ok, start_bug),
+    (f"final latent after {STEPS} steps: buggy vs the reference", end_ok, end_bug),
+]:
+    show(
+        plot_diff_heatmap(
+            ok, bug, title, row_label="rank · channel (rank 0 on top)", col_label="latent token"
+        )
+    )
 
 # %% [markdown]
 # **What is wrong?** Rank 0 starts from exactly the right noise (top half of
@@ -643,16 +821,32 @@ outcome = grade(EXERCISES["initial_latent"], noise_per_rank_seed)
 print(report(EXERCISES["initial_latent"], outcome))
 latents = [r["per_rank_seed"]["latent"] for r in clinic]
 found = compare(latents, [reference, reference], atol=1e-12)
-print("per_rank_seed  " + "  ".join(
-    f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}" for v in found)
-    + f"  | rank 0 vs rank 1 max |diff| {float((latents[0] - latents[1]).abs().max()):.1e}")
+print(
+    "per_rank_seed  "
+    + "  ".join(
+        f"{v.path}: {'matches' if v.passed else f'{v.n_diff}/{v.numel} differ, max |diff| {v.max_abs:.1e}'}"
+        for v in found
+    )
+    + f"  | rank 0 vs rank 1 max |diff| {float((latents[0] - latents[1]).abs().max()):.1e}"
+)
 final_check = compare(latents, [reference, reference])
-clinic_verdicts = [claim("check catches the per_rank_seed variant", not all(v.passed for v in found),
-                         f"{sum(not v.passed for v in found)} of {len(found)} ranks differ"),
-                   claim("grader fails per-rank noise (initial_latent)", outcome.verdict == "FAIL",
-                         f"grader says {outcome.verdict}"),
-                   claim("final latent check fails per-rank noise", not all(v.passed for v in final_check),
-                         f"{sum(not v.passed for v in final_check)} of {len(final_check)} ranks differ")]
+clinic_verdicts = [
+    claim(
+        "check catches the per_rank_seed variant",
+        not all(v.passed for v in found),
+        f"{sum(not v.passed for v in found)} of {len(found)} ranks differ",
+    ),
+    claim(
+        "grader fails per-rank noise (initial_latent)",
+        outcome.verdict == "FAIL",
+        f"grader says {outcome.verdict}",
+    ),
+    claim(
+        "final latent check fails per-rank noise",
+        not all(v.passed for v in final_check),
+        f"{sum(not v.passed for v in final_check)} of {len(final_check)} ranks differ",
+    ),
+]
 print(verdict_table(clinic_verdicts, "Bug clinic: the checks catch ranks drawing different noise"))
 
 # %% [markdown]

@@ -72,7 +72,13 @@ from IPython.display import Markdown, display
 
 from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
 from paralab.exercises import EXERCISES
-from paralab.exercises.lab04 import raw_pixels_as_float, raw_pixels_clinic as clinic_bug, skip_when_empty
+from paralab.exercises.lab04 import (
+    raw_pixels_as_float,
+    skip_when_empty,
+)
+from paralab.exercises.lab04 import (
+    raw_pixels_clinic as clinic_bug,
+)
 from paralab.grade import grade
 from paralab.launch import LaunchError, run
 from paralab.ledger import format_table
@@ -81,8 +87,20 @@ from paralab.tables import text_table
 from paralab.vae_lb import encode_cost, offload_encode, plan_rebalance
 from paralab.vae_lb.costs import exchange_bytes, fit_line
 from paralab.vae_lb.runs import (
-    LBRun, compare_strategies, global_plan, group_loads, groups_of, lb_worker, makespan_bound, mean_over_random_batches,
-    measured_bytes, moves_table, planned_encoder, reference_latents, run_checks, spread,
+    LBRun,
+    compare_strategies,
+    global_plan,
+    group_loads,
+    groups_of,
+    lb_worker,
+    makespan_bound,
+    mean_over_random_batches,
+    measured_bytes,
+    moves_table,
+    planned_encoder,
+    reference_latents,
+    run_checks,
+    spread,
 )
 from paralab.viz import plot_cost_fit, plot_diff_heatmap, plot_lb_loads, plot_lb_protocol, show
 
@@ -116,8 +134,12 @@ encoder = TinyVideoEncoder()
 video = random_raw_videos(1, seed=0)[0]
 latent = encoder(video)
 print(f"raw video : shape {tuple(video.shape)}, {video.dtype}, {video.nbytes} B")
-print(f"latent    : shape {tuple(latent.shape)}, {latent.dtype}, {latent.nbytes} B  (= T*H*W = {math.prod(video.shape[1:])})")
-print(f"normalized pixels lie in [{normalize_pixels(video).min():.3f}, {normalize_pixels(video).max():.3f}]")
+print(
+    f"latent    : shape {tuple(latent.shape)}, {latent.dtype}, {latent.nbytes} B  (= T*H*W = {math.prod(video.shape[1:])})"
+)
+print(
+    f"normalized pixels lie in [{normalize_pixels(video).min():.3f}, {normalize_pixels(video).max():.3f}]"
+)
 
 # %% [markdown]
 # ## 2. The cost model, and a quick measurement
@@ -142,7 +164,9 @@ print(f"normalized pixels lie in [{normalize_pixels(video).min():.3f}, {normaliz
 # NBVAL_IGNORE_OUTPUT
 probe = random_raw_videos(24, seed=1, max_frames=32, max_side=96)
 seconds = [float("inf")] * len(probe)
-for _ in range(7):  # repeats outermost: a burst of load elsewhere hits one repeat of every video, not one video
+for _ in range(
+    7
+):  # repeats outermost: a burst of load elsewhere hits one repeat of every video, not one video
     for k, v in enumerate(probe):
         start = time.perf_counter()
         encoder(v)
@@ -150,7 +174,10 @@ for _ in range(7):  # repeats outermost: a burst of load elsewhere hits one repe
 pixels = [encode_cost(v) for v in probe]
 slope, intercept, r2 = fit_line(pixels, seconds)
 print(f"T*H*W : time ~ {slope * 1e9:.2f} ns x T*H*W + {intercept * 1e6:.0f} us;  R^2 = {r2:.3f}")
-for name, feature in (("T only", lambda v: v.shape[1]), ("H*W only", lambda v: v.shape[2] * v.shape[3])):
+for name, feature in (
+    ("T only", lambda v: v.shape[1]),
+    ("H*W only", lambda v: v.shape[2] * v.shape[3]),
+):
     print(f"{name:<8}: R^2 = {fit_line([float(feature(v)) for v in probe], seconds)[2]:.3f}")
 show(plot_cost_fit(pixels, seconds, slope, intercept))
 
@@ -239,7 +266,9 @@ show(plot_cost_fit(pixels, seconds, slope, intercept))
 small = {0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}
 print("loads", {r: sum(c) for r, c in small.items()})
 print(moves_table(small, plan_rebalance(small)))
-print("\nrank 1 receives first, then becomes the heaviest and sends two of its own: it sends AND receives in one round")
+print(
+    "\nrank 1 receives first, then becomes the heaviest and sends two of its own: it sends AND receives in one round"
+)
 
 # %% [markdown]
 # ## 4. The lab's batch, and two simple alternatives
@@ -263,30 +292,58 @@ COSTS = {r: [encode_cost(v) for v in b] for r, b in enumerate(BATCH)}
 SHAPES = {r: [tuple(v.shape[1:]) for v in b] for r, b in enumerate(BATCH)}
 LAB_BOUND = makespan_bound(COSTS)
 LAB_ROWS = compare_strategies(COSTS)
-print(f"{len(COSTS)} ranks, {sum(COUNTS)} videos, total cost {sum(map(sum, COSTS.values())):,.0f}; "
-      f"no schedule beats makespan {LAB_BOUND:,.0f}\n")
-print(text_table(("strategy", "makespan", "/ bound", "spread", "videos moved", "bytes moved"),
-                 [(name, f"{makespan:,.0f}", f"{makespan / LAB_BOUND:.3f}", f"{spr:,.0f}", moved, f"{nbytes:,.0f}")
-                  for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items()], align_right=range(1, 6)))
+print(
+    f"{len(COSTS)} ranks, {sum(COUNTS)} videos, total cost {sum(map(sum, COSTS.values())):,.0f}; "
+    f"no schedule beats makespan {LAB_BOUND:,.0f}\n"
+)
+print(
+    text_table(
+        ("strategy", "makespan", "/ bound", "spread", "videos moved", "bytes moved"),
+        [
+            (
+                name,
+                f"{makespan:,.0f}",
+                f"{makespan / LAB_BOUND:.3f}",
+                f"{spr:,.0f}",
+                moved,
+                f"{nbytes:,.0f}",
+            )
+            for name, (makespan, spr, moved, nbytes) in LAB_ROWS.items()
+        ],
+        align_right=range(1, 6),
+    )
+)
 
 
 # %% jupyter={"source_hidden": true}
 def reaches(name):
     makespan, _, moved, _ = LAB_ROWS[name]
-    where = "reaches the bound" if makespan == LAB_BOUND else f"stops {makespan / LAB_BOUND - 1:.1%} above the bound"
+    where = (
+        "reaches the bound"
+        if makespan == LAB_BOUND
+        else f"stops {makespan / LAB_BOUND - 1:.1%} above the bound"
+    )
     return f"{where} with {moved} of the {sum(COUNTS)} videos moved"
 
 
-display(Markdown(
-    f"On this batch the greedy plan {reaches('greedy closest-fit')}; LPT {reaches('LPT')}, because it ignores "
-    "where the videos already are (bytes moved count the raw video there and its latent back, `3THW + THW`). "
-    "On other batches greedy can stop above LPT (its heaviest rank ends up holding videos it may not move "
-    "again). Over 200 random batches of random sizes:"))
+display(
+    Markdown(
+        f"On this batch the greedy plan {reaches('greedy closest-fit')}; LPT {reaches('LPT')}, because it ignores "
+        "where the videos already are (bytes moved count the raw video there and its latent back, `3THW + THW`). "
+        "On other batches greedy can stop above LPT (its heaviest rank ends up holding videos it may not move "
+        "again). Over 200 random batches of random sizes:"
+    )
+)
 
 # %%
 MEANS = mean_over_random_batches(range(200))
-print(text_table(("strategy", "mean makespan / bound", "mean videos moved"),
-                 [(name, f"{ratio:.3f}", f"{moves:.1f}") for name, (ratio, moves) in MEANS.items()], align_right=(1, 2)))
+print(
+    text_table(
+        ("strategy", "mean makespan / bound", "mean videos moved"),
+        [(name, f"{ratio:.3f}", f"{moves:.1f}") for name, (ratio, moves) in MEANS.items()],
+        align_right=(1, 2),
+    )
+)
 
 
 # %% jupyter={"source_hidden": true}
@@ -295,10 +352,13 @@ def mean_row(name):
     return f"{ratio - 1:.1%} above the bound on average, moving {moves:.1f} videos per batch"
 
 
-display(Markdown(
-    f"Greedy closest-fit lands {mean_row('greedy closest-fit')}; LPT {mean_row('LPT')}; round-robin by size "
-    f"{mean_row('round-robin by size')}. For the lb step, where every moved video costs bandwidth twice "
-    "(there and back), few well-chosen moves win."))
+display(
+    Markdown(
+        f"Greedy closest-fit lands {mean_row('greedy closest-fit')}; LPT {mean_row('LPT')}; round-robin by size "
+        f"{mean_row('round-robin by size')}. For the lb step, where every moved video costs bandwidth twice "
+        "(there and back), few well-chosen moves win."
+    )
+)
 
 # %% [markdown]
 # ## 5. The protocol: share, plan, exchange in two phases, encode, return
@@ -355,13 +415,20 @@ show(plot_lb_protocol(plan_rebalance({r: COSTS[r] for r in range(4)}), 4))
 # the bug clinic (section 9): one decision of the encode path swapped.
 
 # %%
-JOBS = {2: [LBRun(2)], 4: [LBRun(4), LBRun(2), LBRun(4, clinic_bug)], 8: [LBRun(8), LBRun(4), LBRun(2)]}
+JOBS = {
+    2: [LBRun(2)],
+    4: [LBRun(4), LBRun(2), LBRun(4, clinic_bug)],
+    8: [LBRun(8), LBRun(4), LBRun(2)],
+}
 RESULTS = {}  # (world, lb, bug clinic?) -> every rank's report
 for world, jobs in JOBS.items():
     reports = run(lb_worker, world, BATCH[:world], jobs, offload=offload_encode, timeout=60)
     for k, job in enumerate(jobs):
         RESULTS[(world, job.lb, job.bug is not None)] = [reports[rank][k] for rank in range(world)]
-print("runs:", ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS))
+print(
+    "runs:",
+    ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS),
+)
 
 # %% [markdown]
 # ### The checks
@@ -383,14 +450,30 @@ ALL_VERDICTS = []
 for (world, lb, clinic), reports in RESULTS.items():
     if not clinic:
         ALL_VERDICTS += run_checks(reports, BATCH[:world], lb)
-PROPERTIES = {"latents, owner order": "latents bitwise", "latent shapes": "shapes", "each video encoded once": "once",
-              "encoded on the planned rank": "placed", "same plan on every rank": "same plan",
-              "P2P bytes sent = formula": "P2P sent", "P2P bytes received = formula": "P2P received",
-              "all_gather bytes sent = formula": "gather sent"}
-RUNS = sorted({v.path.split(":")[0] for v in ALL_VERDICTS}, key=[v.path.split(":")[0] for v in ALL_VERDICTS].index)
+PROPERTIES = {
+    "latents, owner order": "latents bitwise",
+    "latent shapes": "shapes",
+    "each video encoded once": "once",
+    "encoded on the planned rank": "placed",
+    "same plan on every rank": "same plan",
+    "P2P bytes sent = formula": "P2P sent",
+    "P2P bytes received = formula": "P2P received",
+    "all_gather bytes sent = formula": "gather sent",
+}
+RUNS = sorted(
+    {v.path.split(":")[0] for v in ALL_VERDICTS},
+    key=[v.path.split(":")[0] for v in ALL_VERDICTS].index,
+)
 passed = {tuple(v.path.split(": ", 1)): v.passed for v in ALL_VERDICTS}
-print(text_table(("run", *PROPERTIES.values()),
-                 [(run_name, *("yes" if passed[(run_name, p)] else "NO" for p in PROPERTIES)) for run_name in RUNS]))
+print(
+    text_table(
+        ("run", *PROPERTIES.values()),
+        [
+            (run_name, *("yes" if passed[(run_name, p)] else "NO" for p in PROPERTIES))
+            for run_name in RUNS
+        ],
+    )
+)
 
 # %% [markdown]
 # The same checks in full, one row per run and property, and every latent of
@@ -400,19 +483,36 @@ print(text_table(("run", *PROPERTIES.values()),
 # %% jupyter={"outputs_hidden": true} collapsed=true
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
 reports = RESULTS[(4, 4, False)]
-per_tensor = compare([rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents")
-print("\n" + verdict_table(per_tensor, "world 4, lb 4: every latent against encoding its video here"))
-for prop, label in (("latents, owner order", "latents equal encoding each video in one process, bitwise, in owner order"),
-                    ("latent shapes", "every latent has its video's latent shape"),
-                    ("each video encoded once", "every video is encoded exactly once"),
-                    ("encoded on the planned rank", "every video is encoded where the plan says"),
-                    ("same plan on every rank", "every rank computes the same plan (none is sent)"),
-                    ("P2P bytes sent = formula", "ledger: P2P bytes sent = 64 + 3THW per video, 64 + THW per latent"),
-                    ("P2P bytes received = formula", "ledger: P2P bytes received = the same formulas"),
-                    ("all_gather bytes sent = formula", "ledger: all_gather bytes = 8(n-1) + 8(n-1) W")):
+per_tensor = compare(
+    [rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents"
+)
+print(
+    "\n" + verdict_table(per_tensor, "world 4, lb 4: every latent against encoding its video here")
+)
+for prop, label in (
+    (
+        "latents, owner order",
+        "latents equal encoding each video in one process, bitwise, in owner order",
+    ),
+    ("latent shapes", "every latent has its video's latent shape"),
+    ("each video encoded once", "every video is encoded exactly once"),
+    ("encoded on the planned rank", "every video is encoded where the plan says"),
+    ("same plan on every rank", "every rank computes the same plan (none is sent)"),
+    (
+        "P2P bytes sent = formula",
+        "ledger: P2P bytes sent = 64 + 3THW per video, 64 + THW per latent",
+    ),
+    ("P2P bytes received = formula", "ledger: P2P bytes received = the same formulas"),
+    ("all_gather bytes sent = formula", "ledger: all_gather bytes = 8(n-1) + 8(n-1) W"),
+):
     rows = [v for v in ALL_VERDICTS if v.path.endswith(prop)]
-    CLAIMS.append(claim(f"{label}", all(v.passed for v in rows),
-                        f"{sum(v.passed for v in rows)} of {len(rows)} runs (lb 2, 4, 8; 1-4 groups), every rank"))
+    CLAIMS.append(
+        claim(
+            f"{label}",
+            all(v.passed for v in rows),
+            f"{sum(v.passed for v in rows)} of {len(rows)} runs (lb 2, 4, 8; 1-4 groups), every rank",
+        )
+    )
 
 # %% [markdown]
 # ## 7. Load before and after, spread, and the moves
@@ -424,15 +524,34 @@ for prop, label in (("latents, owner order", "latents equal encoding each video 
 # %%
 RANK_COSTS = [COSTS[r] for r in sorted(COSTS)]
 for lb in (8, 4):
-    show(plot_lb_loads(COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}"))
+    show(
+        plot_lb_loads(
+            COSTS, planned_encoder(RANK_COSTS, lb), groups_of(8, lb), title=f"world 8, lb {lb}"
+        )
+    )
 
 # %%
-rows = [(f"w{world} lb{lb}", f"{ranks[0]}-{ranks[-1]}", moves, f"{max(before.values()):,.0f}", f"{max(after.values()):,.0f}",
-         f"{spread(before):,.0f}", f"{spread(after):,.0f}")
-        for world, lb, clinic in RESULTS if not clinic
-        for ranks, moves, before, after in group_loads(RANK_COSTS[:world], lb)]
-print(text_table(("run", "group", "moves", "max before", "max after", "spread before", "spread after"), rows,
-                 align_right=range(2, 7)))
+rows = [
+    (
+        f"w{world} lb{lb}",
+        f"{ranks[0]}-{ranks[-1]}",
+        moves,
+        f"{max(before.values()):,.0f}",
+        f"{max(after.values()):,.0f}",
+        f"{spread(before):,.0f}",
+        f"{spread(after):,.0f}",
+    )
+    for world, lb, clinic in RESULTS
+    if not clinic
+    for ranks, moves, before, after in group_loads(RANK_COSTS[:world], lb)
+]
+print(
+    text_table(
+        ("run", "group", "moves", "max before", "max after", "spread before", "spread after"),
+        rows,
+        align_right=range(2, 7),
+    )
+)
 
 # %% [markdown]
 # The plan of the lb = 8 group (one group, so group ranks are global ranks):
@@ -463,12 +582,30 @@ reports = RESULTS[(8, 8, False)]
 print(format_table([rep["records"] for rep in reports], by=("op",)))
 sent, received, gathered = exchange_bytes(BATCH, global_plan(RANK_COSTS, 8), groups_of(8, 8))
 have_sent, have_received, have_gathered = measured_bytes(reports)
-print("\n" + text_table(("rank", "P2P sent (B)", "formula", "P2P received (B)", "formula", "all_gather sent (B)", "formula"),
-                        zip(range(8), have_sent, sent, have_received, received, have_gathered, gathered), align_right=range(7)))
+print(
+    "\n"
+    + text_table(
+        (
+            "rank",
+            "P2P sent (B)",
+            "formula",
+            "P2P received (B)",
+            "formula",
+            "all_gather sent (B)",
+            "formula",
+        ),
+        zip(range(8), have_sent, sent, have_received, received, have_gathered, gathered),
+        align_right=range(7),
+    )
+)
 reports = RESULTS[(8, 2, False)]
-no_move = [rank for rank in (4, 5) if not any(r.op in ("isend", "irecv") for r in reports[rank]["records"])]
-print(f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P2P call, only "
-      f"{[r.op for r in reports[4]['records']]}")
+no_move = [
+    rank for rank in (4, 5) if not any(r.op in ("isend", "irecv") for r in reports[rank]["records"])
+]
+print(
+    f"\nworld 8, lb 2: group [4, 5] planned no move; ranks {no_move} made no P2P call, only "
+    f"{[r.op for r in reports[4]['records']]}"
+)
 
 # %% [markdown]
 # ## 8. A data-dependent skip hangs the peers
@@ -495,12 +632,21 @@ hung = []
 try:
     run(lb_worker, 4, BATCH[:4], [LBRun(2, skip_when_empty)], timeout=3)
     print("no hang?!")
-except LaunchError as err:  # expected: the launcher's timeout turns the hang into an error that names the ranks
+except (
+    LaunchError
+) as err:  # expected: the launcher's timeout turns the hang into an error that names the ranks
     hung = err.hung_ranks
-    print(f"{type(err).__name__}: ranks {err.hung_ranks} did not finish; the launcher explains: "
-          f"{str(err).split(': ', 1)[1]}")
-CLAIMS.append(claim("a rank that skips the collectives hangs its peer, and the launcher names it", hung == [3],
-                    f"world 4, lb 2, rank 2 skips: hung ranks {hung}"))
+    print(
+        f"{type(err).__name__}: ranks {err.hung_ranks} did not finish; the launcher explains: "
+        f"{str(err).split(': ', 1)[1]}"
+    )
+CLAIMS.append(
+    claim(
+        "a rank that skips the collectives hangs its peer, and the launcher names it",
+        hung == [3],
+        f"world 4, lb 2, rank 2 skips: hung ranks {hung}",
+    )
+)
 
 # %% [markdown]
 # The fix is in `offload_encode` already: the empty rank takes part (it
@@ -522,7 +668,9 @@ CLAIMS.append(claim("a rank that skips the collectives hangs its peer, and the l
 CLINIC = RESULTS[(4, 4, True)]
 clinic_rows = run_checks(CLINIC, BATCH[:4], 4)
 for v in clinic_rows:
-    print(f"{v.path:<40}  {'passes (blind to this bug)' if v.passed else f'catches the bug: {v.n_diff} of {v.numel} elements differ'}")
+    print(
+        f"{v.path:<40}  {'passes (blind to this bug)' if v.passed else f'catches the bug: {v.n_diff} of {v.numel} elements differ'}"
+    )
 
 # %% [markdown]
 # Each video was encoded once, on the rank the plan names; every rank holds
@@ -537,10 +685,19 @@ for v in clinic_rows:
 owner, index = 0, 2
 correct = reference_latents(BATCH[:4], encoder)[owner][index]
 buggy = CLINIC[owner]["latents"][index]
-show(plot_diff_heatmap(correct[:, 0], buggy[:, 0], title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
-                       row_label="latent channel x row (14 rows each)", col_label="latent column"))
-print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}], buggy ones in "
-      f"[{buggy.min():.1f}, {buggy.max():.1f}]")
+show(
+    plot_diff_heatmap(
+        correct[:, 0],
+        buggy[:, 0],
+        title=f"rank {owner}, video {index}: latent frame 0, buggy vs correct",
+        row_label="latent channel x row (14 rows each)",
+        col_label="latent column",
+    )
+)
+print(
+    f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}], buggy ones in "
+    f"[{buggy.min():.1f}, {buggy.max():.1f}]"
+)
 
 # %% [markdown]
 # **What is wrong?** Every element differs, by tens to hundreds, in four bands
@@ -570,7 +727,9 @@ print(f"correct latent values lie in [{correct.min():.2f}, {correct.max():.2f}],
 # %%
 caught = []
 try:
-    assert_match([rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4], encoder), name="latents")
+    assert_match(
+        [rep["latents"] for rep in CLINIC], reference_latents(BATCH[:4], encoder), name="latents"
+    )
     print("the bug was NOT caught: assert_match accepted the buggy latents")
 except CheckFailed as failure:  # expected: the planted bug must be caught
     caught = failure.verdicts
@@ -578,18 +737,42 @@ except CheckFailed as failure:  # expected: the planted bug must be caught
     print(f"  {failure.verdicts[0].describe()}")
 only_latents_fail = [v.passed == (not v.path.endswith("latents, owner order")) for v in clinic_rows]
 exercise = grade(EXERCISES["normalize_pixels"], raw_pixels_as_float)
-print(f"the normalize_pixels exercise check rejects raw_pixels_as_float too (expected, grade {exercise.verdict}): "
-      f"{exercise.details[0].strip()}")
+print(
+    f"the normalize_pixels exercise check rejects raw_pixels_as_float too (expected, grade {exercise.verdict}): "
+    f"{exercise.details[0].strip()}"
+)
 latent_check_fails = bool(caught) and all(not v.passed for v in caught)
-CLAIMS.append(claim("bug clinic: the latent check catches raw uint8 pixels", latent_check_fails,
-                    f"{sum(not v.passed for v in caught)} of {len(caught)} latents differ"))
-CLAIMS.append(claim("bug clinic: it alone does; every protocol check passes", all(only_latents_fail),
-                    f"{sum(v.passed for v in clinic_rows)} of {len(clinic_rows)} run checks pass"))
-CLAIMS.append(claim("bug clinic: the normalize_pixels exercise check rejects it", exercise.verdict == "FAIL",
-                    f"grade: {exercise.verdict}"))
-diagnosis = compare(buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9)[0]
-CLAIMS.append(claim("bug clinic diagnosis: buggy = 127.5 (correct + M 1)", diagnosis.passed,
-                    f"rank {owner}, video {index}: max |diff| {diagnosis.max_abs:.1e} (float64 rounding)"))
+CLAIMS.append(
+    claim(
+        "bug clinic: the latent check catches raw uint8 pixels",
+        latent_check_fails,
+        f"{sum(not v.passed for v in caught)} of {len(caught)} latents differ",
+    )
+)
+CLAIMS.append(
+    claim(
+        "bug clinic: it alone does; every protocol check passes",
+        all(only_latents_fail),
+        f"{sum(v.passed for v in clinic_rows)} of {len(clinic_rows)} run checks pass",
+    )
+)
+CLAIMS.append(
+    claim(
+        "bug clinic: the normalize_pixels exercise check rejects it",
+        exercise.verdict == "FAIL",
+        f"grade: {exercise.verdict}",
+    )
+)
+diagnosis = compare(
+    buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9
+)[0]
+CLAIMS.append(
+    claim(
+        "bug clinic diagnosis: buggy = 127.5 (correct + M 1)",
+        diagnosis.passed,
+        f"rank {owner}, video {index}: max |diff| {diagnosis.max_abs:.1e} (float64 rounding)",
+    )
+)
 
 # %% [markdown]
 # ## 10. Closing table
@@ -607,15 +790,18 @@ print(verdict_table(CLAIMS, "VAE load balancing: what this lab showed"))
 none_makespan, none_spread, _, _ = LAB_ROWS["no balancing"]
 greedy_makespan, greedy_spread, greedy_moved, _ = LAB_ROWS["greedy closest-fit"]
 lpt_moved = LAB_ROWS["LPT"][2]
-display(Markdown(
-    f"On the lab's batch ({len(COSTS)} ranks, {sum(COUNTS)} videos, lb = 8) the greedy closest-fit plan "
-    f"makes {greedy_moved} moves and brings the spread of predicted load from {none_spread:,.0f} to "
-    f"{greedy_spread:,.0f} and the makespan from {none_makespan:,.0f} to {greedy_makespan:,.0f} "
-    f"(the lower bound is {LAB_BOUND:,.0f}); LPT moves {lpt_moved} of the {sum(COUNTS)} videos. The verdict "
-    "table above shows every latent back with its owner, in order, bit-identical to local encoding, at "
-    "lb = 2, 4 and 8 and with 2 and 4 groups in one world of 8, and the ledger's bytes equal to the formulas "
-    "on every rank. The bug clinic's raw-uint8 encode passed every protocol check and failed only the latent "
-    "comparison. The cell below prints this run's time."))
+display(
+    Markdown(
+        f"On the lab's batch ({len(COSTS)} ranks, {sum(COUNTS)} videos, lb = 8) the greedy closest-fit plan "
+        f"makes {greedy_moved} moves and brings the spread of predicted load from {none_spread:,.0f} to "
+        f"{greedy_spread:,.0f} and the makespan from {none_makespan:,.0f} to {greedy_makespan:,.0f} "
+        f"(the lower bound is {LAB_BOUND:,.0f}); LPT moves {lpt_moved} of the {sum(COUNTS)} videos. The verdict "
+        "table above shows every latent back with its owner, in order, bit-identical to local encoding, at "
+        "lb = 2, 4 and 8 and with 2 and 4 groups in one world of 8, and the ledger's bytes equal to the formulas "
+        "on every rank. The bug clinic's raw-uint8 encode passed every protocol check and failed only the latent "
+        "comparison. The cell below prints this run's time."
+    )
+)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

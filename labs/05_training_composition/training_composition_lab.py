@@ -37,7 +37,6 @@ import time
 import torch
 
 from paralab import launch, viz
-from paralab.viz import show
 from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
@@ -45,11 +44,22 @@ from paralab.tables import text_table
 from paralab.train import apply_ac, apply_compile, reference, runs
 from paralab.train.costs import measured_step_bytes, step_bytes
 from paralab.train.model import SHAPE, SequenceShard, build_model
-from paralab.train.runs import (compile_report, generate_demo, local_losses, make_sample, run_in_order,
-                                run_titan, run_variants, sample_index)
+from paralab.train.runs import (
+    compile_report,
+    generate_demo,
+    local_losses,
+    make_sample,
+    run_in_order,
+    run_titan,
+    run_variants,
+    sample_index,
+)
+from paralab.viz import show
 
 LAB_START = time.monotonic()
-torch.set_num_threads(1)  # this process shares the CPU with the ranks: tiny tensors, no thread spinning
+torch.set_num_threads(
+    1
+)  # this process shares the CPU with the ranks: tiny tensors, no thread spinning
 launch.FORKSERVER_PRELOAD.append("paralab.train")  # ranks start with this lab's package imported
 print(SHAPE)
 
@@ -97,15 +107,23 @@ for shard in (SequenceShard(), SequenceShard(1, 2), SequenceShard(1, 2, zigzag=T
 # and 2 of 4, positions 8–23). The picture below shows every rank.
 # </details>
 
+
 # %%
 def ownership(world, dims, *, zigzag=False, loader=sample_index):
     pd = ParallelDims(world, **dims)
     shards = [SequenceShard(r % pd.cp, pd.cp, zigzag) for r in range(world)]
-    return [loader(r, pd) for r in range(world)], [s.positions(SHAPE["tokens"]).tolist() for s in shards]
+    return [loader(r, pd) for r in range(world)], [
+        s.positions(SHAPE["tokens"]).tolist() for s in shards
+    ]
 
 
-show(viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=2)), SHAPE["tokens"],
-                              "8 ranks, dp_replicate 2 x dp_shard 4, cp 2: sample and tokens per rank"))
+show(
+    viz.plot_token_ownership(
+        *ownership(8, dict(dp_replicate=2, dp_shard=4, cp=2)),
+        SHAPE["tokens"],
+        "8 ranks, dp_replicate 2 x dp_shard 4, cp 2: sample and tokens per rank",
+    )
+)
 
 # %% [markdown]
 # **Why the gradient still comes out right.** A sample's loss `ℓ_s` is the mean over its `N`
@@ -149,6 +167,7 @@ show(viz.plot_token_ownership(*ownership(8, dict(dp_replicate=2, dp_shard=4, cp=
 # tokens of sample 0; one process predicts all 32. Each rank's prediction should be the
 # one-process prediction at its positions.
 
+
 # %%
 def cp_forward(dims):
     """This rank's prediction for sample 0 with CP installed, and which tokens it holds."""
@@ -156,8 +175,11 @@ def cp_forward(dims):
     noisy, sigma, _ = make_sample(0, 0, 0)
     with torch.no_grad():
         prediction = model(noisy, sigma)
-    return {"attention": type(model.blocks[0].attention).__name__, "prediction": prediction,
-            "positions": model.shard.positions(SHAPE["tokens"]).tolist()}
+    return {
+        "attention": type(model.blocks[0].attention).__name__,
+        "prediction": prediction,
+        "positions": model.shard.positions(SHAPE["tokens"]).tolist(),
+    }
 
 
 # dp_shard=2: the overlay needs dp_shard x dp_replicate = world (lab 00); no FSDP is applied here
@@ -166,11 +188,18 @@ noisy, sigma, _ = make_sample(0, 0, 0)
 with torch.no_grad():
     whole = build_model()(noisy, sigma)
 for rank, r in enumerate(cp_run):
-    print(f"rank {rank}: blocks[i].attention is {r['attention']}, positions {r['positions'][0]}..{r['positions'][-1]}, "
-          f"prediction {tuple(r['prediction'].shape)}")
-cp_verdicts = [claim(f"rank {rank}: CP prediction = one process at its positions",
-                     torch.allclose(r["prediction"], whole[:, r["positions"]], rtol=0, atol=1e-12), "within 1e-12")
-               for rank, r in enumerate(cp_run)]
+    print(
+        f"rank {rank}: blocks[i].attention is {r['attention']}, positions {r['positions'][0]}..{r['positions'][-1]}, "
+        f"prediction {tuple(r['prediction'].shape)}"
+    )
+cp_verdicts = [
+    claim(
+        f"rank {rank}: CP prediction = one process at its positions",
+        torch.allclose(r["prediction"], whole[:, r["positions"]], rtol=0, atol=1e-12),
+        "within 1e-12",
+    )
+    for rank, r in enumerate(cp_run)
+]
 print(verdict_table(cp_verdicts, "apply_cp on 2 ranks"))
 
 # %% [markdown]
@@ -190,6 +219,7 @@ print(verdict_table(cp_verdicts, "apply_cp on 2 ranks"))
 # A tiny run, in this process (wrapping needs no ranks): what sits in `model.blocks[0]` and in
 # its `qkv` after each mode.
 
+
 # %%
 def unwrapped(module):
     return getattr(module, "_checkpoint_wrapped_module", module)
@@ -197,7 +227,9 @@ def unwrapped(module):
 
 for ac in AC_MODES:
     block = apply_ac(build_model(), ac).blocks[0]
-    print(f"ac={ac:<9} blocks[0]: {type(block).__name__:<17} qkv: {type(unwrapped(block).qkv).__name__}")
+    print(
+        f"ac={ac:<9} blocks[0]: {type(block).__name__:<17} qkv: {type(unwrapped(block).qkv).__name__}"
+    )
 
 # %% [markdown]
 # Why not torch's selective policy (`create_selective_checkpoint_contexts`, which Cosmos feeds
@@ -216,8 +248,10 @@ for ac in AC_MODES:
 
 # %%
 block = apply_compile(apply_ac(build_model(), "full"), True).blocks[0]
-print(f"blocks[0]: {type(block).__name__} -> {type(block._orig_mod).__name__} -> "
-      f"{type(unwrapped(block._orig_mod)).__name__} (compiled lazily, at the first call)")
+print(
+    f"blocks[0]: {type(block).__name__} -> {type(block._orig_mod).__name__} -> "
+    f"{type(unwrapped(block._orig_mod)).__name__} (compiled lazily, at the first call)"
+)
 
 # %% [markdown]
 # **`apply_fsdp`**: FSDP2 `fully_shard` on every block, then the root, on `fsdp_mesh` (2-D only
@@ -231,6 +265,7 @@ print(f"blocks[0]: {type(block).__name__} -> {type(block._orig_mod).__name__} ->
 # `DTensor` shard); its shard of block 0's qkv projection, stacked with its partner's, is the
 # full weight.
 
+
 # %%
 def fsdp_shards(dims, name="blocks.0.qkv.proj.weight"):
     """This rank's local shard of one parameter after apply_fsdp."""
@@ -240,10 +275,17 @@ def fsdp_shards(dims, name="blocks.0.qkv.proj.weight"):
 
 shards = run(fsdp_shards, 2, dict(dp_shard=2), timeout=120)
 full_weight = build_model().blocks[0].qkv.proj.weight.detach()
-print(f"blocks.0.qkv.proj.weight: full {tuple(full_weight.shape)}, "
-      f"shards {[tuple(s.shape) for s in shards]} on ranks 0 and 1")
-fsdp_verdicts = [claim("rank 0's rows then rank 1's = the full weight", torch.equal(torch.cat(shards), full_weight),
-                       "bitwise")]
+print(
+    f"blocks.0.qkv.proj.weight: full {tuple(full_weight.shape)}, "
+    f"shards {[tuple(s.shape) for s in shards]} on ranks 0 and 1"
+)
+fsdp_verdicts = [
+    claim(
+        "rank 0's rows then rank 1's = the full weight",
+        torch.equal(torch.cat(shards), full_weight),
+        "bitwise",
+    )
+]
 print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 
 # %% [markdown]
@@ -282,11 +324,21 @@ from paralab.exercises.lab05 import loader_clinic_bug
 AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
 CONFIGS = {
     "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
-    "8 ranks: dp_replicate 2 x dp_shard 4, cp 2, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=2), dict(attention="ring")),
+    "8 ranks: dp_replicate 2 x dp_shard 4, cp 2, ring": (
+        8,
+        dict(dp_replicate=2, dp_shard=4, cp=2),
+        dict(attention="ring"),
+    ),
     "8 ranks: dp_shard 8, cp 4, Ulysses": (8, dict(dp_shard=8, cp=4), dict(attention="ulysses")),
-    "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (8, dict(dp_replicate=2, dp_shard=4, cp=1), dict(attention="ring")),
+    "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (
+        8,
+        dict(dp_replicate=2, dp_shard=4, cp=1),
+        dict(attention="ring"),
+    ),
 }
-COMPILED = dict(attention="ring", compile=True, causal=True)  # causal: 3b checks the zigzag ring once too (every other training is bidirectional)
+COMPILED = dict(
+    attention="ring", compile=True, causal=True
+)  # causal: 3b checks the zigzag ring once too (every other training is bidirectional)
 WRONG_ORDERS = {  # one step moved in front of CP; the variant exercises the wrapper that moved
     "FSDP before CP": (("fsdp", "cp", "ac", "compile"), dict(ac="full")),
     "compile before CP": (("compile", "cp", "ac", "fsdp"), dict(compile=True, causal=True)),
@@ -296,8 +348,13 @@ DIMS4 = CONFIGS["4 ranks: dp_shard 4, cp 2, ring"][1]
 
 
 def jobs_of(world):
-    jobs = [(name, dims, dict(base, ac=ac, optimizer=opt)) for name, (w, dims, base) in CONFIGS.items() if w == world
-            for ac in AC_MODES for opt in OPTIMIZERS]
+    jobs = [
+        (name, dims, dict(base, ac=ac, optimizer=opt))
+        for name, (w, dims, base) in CONFIGS.items()
+        if w == world
+        for ac in AC_MODES
+        for opt in OPTIMIZERS
+    ]
     return jobs + ([("compiled", DIMS4, COMPILED)] if world == 4 else [])
 
 
@@ -308,7 +365,9 @@ def world_job(world):
         out["compiled"] = compile_report()
         out["losses"] = local_losses(DIMS4)
         out["titan"] = run_titan(1, 2, dict(attention="ring"))
-        out["orders"] = {name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()}
+        out["orders"] = {
+            name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()
+        }
         out["generate"] = generate_demo(dict(dp_shard=4))
         with loader_clinic_bug():  # section 8's seeded bug
             out["clinic"] = run_variants([(DIMS4, {})])[0]["params"]
@@ -328,17 +387,36 @@ RESULTS = {world: run(world_job, world, world, timeout=600) for world in (4, 8)}
 
 # %%
 losses = [r["losses"] for r in RESULTS[4]]
-print(text_table(["rank", "sample", "global positions", "cp-local loss"],
-                 [[rank, l["sample"], f"{l['positions'][0]}..{l['positions'][-1]}", f"{l['loss']:.6g}"]
-                  for rank, l in enumerate(losses)]))
-one_process = runs.loss_of(build_model(), *(torch.cat(p) for p in zip(*(make_sample(0, 0, i) for i in range(2))))).item()
-average = sum(l["loss"] for l in losses) / len(losses)
+print(
+    text_table(
+        ["rank", "sample", "global positions", "cp-local loss"],
+        [
+            [
+                rank,
+                got["sample"],
+                f"{got['positions'][0]}..{got['positions'][-1]}",
+                f"{got['loss']:.6g}",
+            ]
+            for rank, got in enumerate(losses)
+        ],
+    )
+)
+one_process = runs.loss_of(
+    build_model(), *(torch.cat(p) for p in zip(*(make_sample(0, 0, i) for i in range(2))))
+).item()
+average = sum(got["loss"] for got in losses) / len(losses)
 print(f"\naverage over ranks {average:.6g}, one process on the global batch {one_process:.6g}")
 loss_verdicts = [
-    claim("cp partners load the same sample", losses[0]["sample"] == losses[1]["sample"] != losses[2]["sample"],
-          f"samples {[l['sample'] for l in losses]}"),
-    claim("average of cp-local losses = mean over samples", abs(average - one_process) <= 1e-14 * one_process,
-          "equal within 1e-14 relative"),
+    claim(
+        "cp partners load the same sample",
+        losses[0]["sample"] == losses[1]["sample"] != losses[2]["sample"],
+        f"samples {[got['sample'] for got in losses]}",
+    ),
+    claim(
+        "average of cp-local losses = mean over samples",
+        abs(average - one_process) <= 1e-14 * one_process,
+        "equal within 1e-14 relative",
+    ),
 ]
 print(verdict_table(loss_verdicts, "loss normalization"))
 
@@ -363,17 +441,25 @@ def folded(name, verdicts):
     """Many tensor verdicts as one row: all pass, and the largest difference."""
     worst = max(v.max_abs for v in verdicts)
     diff = "0 (bitwise)" if worst == 0 else f"{worst:.1e}"
-    return claim(name, all(v.passed for v in verdicts), f"max |diff| {diff} over {len(verdicts)} tensors")
+    return claim(
+        name, all(v.passed for v in verdicts), f"max |diff| {diff} over {len(verdicts)} tensors"
+    )
 
 
 def param_verdicts(per_rank_params, dims, variant):
     """Every rank's full parameters vs one process on the world/cp samples of the global batch."""
     world = len(per_rank_params)
-    return compare(per_rank_params, [reference_for(world // dims["cp"], variant)] * world, atol=1e-12)
+    return compare(
+        per_rank_params, [reference_for(world // dims["cp"], variant)] * world, atol=1e-12
+    )
 
 
 def row_label(name, variant):
-    return "4 ranks: compiled (aot_eager), causal ring" if variant.get("compile") else f"{name}, ac={variant['ac']}"
+    return (
+        "4 ranks: compiled (aot_eager), causal ring"
+        if variant.get("compile")
+        else f"{name}, ac={variant['ac']}"
+    )
 
 
 # %%
@@ -381,8 +467,12 @@ by_row = {}
 for world in (4, 8):
     for i, (name, dims, variant) in enumerate(jobs_of(world)):
         by_row.setdefault(row_label(name, variant), []).extend(
-            param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant))
-param_rows = [folded(label + ("" if "compiled" in label else ", sgd+adam"), verdicts) for label, verdicts in by_row.items()]
+            param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant)
+        )
+param_rows = [
+    folded(label + ("" if "compiled" in label else ", sgd+adam"), verdicts)
+    for label, verdicts in by_row.items()
+]
 print(verdict_table(param_rows, "parameters after 3 steps vs one process (float64, within 1e-12)"))
 
 # %% [markdown]
@@ -410,9 +500,16 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 titan_verdicts = []
 for world, job in ((4, 0), (8, 0)):
     titan = RESULTS[world][0]["titan"]
-    same = compare([r["titan"]["params"] for r in RESULTS[world]], [r["checks"][job]["params"] for r in RESULTS[world]])
-    print(f"{world} ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}")
-    titan_verdicts.append(folded(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same))
+    same = compare(
+        [r["titan"]["params"] for r in RESULTS[world]],
+        [r["checks"][job]["params"] for r in RESULTS[world]],
+    )
+    print(
+        f"{world} ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}"
+    )
+    titan_verdicts.append(
+        folded(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same)
+    )
 print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 
 # %% [markdown]
@@ -457,22 +554,34 @@ from paralab.cp.costs import shard_bytes
 
 for attention, cp in (("ring", 2), ("ulysses", 4)):
     s_bytes = shard_bytes(1, SHAPE["heads"], SHAPE["tokens"], SHAPE["dim"] // SHAPE["heads"], cp)
-    print(f"{attention:<8} cp {cp}: S = {s_bytes} B; per block {attention_bytes(attention, cp)}; "
-          f"x L = {SHAPE['blocks']}: {step_bytes(1, 1, cp, attention=attention, ac='full')[('cp', 'forward')]} B forward")
+    print(
+        f"{attention:<8} cp {cp}: S = {s_bytes} B; per block {attention_bytes(attention, cp)}; "
+        f"x L = {SHAPE['blocks']}: {step_bytes(1, 1, cp, attention=attention, ac='full')[('cp', 'forward')]} B forward"
+    )
+
 
 # %%
 def byte_cells(world, job):
     """One training's bytes per (group, phase) per step: the closed form, and the ledger of each rank."""
     name, dims, variant = jobs_of(world)[job]
     pd = ParallelDims(world, **dims)
-    formula = step_bytes(pd.dp_shard, pd.dp_replicate, pd.cp, attention=variant["attention"], ac=variant.get("ac", "none"))
-    measured = [measured_step_bytes(r["checks"][job]["records"], rank, pd, steps=3) for rank, r in enumerate(RESULTS[world])]
+    formula = step_bytes(
+        pd.dp_shard,
+        pd.dp_replicate,
+        pd.cp,
+        attention=variant["attention"],
+        ac=variant.get("ac", "none"),
+    )
+    measured = [
+        measured_step_bytes(r["checks"][job]["records"], rank, pd, steps=3)
+        for rank, r in enumerate(RESULTS[world])
+    ]
     return formula, measured
 
 
 byte_verdicts = []  # (configuration, variant, every rank's ledger = the formula in every cell)
 for world in (4, 8):
-    for job, (name, dims, variant) in enumerate(jobs_of(world)):
+    for job, (name, _dims, variant) in enumerate(jobs_of(world)):
         formula, measured = byte_cells(world, job)
         byte_verdicts.append((name, variant, all(m == formula for m in measured)))
 
@@ -485,7 +594,11 @@ for world in (4, 8):
 pictured = {}
 for world in (4, 8):
     for job, (name, dims, variant) in enumerate(jobs_of(world)):
-        if variant.get("optimizer", "sgd") == "sgd" and not variant.get("compile") and (world == 4 or variant.get("ac") == "full"):
+        if (
+            variant.get("optimizer", "sgd") == "sgd"
+            and not variant.get("compile")
+            and (world == 4 or variant.get("ac") == "full")
+        ):
             formula, measured = byte_cells(world, job)
             attention = f" {variant['attention']}" if dims["cp"] > 1 else ""
             kind = " VLM" if "VLM" in name else ""
@@ -494,9 +607,19 @@ for world in (4, 8):
 show(viz.plot_group_phase_bytes(pictured))
 
 # %% jupyter={"outputs_hidden": true}
-rows = [[config, group, *(f"{cells[group, p][0]} = {cells[group, p][1]}" for p in ("forward", "backward", "recompute"))]
-        for config, cells in pictured.items() for group in ("dp_shard", "dp_replicate", "cp")
-        if any(cells[group, p][1] for p in ("forward", "backward", "recompute"))]
+rows = [
+    [
+        config,
+        group,
+        *(
+            f"{cells[group, p][0]} = {cells[group, p][1]}"
+            for p in ("forward", "backward", "recompute")
+        ),
+    ]
+    for config, cells in pictured.items()
+    for group in ("dp_shard", "dp_replicate", "cp")
+    if any(cells[group, p][1] for p in ("forward", "backward", "recompute"))
+]
 print("bytes sent per rank per step, ledger = formula (rank 0; every rank is checked)")
 print(text_table(["configuration", "group", "forward", "backward", "recompute"], rows))
 
@@ -504,10 +627,20 @@ print(text_table(["configuration", "group", "forward", "backward", "recompute"],
 ledger_rows = []
 for name in dict.fromkeys(n for n, v, _ in byte_verdicts if not v.get("compile")):
     for ac in AC_MODES:
-        oks = [ok for n, v, ok in byte_verdicts if n == name and v.get("ac", "none") == ac and not v.get("compile")]
-        ledger_rows.append(claim(f"{name}, ac={ac}", all(oks), f"{sum(oks)}/{len(oks)} runs, every rank, every cell"))
+        oks = [
+            ok
+            for n, v, ok in byte_verdicts
+            if n == name and v.get("ac", "none") == ac and not v.get("compile")
+        ]
+        ledger_rows.append(
+            claim(
+                f"{name}, ac={ac}", all(oks), f"{sum(oks)}/{len(oks)} runs, every rank, every cell"
+            )
+        )
 compiled_ok = [ok for _, v, ok in byte_verdicts if v.get("compile")]
-ledger_rows.append(claim("4 ranks: compiled causal ring", all(compiled_ok), "every rank, every cell"))
+ledger_rows.append(
+    claim("4 ranks: compiled causal ring", all(compiled_ok), "every rank, every cell")
+)
 print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per step"))
 
 # %% [markdown]
@@ -522,10 +655,18 @@ print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per 
 # %%
 compiled = RESULTS[4][0]["compiled"]
 print(f"graphs compiled: {compiled['graphs']}")
-print(text_table(["graph break reason", "count"], [[reason, n] for reason, n in compiled["breaks"].items()]))
-compile_verdicts = [claim("every graph break is at one of the ring's point-to-point ops",
-                          bool(compiled["breaks"]) and all("P2P" in reason for reason in compiled["breaks"]),
-                          f"{sum(compiled['breaks'].values())} breaks, every reason names P2P")]
+print(
+    text_table(
+        ["graph break reason", "count"], [[reason, n] for reason, n in compiled["breaks"].items()]
+    )
+)
+compile_verdicts = [
+    claim(
+        "every graph break is at one of the ring's point-to-point ops",
+        bool(compiled["breaks"]) and all("P2P" in reason for reason in compiled["breaks"]),
+        f"{sum(compiled['breaks'].values())} breaks, every reason names P2P",
+    )
+]
 print(verdict_table(compile_verdicts, "what torch.compile captured"))
 
 # %% [markdown]
@@ -549,19 +690,41 @@ print(verdict_table(compile_verdicts, "what torch.compile captured"))
 
 # %%
 outcomes = {}
-for name, (order, variant) in WRONG_ORDERS.items():
+for name, (_order, variant) in WRONG_ORDERS.items():
     per_rank = [r["orders"][name] for r in RESULTS[4]]
     if per_rank[0]["error"]:
         outcomes[name] = f"error: {per_rank[0]['error']}"
     else:
-        same = all(v.passed for v in param_verdicts([r["params"] for r in per_rank], DIMS4, variant))
-        outcomes[name] = "no difference: parameters match" if same else "SILENTLY WRONG: parameters differ (caught by the check)"
-print(text_table(["wrong order", "applied", "what happened"],
-                 [[name, " -> ".join(WRONG_ORDERS[name][0]), outcome] for name, outcome in outcomes.items()]))
+        same = all(
+            v.passed for v in param_verdicts([r["params"] for r in per_rank], DIMS4, variant)
+        )
+        outcomes[name] = (
+            "no difference: parameters match"
+            if same
+            else "SILENTLY WRONG: parameters differ (caught by the check)"
+        )
+print(
+    text_table(
+        ["wrong order", "applied", "what happened"],
+        [[name, " -> ".join(WRONG_ORDERS[name][0]), outcome] for name, outcome in outcomes.items()],
+    )
+)
 order_verdicts = [
-    claim("FSDP before CP: harmless here", "no difference" in outcomes["FSDP before CP"], outcomes["FSDP before CP"]),
-    claim("compile before CP: harmless here", "no difference" in outcomes["compile before CP"], outcomes["compile before CP"]),
-    claim("AC before CP: silently wrong, caught", "SILENTLY WRONG" in outcomes["AC before CP"], outcomes["AC before CP"]),
+    claim(
+        "FSDP before CP: harmless here",
+        "no difference" in outcomes["FSDP before CP"],
+        outcomes["FSDP before CP"],
+    ),
+    claim(
+        "compile before CP: harmless here",
+        "no difference" in outcomes["compile before CP"],
+        outcomes["compile before CP"],
+    ),
+    claim(
+        "AC before CP: silently wrong, caught",
+        "SILENTLY WRONG" in outcomes["AC before CP"],
+        outcomes["AC before CP"],
+    ),
 ]
 print(verdict_table(order_verdicts, "wrong orders"))
 
@@ -625,10 +788,15 @@ local = build_model(causal=True)
 with torch.no_grad():
     expected = [local.generate(g["prompt"], g["sigma"], 4) for g in gen]
 generate_verdicts = [
-    claim("unregistered generate fails on every rank", all(g["before"] != "ran" for g in gen),
-          gen[0]["before"].split(",")[0]),
-    folded("registered generate = one process (every rank)",
-           compare([g["after"] for g in gen], expected, atol=1e-12)),
+    claim(
+        "unregistered generate fails on every rank",
+        all(g["before"] != "ran" for g in gen),
+        gen[0]["before"].split(",")[0],
+    ),
+    folded(
+        "registered generate = one process (every rank)",
+        compare([g["after"] for g in gen], expected, atol=1e-12),
+    ),
 ]
 print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
 
@@ -644,13 +812,26 @@ print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
 clinic = [r["clinic"] for r in RESULTS[4]]
 ref = reference_for(2, {})
 name = "blocks.0.mlp.up.weight"
-show(viz.plot_diff_heatmap(ref[name], clinic[0][name], f"{name} after 3 steps: buggy loader vs one process",
-                           row_label="output unit", col_label="input unit"))
+show(
+    viz.plot_diff_heatmap(
+        ref[name],
+        clinic[0][name],
+        f"{name} after 3 steps: buggy loader vs one process",
+        row_label="output unit",
+        col_label="input unit",
+    )
+)
 clinic_verdicts = [
-    claim("buggy loader caught by the check", not all(v.passed for v in compare(clinic, [ref] * 4, atol=1e-12)),
-          "parameters differ"),
-    claim("every rank still agrees with every other", all(v.passed for v in compare(clinic, [clinic[0]] * 4)),
-          "FSDP keeps the ranks in sync"),
+    claim(
+        "buggy loader caught by the check",
+        not all(v.passed for v in compare(clinic, [ref] * 4, atol=1e-12)),
+        "parameters differ",
+    ),
+    claim(
+        "every rank still agrees with every other",
+        all(v.passed for v in compare(clinic, [clinic[0]] * 4)),
+        "FSDP keeps the ranks in sync",
+    ),
 ]
 print(verdict_table(clinic_verdicts, "bug clinic"))
 
@@ -672,8 +853,13 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # %%
 from paralab.exercises.lab05 import sample_by_global_rank
 
-show(viz.plot_token_ownership(*ownership(4, DIMS4, loader=sample_by_global_rank), SHAPE["tokens"],
-                              "the buggy loader: cp partners hold halves of different samples"))
+show(
+    viz.plot_token_ownership(
+        *ownership(4, DIMS4, loader=sample_by_global_rank),
+        SHAPE["tokens"],
+        "the buggy loader: cp partners hold halves of different samples",
+    )
+)
 
 # %% [markdown]
 # ## Closing table
@@ -691,7 +877,12 @@ sections = {
     "7 register_fsdp_forward_method": generate_verdicts,
     "8 bug clinic": clinic_verdicts,
 }
-print(text_table(["section", "checks passed"], [[s, f"{sum(v.passed for v in vs)}/{len(vs)}"] for s, vs in sections.items()]))
+print(
+    text_table(
+        ["section", "checks passed"],
+        [[s, f"{sum(v.passed for v in vs)}/{len(vs)}"] for s, vs in sections.items()],
+    )
+)
 
 # %% [markdown]
 # ## What to try

@@ -46,12 +46,11 @@ LAB_START = time.perf_counter()
 import torch
 import torch.distributed as dist
 
-from paralab import ParallelDims
+from paralab import ParallelDims, cp
 from paralab.check import claim, closing_table, compare, verdict_table
 from paralab.launch import LaunchError, run
 from paralab.ledger import Ledger, calls, sent
 from paralab.parallel_dims import predict_groups
-from paralab import cp
 from paralab.pipeline import costs, inference, runs
 from paralab.tables import text_table
 from paralab.viz import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples, show
@@ -98,9 +97,15 @@ STEPS, W, SEED = 4, 5.0, 0
 
 # %%
 samples, conds, unconds = conditioning_contexts(None, inference.TinyVideoEncoder())
-print(text_table(["sample", "raw video (3, T, H, W)", "cond context (1, tokens, C)", "uncond context"],
-                 [[i, tuple(video.shape), tuple(c.shape), f"zeros {tuple(u.shape)}"]
-                  for i, video, c, u in zip(samples, inference.conditioning_videos(), conds, unconds)]))
+print(
+    text_table(
+        ["sample", "raw video (3, T, H, W)", "cond context (1, tokens, C)", "uncond context"],
+        [
+            [i, tuple(video.shape), tuple(c.shape), f"zeros {tuple(u.shape)}"]
+            for i, video, c, u in zip(samples, inference.conditioning_videos(), conds, unconds)
+        ],
+    )
+)
 
 # %% [markdown]
 # **Stage 2, the denoiser on FSDP2.** Each block is one unit, the rest the
@@ -116,6 +121,7 @@ print(text_table(["sample", "raw video (3, T, H, W)", "cond context (1, tokens, 
 # the encode sent, and one parameter after `shard_denoiser`. The worker calls
 # the package's functions, the ones the ranks import.
 
+
 # %%
 def encode_and_shard():
     pd = ParallelDims(2, cp=2, lb=2, enable_inference_mode=True)
@@ -124,15 +130,27 @@ def encode_and_shard():
         samples, conds, _ = inference.conditioning_contexts(pd, inference.TinyVideoEncoder())
     model = inference.shard_denoiser(inference.make_denoiser(), pd, reshard_after_forward=True)
     weight = model.blocks[0].qkv.weight  # a DTensor: this rank's rows of the whole (96, 32) weight
-    sent_encode = runs.sent_by_group({"records": ledger.records, "groups": pd.group_ranks()}, "encode")
-    return {"raw videos": inference.videos_held(pd, dist.get_rank()), "contexts": [tuple(c.shape) for c in conds],
-            "lb exchange B": sent_encode["lb exchange"], "cp broadcast B": sent_encode["one-off (noise, context, return)"],
-            "qkv.weight": f"{tuple(weight.shape)} -> local {tuple(weight.to_local().shape)}",
-            "shard B": runs.shard_storage_bytes(model)}
+    sent_encode = runs.sent_by_group(
+        {"records": ledger.records, "groups": pd.group_ranks()}, "encode"
+    )
+    return {
+        "raw videos": inference.videos_held(pd, dist.get_rank()),
+        "contexts": [tuple(c.shape) for c in conds],
+        "lb exchange B": sent_encode["lb exchange"],
+        "cp broadcast B": sent_encode["one-off (noise, context, return)"],
+        "qkv.weight": f"{tuple(weight.shape)} -> local {tuple(weight.to_local().shape)}",
+        "shard B": runs.shard_storage_bytes(model),
+    }
 
 
 tiny = run(encode_and_shard, 2, timeout=60)
-print(text_table(["rank", *tiny[0]], [[rank, *r.values()] for rank, r in enumerate(tiny)], align_right=(3, 4, 6)))
+print(
+    text_table(
+        ["rank", *tiny[0]],
+        [[rank, *r.values()] for rank, r in enumerate(tiny)],
+        align_right=(3, 4, 6),
+    )
+)
 print(f"whole model: {sum(p.numel() for p in inference.make_denoiser().parameters()) * 8} B")
 
 # %% [markdown]
@@ -167,8 +185,10 @@ print(f"whole model: {sum(p.numel() for p in inference.make_denoiser().parameter
 
 # %%
 cond_pred, uncond_pred = torch.ones(2), torch.zeros(2)
-print(f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, uncond_pred, 1.0).tolist()}, "
-      f"w=5 -> {guided_velocity(cond_pred, uncond_pred, 5.0).tolist()}")
+print(
+    f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, uncond_pred, 1.0).tolist()}, "
+    f"w=5 -> {guided_velocity(cond_pred, uncond_pred, 5.0).tolist()}"
+)
 
 # %% [markdown]
 # The reference is the same code with `parallel_dims=None`: one process, each
@@ -178,8 +198,10 @@ print(f"guided_velocity(cond=1, uncond=0): w=1 -> {guided_velocity(cond_pred, un
 # %%
 reference = generate(None, steps=STEPS, guidance_scale=W, seed=SEED)
 model = inference.make_denoiser()
-print(f"denoiser: latent {tuple(model.latent_shape)} (batch, tokens, channels), width {model.inp.out_features}, "
-      f"{model.blocks[0].heads} heads, {len(model.blocks)} blocks, {model.n_attention_layers} self-attention layers")
+print(
+    f"denoiser: latent {tuple(model.latent_shape)} (batch, tokens, channels), width {model.inp.out_features}, "
+    f"{model.blocks[0].heads} heads, {len(model.blocks)} blocks, {model.n_attention_layers} self-attention layers"
+)
 print("output", tuple(reference.shape), reference.dtype, "(samples, RGB, frames, height, width)")
 show(plot_pipeline_samples(inference.conditioning_videos(), reference))
 
@@ -200,11 +222,34 @@ rows = []
 for rank in range(8):
     g = predict_groups(pd8, rank)
     cfgp_rank, cp_rank = g["cfgp"].index(rank), g["cp"].index(rank)
-    rows.append([rank, inference.samples_of_rank(pd8, rank), "cond" if cfgp_rank == 0 else "uncond",
-                 f"{cp_rank + 1} of 2", g["cp"], g["cfgp"], g["lb"],
-                 inference.videos_held(pd8, rank)])
+    rows.append(
+        [
+            rank,
+            inference.samples_of_rank(pd8, rank),
+            "cond" if cfgp_rank == 0 else "uncond",
+            f"{cp_rank + 1} of 2",
+            g["cp"],
+            g["cfgp"],
+            g["lb"],
+            inference.videos_held(pd8, rank),
+        ]
+    )
 print(pd8)
-print(text_table(["rank", "samples", "branch", "token half", "cp group", "cfgp group", "lb group", "raw videos"], rows))
+print(
+    text_table(
+        [
+            "rank",
+            "samples",
+            "branch",
+            "token half",
+            "cp group",
+            "cfgp group",
+            "lb group",
+            "raw videos",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # The loaders (ranks 0 and 4, each its group's first rank) receive both raw
@@ -256,8 +301,10 @@ MESHES = {"FSDP (4,)": (4,), "HSDP (2, 2)": (2, 2)}
 
 def world4(variants, meshes):
     """Both world-4 experiments in one launch: the pipeline (section 3) and dp_replicate (section 7)."""
-    return {"pipeline": runs.pipeline_job({"w4": dict(cfgp=2, cp=2)}, variants),
-            "replicated": runs.replicated_denoiser_job(meshes)}
+    return {
+        "pipeline": runs.pipeline_job({"w4": dict(cfgp=2, cp=2)}, variants),
+        "replicated": runs.replicated_denoiser_job(meshes),
+    }
 
 
 VARIANTS_8 = {
@@ -269,8 +316,11 @@ VARIANTS_8 = {
 def world8(variants):
     """Both world-8 layouts in one launch."""
     layouts = {"w8 lb2": dict(cfgp=2, cp=2, lb=2), "w8 cp4": dict(cfgp=2, cp=4)}
-    return {k: v for name, dims in layouts.items()
-            for k, v in runs.pipeline_job({name: dims}, variants[name]).items()}
+    return {
+        k: v
+        for name, dims in layouts.items()
+        for k, v in runs.pipeline_job({name: dims}, variants[name]).items()
+    }
 
 
 # %%
@@ -288,12 +338,30 @@ for (layout, variant), results in RUNS.items():
         continue  # section 6
     stacked = torch.stack([r["output"] for r in results])
     exact = variant.startswith("ulysses")
-    output_verdicts += compare(stacked, reference.expand_as(stacked), atol=0 if exact else 1e-12,
-                               name=f"{LABELS[layout]} {variant} ({'bitwise' if exact else '<= 1e-12'})")
-print(verdict_table(output_verdicts, "generate(pd) on every rank vs generate(None), element by element (rows: all ranks stacked)"))
-same_everywhere = all(torch.equal(r["output"], results[0]["output"]) for results in RUNS.values() for r in results)
-output_claims = [claim("every rank returns the same tensor, in every run", same_everywhere,
-                       f"{sum(len(v) for v in RUNS.values())} rank results, all equal" if same_everywhere else "some differ")]
+    output_verdicts += compare(
+        stacked,
+        reference.expand_as(stacked),
+        atol=0 if exact else 1e-12,
+        name=f"{LABELS[layout]} {variant} ({'bitwise' if exact else '<= 1e-12'})",
+    )
+print(
+    verdict_table(
+        output_verdicts,
+        "generate(pd) on every rank vs generate(None), element by element (rows: all ranks stacked)",
+    )
+)
+same_everywhere = all(
+    torch.equal(r["output"], results[0]["output"]) for results in RUNS.values() for r in results
+)
+output_claims = [
+    claim(
+        "every rank returns the same tensor, in every run",
+        same_everywhere,
+        f"{sum(len(v) for v in RUNS.values())} rank results, all equal"
+        if same_everywhere
+        else "some differ",
+    )
+]
 print(verdict_table(output_claims, "Across ranks"))
 
 # %% [markdown]
@@ -326,10 +394,14 @@ pd4 = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
 unit_shards = costs.unit_shard_bytes(model, pd4.dp_shard)
 batch, tokens, channels = model.latent_shape
 dim, heads = model.inp.out_features, model.blocks[0].heads
-print(f"k·b = {costs.forwards_per_step(pd4)} forwards per step, n = {pd4.dp_shard}, L = {model.n_attention_layers}, "
-      f"Sq = B·(S/cp)·D·8 = {cp.shard_bytes(batch, heads, tokens, dim // heads, pd4.cp)} B, "
-      f"one swap B·(S/cp)·C·8 = {batch * (tokens // pd4.cp) * channels * 8} B")
-print(f"unit shards at n = {pd4.dp_shard}: {unit_shards}, Σ_units shard = {sum(unit_shards.values())} B")
+print(
+    f"k·b = {costs.forwards_per_step(pd4)} forwards per step, n = {pd4.dp_shard}, L = {model.n_attention_layers}, "
+    f"Sq = B·(S/cp)·D·8 = {cp.shard_bytes(batch, heads, tokens, dim // heads, pd4.cp)} B, "
+    f"one swap B·(S/cp)·C·8 = {batch * (tokens // pd4.cp) * channels * 8} B"
+)
+print(
+    f"unit shards at n = {pd4.dp_shard}: {unit_shards}, Σ_units shard = {sum(unit_shards.values())} B"
+)
 
 # %% [markdown]
 # **Predict:** at 4 ranks, which group sends the most per step, and by
@@ -350,12 +422,22 @@ one = RUNS[("w4", "ulysses, reshard")][0]
 measured = runs.sent_by_group(one, "step 2")
 formula = costs.step_bytes(model, pd4, "ulysses", True, step=2)
 ops = runs.calls_by_group(one, "step 2")
-rows = [[group, ", ".join(f"{n} {op}" for op, n in ops.get(group, {}).items()), measured[group], formula.get(group, "-")]
-        for group in runs.GROUPS if group in formula or measured[group]]
+rows = [
+    [
+        group,
+        ", ".join(f"{n} {op}" for op, n in ops.get(group, {}).items()),
+        measured[group],
+        formula.get(group, "-"),
+    ]
+    for group in runs.GROUPS
+    if group in formula or measured[group]
+]
 print("4 ranks (cfgp 2, cp 2, Ulysses, reshard_after_forward=True), step 2, rank 0:")
 print(text_table(["group", "calls", "bytes sent", "formula"], rows, align_right=(2, 3)))
-print(f"all-gathers / cfgp swap = {measured['dp_shard all-gather'] / measured['cfgp swap']:.6g}, "
-      f"all-gathers / cp attention = {measured['dp_shard all-gather'] / measured['cp attention']:.6g}")
+print(
+    f"all-gathers / cfgp swap = {measured['dp_shard all-gather'] / measured['cfgp swap']:.6g}, "
+    f"all-gathers / cp attention = {measured['dp_shard all-gather'] / measured['cp attention']:.6g}"
+)
 
 # %% [markdown]
 # The same check for every step of every run on every rank (folded code,
@@ -368,28 +450,65 @@ print(f"all-gathers / cfgp swap = {measured['dp_shard all-gather'] / measured['c
 # %% jupyter={"source_hidden": true}
 ledger_verdicts = []
 for (layout, variant), results in RUNS.items():
-    pd = ParallelDims(len(results), enable_inference_mode=True,
-                      **{"w4": dict(cfgp=2, cp=2), "w8 lb2": dict(cfgp=2, cp=2, lb=2), "w8 cp4": dict(cfgp=2, cp=4)}[layout])
+    pd = ParallelDims(
+        len(results),
+        enable_inference_mode=True,
+        **{
+            "w4": dict(cfgp=2, cp=2),
+            "w8 lb2": dict(cfgp=2, cp=2, lb=2),
+            "w8 cp4": dict(cfgp=2, cp=4),
+        }[layout],
+    )
     kw = VARIANTS_4[variant]
     mismatches = 0
     for r in results:
         for step in range(1, STEPS + 1):
-            expected = costs.step_bytes(model, pd, kw["attention"], kw.get("reshard_after_forward", True), step)
+            expected = costs.step_bytes(
+                model, pd, kw["attention"], kw.get("reshard_after_forward", True), step
+            )
             got = runs.sent_by_group(r, f"step {step}")
             mismatches += sum(got[g] != b for g, b in expected.items())
-            mismatches += sum(1 for g, b in got.items() if g not in expected and b)  # nothing else in a step
-    ledger_verdicts.append(claim(f"{LABELS[layout]} {variant}: every step = formula", mismatches == 0,
-                                 f"{len(results)} ranks x {STEPS} steps x 3 groups, {mismatches} differ"))
+            mismatches += sum(
+                1 for g, b in got.items() if g not in expected and b
+            )  # nothing else in a step
+    ledger_verdicts.append(
+        claim(
+            f"{LABELS[layout]} {variant}: every step = formula",
+            mismatches == 0,
+            f"{len(results)} ranks x {STEPS} steps x 3 groups, {mismatches} differ",
+        )
+    )
 lb_run = RUNS[("w8 lb2", "ulysses, reshard")]
-lb_measured = {rank: runs.sent_by_group(r, "encode")["lb exchange"] for rank, r in enumerate(lb_run)}
+lb_measured = {
+    rank: runs.sent_by_group(r, "encode")["lb exchange"] for rank, r in enumerate(lb_run)
+}
 lb_formula = costs.lb_bytes(ParallelDims(8, cfgp=2, cp=2, lb=2, enable_inference_mode=True))
-print("lb exchange, bytes sent per rank:", lb_measured, "\nformula:                           ", lb_formula)
-ledger_verdicts.append(claim("lb exchange once, before step 1 = lab 04 formula", lb_measured == lb_formula,
-                             f"8 ranks, {sum(lb_measured.values())} B in all"))
-reduce_scatters = sum(calls(r["records"], op=op) for results in RUNS.values() for r in results
-                      for op in ("reduce_scatter_tensor", "reduce_scatter", "all_reduce"))
-ledger_verdicts.append(claim("no reduce-scatter, no all-reduce (no backward)", reduce_scatters == 0,
-                             f"{reduce_scatters} calls"))
+print(
+    "lb exchange, bytes sent per rank:",
+    lb_measured,
+    "\nformula:                           ",
+    lb_formula,
+)
+ledger_verdicts.append(
+    claim(
+        "lb exchange once, before step 1 = lab 04 formula",
+        lb_measured == lb_formula,
+        f"8 ranks, {sum(lb_measured.values())} B in all",
+    )
+)
+reduce_scatters = sum(
+    calls(r["records"], op=op)
+    for results in RUNS.values()
+    for r in results
+    for op in ("reduce_scatter_tensor", "reduce_scatter", "all_reduce")
+)
+ledger_verdicts.append(
+    claim(
+        "no reduce-scatter, no all-reduce (no backward)",
+        reduce_scatters == 0,
+        f"{reduce_scatters} calls",
+    )
+)
 print(verdict_table(ledger_verdicts, "Ledger by group vs the closed forms"))
 
 # %% [markdown]
@@ -406,7 +525,8 @@ for variant in ("ulysses, reshard", "ulysses, keep"):
     r = RUNS[("w8 lb2", variant)][0]
     phases = ["encode", "noise"] + [f"step {s}" for s in range(1, STEPS + 1)] + ["return"]
     panels[f"8 ranks, reshard_after_forward={VARIANTS_4[variant]['reshard_after_forward']}"] = {
-        p: runs.sent_by_group(r, p) for p in phases}
+        p: runs.sent_by_group(r, p) for p in phases
+    }
 show(plot_bytes_by_phase(panels))
 
 # %% [markdown]
@@ -432,18 +552,42 @@ for layout, n in (("w4", 4), ("w8 lb2", 8)):
     for variant in ("ulysses, reshard", "ulysses, keep"):
         keep = VARIANTS_4[variant]["reshard_after_forward"]
         expected = costs.memory(model, n, keep)
-        per_rank = [{"shards": r["memory"].shards, "gathered between steps": max(r["memory"].between[1:]),
-                     "gathered peak": r["memory"].peak} for r in RUNS[(layout, variant)]]
+        per_rank = [
+            {
+                "shards": r["memory"].shards,
+                "gathered between steps": max(r["memory"].between[1:]),
+                "gathered peak": r["memory"].peak,
+            }
+            for r in RUNS[(layout, variant)]
+        ]
         label = f"{n} ranks, reshard={keep}"
         measured_mem[label], formula_mem[label] = per_rank[0], expected
-        memory_verdicts.append(claim(f"{label}: shards, between, peak = formula", all(m == expected for m in per_rank),
-                                     f"rank 0: {per_rank[0]['shards']} / {per_rank[0]['gathered between steps']} / "
-                                     f"{per_rank[0]['gathered peak']} B"))
-print(text_table(["setting", *next(iter(measured_mem.values()))],
-                 [[s, *(f"{m[k]} (formula {formula_mem[s][k]})" for k in m)] for s, m in measured_mem.items()]))
-print(verdict_table(memory_verdicts, "Parameter bytes per rank, measured on the storages vs formula"))
-show(plot_pipeline_memory({k: v for k, v in measured_mem.items() if k.startswith("4")},
-                          {k: v for k, v in formula_mem.items() if k.startswith("4")}))
+        memory_verdicts.append(
+            claim(
+                f"{label}: shards, between, peak = formula",
+                all(m == expected for m in per_rank),
+                f"rank 0: {per_rank[0]['shards']} / {per_rank[0]['gathered between steps']} / "
+                f"{per_rank[0]['gathered peak']} B",
+            )
+        )
+print(
+    text_table(
+        ["setting", *next(iter(measured_mem.values()))],
+        [
+            [s, *(f"{m[k]} (formula {formula_mem[s][k]})" for k in m)]
+            for s, m in measured_mem.items()
+        ],
+    )
+)
+print(
+    verdict_table(memory_verdicts, "Parameter bytes per rank, measured on the storages vs formula")
+)
+show(
+    plot_pipeline_memory(
+        {k: v for k, v in measured_mem.items() if k.startswith("4")},
+        {k: v for k, v in formula_mem.items() if k.startswith("4")},
+    )
+)
 
 # %% [markdown]
 # The trade-off, in numbers (4 ranks, per rank):
@@ -451,11 +595,15 @@ show(plot_pipeline_memory({k: v for k, v in measured_mem.items() if k.startswith
 # %%
 held_true = measured_mem["4 ranks, reshard=True"]
 held_false = measured_mem["4 ranks, reshard=False"]
-gather_true = runs.sent_by_group(RUNS[("w4", "ulysses, reshard")][0], "step 2")["dp_shard all-gather"]
+gather_true = runs.sent_by_group(RUNS[("w4", "ulysses, reshard")][0], "step 2")[
+    "dp_shard all-gather"
+]
 gather_false = runs.sent_by_group(RUNS[("w4", "ulysses, keep")][0], "step 2")["dp_shard all-gather"]
-print(f"reshard_after_forward=True holds {held_true['shards'] + held_true['gathered between steps']} B of parameters "
-      f"between steps instead of {held_false['shards'] + held_false['gathered between steps']} B, "
-      f"and pays {gather_true} B of all-gathers per step and rank instead of {gather_false} B after the first step.")
+print(
+    f"reshard_after_forward=True holds {held_true['shards'] + held_true['gathered between steps']} B of parameters "
+    f"between steps instead of {held_false['shards'] + held_false['gathered between steps']} B, "
+    f"and pays {gather_true} B of all-gathers per step and rank instead of {gather_false} B after the first step."
+)
 
 # %% [markdown]
 # In inference nothing else competes for the memory that `False` keeps (no
@@ -483,8 +631,14 @@ print(f"reshard_after_forward=True holds {held_true['shards'] + held_true['gathe
 from paralab.exercises.lab06 import skip_uncond_whenever_guidance_is_one
 
 try:
-    run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"w=1": VARIANTS_4["ulysses, w=1"]},
-        planted_bugs={"should_skip_uncond": skip_uncond_whenever_guidance_is_one}, timeout=10)
+    run(
+        runs.pipeline_job,
+        4,
+        {"w4": dict(cfgp=2, cp=2)},
+        {"w=1": VARIANTS_4["ulysses, w=1"]},
+        planted_bugs={"should_skip_uncond": skip_uncond_whenever_guidance_is_one},
+        timeout=10,
+    )
     clinic_error = None
 except LaunchError as err:
     clinic_error = err
@@ -526,20 +680,30 @@ print(f"{type(clinic_error).__name__}: {clinic_error}")
 pd_sharded = ParallelDims(4, cfgp=2, cp=2, enable_inference_mode=True)
 pd_unsharded = ParallelDims(4, dp_shard=1, dp_replicate=4, cfgp=2, cp=2, enable_inference_mode=True)
 for w, pd in ((5.0, None), (1.0, None), (1.0, pd_sharded), (1.0, pd_unsharded)):
-    print(f"w = {w}, {'one process' if pd is None else f'dp_shard {pd.dp_shard}'}: skip the uncond forward? "
-          f"{should_skip_uncond(w, pd)}")
+    print(
+        f"w = {w}, {'one process' if pd is None else f'dp_shard {pd.dp_shard}'}: skip the uncond forward? "
+        f"{should_skip_uncond(w, pd)}"
+    )
 
 # %%
 reference_w1 = generate(None, steps=STEPS, guidance_scale=1.0, seed=SEED)
 fixed = torch.stack([r["output"] for r in RUNS[("w4", "ulysses, w=1")]])
 clinic_claims = [
-    claim("the one-branch skip hangs; the launcher stops it at its timeout", type(clinic_error).__name__ == "LaunchTimeout",
-          type(clinic_error).__name__),
-    claim("the timeout names the stuck ranks", clinic_error is not None and clinic_error.hung_ranks == [0, 1, 2, 3],
-          f"hung ranks {getattr(clinic_error, 'hung_ranks', None)}"),
+    claim(
+        "the one-branch skip hangs; the launcher stops it at its timeout",
+        type(clinic_error).__name__ == "LaunchTimeout",
+        type(clinic_error).__name__,
+    ),
+    claim(
+        "the timeout names the stuck ranks",
+        clinic_error is not None and clinic_error.hung_ranks == [0, 1, 2, 3],
+        f"hung ranks {getattr(clinic_error, 'hung_ranks', None)}",
+    ),
 ]
 print(verdict_table(clinic_claims, "Bug clinic: the one-branch skip"))
-clinic_fixed = compare(fixed, reference_w1.expand_as(fixed), name="fixed code at w=1, 4 ranks vs reference (bitwise)")
+clinic_fixed = compare(
+    fixed, reference_w1.expand_as(fixed), name="fixed code at w=1, 4 ranks vs reference (bitwise)"
+)
 print(verdict_table(clinic_fixed, "The fix"))
 
 # %% [markdown]
@@ -556,21 +720,53 @@ unsharded = runs.repeated_forwards(inference.make_denoiser())
 replica_verdicts, rows = [], []
 for name in MESHES:
     per_rank = [r["replicated"][name] for r in out4]
-    replica_verdicts += compare(torch.stack([r["output"] for r in per_rank]), unsharded.expand(4, *unsharded.shape),
-                                name=f"{name}: 4 forwards vs unsharded model (bitwise)")
-    rows.append([f"{name}, reshard=True", per_rank[0]["shards"],
-                 sent(per_rank[0]["records"], op="all_gather_single") // 4,
-                 calls(per_rank[0]["records"], op="all_reduce")])
+    replica_verdicts += compare(
+        torch.stack([r["output"] for r in per_rank]),
+        unsharded.expand(4, *unsharded.shape),
+        name=f"{name}: 4 forwards vs unsharded model (bitwise)",
+    )
+    rows.append(
+        [
+            f"{name}, reshard=True",
+            per_rank[0]["shards"],
+            sent(per_rank[0]["records"], op="all_gather_single") // 4,
+            calls(per_rank[0]["records"], op="all_reduce"),
+        ]
+    )
 keep_run = RUNS[("w4", "ulysses, keep")][0]
-rows.append(["FSDP (4,), reshard=False (section 5)", held_false["shards"] + held_false["gathered between steps"], 0,
-             calls(keep_run["records"], op="all_reduce")])
-print(text_table(["mesh", "parameter bytes held between forwards", "all-gather bytes per forward (steady)",
-                  "all-reduces"], rows, align_right=(1, 2, 3)))
+rows.append(
+    [
+        "FSDP (4,), reshard=False (section 5)",
+        held_false["shards"] + held_false["gathered between steps"],
+        0,
+        calls(keep_run["records"], op="all_reduce"),
+    ]
+)
+print(
+    text_table(
+        [
+            "mesh",
+            "parameter bytes held between forwards",
+            "all-gather bytes per forward (steady)",
+            "all-reduces",
+        ],
+        rows,
+        align_right=(1, 2, 3),
+    )
+)
 shard_ratio = rows[1][1] / rows[0][1]
 print(verdict_table(replica_verdicts, "dp_replicate > 1 in inference: the same bits"))
 replica_claims = [
-    claim("HSDP holds each parameter twice: shard bytes per rank x2", shard_ratio == 2, f"ratio {shard_ratio:.6g}"),
-    claim("no all-reduce: the replica axis carries nothing in inference", rows[1][3] == 0, f"{rows[1][3]} all-reduces"),
+    claim(
+        "HSDP holds each parameter twice: shard bytes per rank x2",
+        shard_ratio == 2,
+        f"ratio {shard_ratio:.6g}",
+    ),
+    claim(
+        "no all-reduce: the replica axis carries nothing in inference",
+        rows[1][3] == 0,
+        f"{rows[1][3]} all-reduces",
+    ),
 ]
 
 # %% [markdown]
@@ -593,17 +789,30 @@ replica_claims = [
 # axis and its value (`check_layout`):
 
 # %%
-pd_replicas = ParallelDims(4, dp_shard=2, cfgp=2, cp=2, enable_inference_mode=True)  # dp_replicate = 4 / dp_shard = 2, inferred
+pd_replicas = ParallelDims(
+    4, dp_shard=2, cfgp=2, cp=2, enable_inference_mode=True
+)  # dp_replicate = 4 / dp_shard = 2, inferred
 try:
     generate(pd_replicas)
     rejected = None
 except ValueError as err:
     rejected = str(err)
 print(f"{pd_replicas}\n  accepted by ParallelDims; generate -> ValueError: {rejected}")
-replica_claims.append(claim("generate rejects dp_replicate=2, naming it",
-                            rejected is not None and "dp_replicate=2" in rejected,
-                            "ValueError naming dp_replicate=2" if rejected and "dp_replicate=2" in rejected else str(rejected)))
-print(verdict_table(replica_claims, "dp_replicate > 1 in inference: twice the shards, no replica traffic, refused by generate"))
+replica_claims.append(
+    claim(
+        "generate rejects dp_replicate=2, naming it",
+        rejected is not None and "dp_replicate=2" in rejected,
+        "ValueError naming dp_replicate=2"
+        if rejected and "dp_replicate=2" in rejected
+        else str(rejected),
+    )
+)
+print(
+    verdict_table(
+        replica_claims,
+        "dp_replicate > 1 in inference: twice the shards, no replica traffic, refused by generate",
+    )
+)
 
 # %% [markdown]
 # ## The closing table

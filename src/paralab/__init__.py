@@ -6,6 +6,7 @@ Naming a group's size, everywhere in the package:
 - an axis-agnostic helper (the collectives, flat sharding, shard byte counts) calls it `n`;
 - `world` is only the number of launched processes (the launcher's world).
 """
+
 from paralab.parallel_dims import ParallelDims, fsdp_mesh
 
 __all__ = ["ParallelDims", "fsdp_mesh"]

@@ -11,6 +11,7 @@ Exact mode (the default, `atol == rtol == 0`) demands every element be equal
 (`==`, so it is bitwise for finite floats apart from the sign of zero).
 Tolerance mode accepts `|actual - expected| <= atol + rtol * |expected|`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from paralab.tables import text_table
 class CheckFailed(AssertionError):
     """A parallel result differs from its reference; `verdicts` holds the details."""
 
-    def __init__(self, message: str, verdicts: list["Verdict"]) -> None:
+    def __init__(self, message: str, verdicts: list[Verdict]) -> None:
         super().__init__(message)
         self.verdicts = verdicts
 
@@ -62,7 +63,8 @@ class Verdict:
             return f"{self.path}: {self.problem}"
         return (
             f"{self.path}: {self.n_diff} of {self.numel} elements differ, max |diff| {self.max_abs:.3g}, "
-            f"first at index {self.first_index}: expected {_short(self.expected_value)}, got {_short(self.actual_value)}"
+            f"first at index {self.first_index}: expected {_short(self.expected_value)}, "
+            f"got {_short(self.actual_value)}"
         )
 
 
@@ -85,7 +87,11 @@ def _walk(actual: Any, expected: Any, path: str, rank_level: bool):
         return
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
-            yield path or "result", f"got a {type(actual).__name__}, expected a dict with keys {sorted(expected)}", None
+            yield (
+                path or "result",
+                f"got a {type(actual).__name__}, expected a dict with keys {sorted(expected)}",
+                None,
+            )
             return
         for key in expected:
             if key not in actual:
@@ -118,7 +124,9 @@ def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: f
     shape, dtype = tuple(expected.shape), str(expected.dtype).replace("torch.", "")
     base = dict(path=path, exact=exact, shape=shape, dtype=dtype, numel=expected.numel())
     if tuple(actual.shape) != shape:
-        return Verdict(passed=False, problem=f"shape {tuple(actual.shape)}, expected {shape}", **base)
+        return Verdict(
+            passed=False, problem=f"shape {tuple(actual.shape)}, expected {shape}", **base
+        )
     if actual.dtype != expected.dtype:
         got = str(actual.dtype).replace("torch.", "")
         return Verdict(passed=False, problem=f"dtype {got}, expected {dtype}", **base)
@@ -129,11 +137,16 @@ def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: f
             idx = tuple(int(i) for i in torch.nonzero(nan_a & ~nan_e)[0])
             n = int((nan_a & ~nan_e).sum())
             return Verdict(
-                passed=False, n_diff=n, first_index=idx,
-                problem=f"{n} NaN values where the reference is finite, first at index {idx}", **base,
+                passed=False,
+                n_diff=n,
+                first_index=idx,
+                problem=f"{n} NaN values where the reference is finite, first at index {idx}",
+                **base,
             )
     if exact:
-        differs = ~((a == e) | (torch.isnan(a) & torch.isnan(e))) if a.is_floating_point() else a != e
+        differs = (
+            ~((a == e) | (torch.isnan(a) & torch.isnan(e))) if a.is_floating_point() else a != e
+        )
     else:
         differs = ~torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
     if a.is_floating_point() or a.is_complex():
@@ -147,17 +160,26 @@ def _compare_tensors(path: str, actual: Any, expected: Any, atol: float, rtol: f
         return Verdict(passed=True, max_abs=max_abs, **base)
     idx = tuple(int(i) for i in torch.nonzero(differs)[0])
     return Verdict(
-        passed=False, n_diff=n_diff, max_abs=max_abs, first_index=idx,
-        expected_value=e[idx].item(), actual_value=a[idx].item(), **base,
+        passed=False,
+        n_diff=n_diff,
+        max_abs=max_abs,
+        first_index=idx,
+        expected_value=e[idx].item(),
+        actual_value=a[idx].item(),
+        **base,
     )
 
 
 def claim(name: str, holds: bool, observed: str) -> Verdict:
     """A yes/no fact as a verdict row: the claim, and what was observed (no tensor, shape or dtype)."""
-    return Verdict(name, bool(holds), True, (), "claim", 1, n_diff=0 if holds else 1, observed=observed)
+    return Verdict(
+        name, bool(holds), True, (), "claim", 1, n_diff=0 if holds else 1, observed=observed
+    )
 
 
-def compare(actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = "") -> list[Verdict]:
+def compare(
+    actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = ""
+) -> list[Verdict]:
     """Compare every tensor of `actual` with `expected`; a top-level list is indexed by rank."""
     verdicts = []
     for path, a, e in _walk(actual, expected, name, rank_level=isinstance(expected, (list, tuple))):
@@ -168,7 +190,9 @@ def compare(actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0,
     return verdicts
 
 
-def assert_match(actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = "") -> list[Verdict]:
+def assert_match(
+    actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = ""
+) -> list[Verdict]:
     """`compare`, raising `CheckFailed` that lists every failing tensor when any differs."""
     verdicts = compare(actual, expected, atol=atol, rtol=rtol, name=name)
     failed = [v for v in verdicts if not v.passed]
@@ -204,10 +228,16 @@ def verdict_table(verdicts: list[Verdict], title: str = "") -> str:
         rows = [
             (
                 v.path,
-                "claim" if v.observed is not None else "x".join(str(d) for d in v.shape) or "scalar",
+                "claim"
+                if v.observed is not None
+                else "x".join(str(d) for d in v.shape) or "scalar",
                 "" if v.observed is not None else v.dtype,
                 _format_diff(v),
-                "pass" if v.passed else "FAIL" if v.observed is not None or not v.n_diff else f"FAIL ({v.n_diff} differ)",
+                "pass"
+                if v.passed
+                else "FAIL"
+                if v.observed is not None or not v.n_diff
+                else f"FAIL ({v.n_diff} differ)",
             )
             for v in verdicts
         ]
@@ -223,7 +253,9 @@ def closing_table(groups: dict[str, list[Verdict]]) -> str:
     It restates the tables above it, so it prints no `N/M passed` line (each check counts once).
     """
     every = [v for found in groups.values() for v in found]
-    rows = [(name, len(found), "yes" if all(v.passed for v in found) else "NO") for name, found in groups.items()]
+    rows = [
+        (name, len(found), "yes" if all(v.passed for v in found) else "NO")
+        for name, found in groups.items()
+    ]
     rows.append(("all", len(every), "yes" if all(v.passed for v in every) else "NO"))
     return text_table(("section · claim", "checks", "all pass"), rows, align_right=(1,))
-

@@ -23,6 +23,7 @@ Why it looks the way it does:
 - Under `torchrun` (RANK and WORLD_SIZE set) `fn` runs in this process on this
   rank and all ranks' results are gathered as objects.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,16 +33,23 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 
 _GRACE_AFTER_ERROR_S = 5.0
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "paralab.launch"]
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch._dynamo",
+    "paralab.launch",
+]
 """What the forkserver imports once, so every rank starts with it loaded. FSDP2 imports
 torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead.
 A lab whose ranks import something else heavy appends it before its first `run`."""
@@ -73,7 +81,9 @@ def _default_start_method() -> str:
 
 def _context(start_method: str) -> mp.context.BaseContext:
     if start_method == "fork":
-        raise ValueError("start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn")
+        raise ValueError(
+            "start_method='fork' hangs once torch has run a multi-threaded op; use forkserver or spawn"
+        )
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -152,10 +162,14 @@ def _worker(
         conn.close()
 
 
-def _run_under_torchrun(fn: Callable, world_size: int, args: tuple, kwargs: dict, timeout: float) -> list:
+def _run_under_torchrun(
+    fn: Callable, world_size: int, args: tuple, kwargs: dict, timeout: float
+) -> list:
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
-        raise ValueError(f"run(..., world_size={world_size}) under torchrun with WORLD_SIZE={env_world}")
+        raise ValueError(
+            f"run(..., world_size={world_size}) under torchrun with WORLD_SIZE={env_world}"
+        )
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
@@ -222,7 +236,9 @@ def run(
     try:
         payload = cloudpickle.dumps((fn, args, kwargs))
     except Exception as exc:
-        raise TypeError(f"run(): the function or an argument cannot be pickled for the ranks: {exc}") from exc
+        raise TypeError(
+            f"run(): the function or an argument cannot be pickled for the ranks: {exc}"
+        ) from exc
 
     backend = backend or _pick_backend(world_size)
     ctx = _context(start_method or _default_start_method())
@@ -238,7 +254,18 @@ def run(
         procs, conns = [], []
         try:
             with _main_file_hidden_if_unreadable():
-                _start_ranks(ctx, world_size, init_method, backend, timeout, child_env, payload, logs, procs, conns)
+                _start_ranks(
+                    ctx,
+                    world_size,
+                    init_method,
+                    backend,
+                    timeout,
+                    child_env,
+                    payload,
+                    logs,
+                    procs,
+                    conns,
+                )
             results = _collect(procs, conns, logs, timeout)
             _join_clean_exit(procs)
             return results
@@ -248,13 +275,25 @@ def run(
                 c.close()
 
 
-def _start_ranks(ctx, world_size, init_method, backend, timeout, env, payload, logs, procs, conns) -> None:
+def _start_ranks(
+    ctx, world_size, init_method, backend, timeout, env, payload, logs, procs, conns
+) -> None:
     """Start one process per rank, each with the write end of its own result pipe."""
     for rank in range(world_size):
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_worker,
-            args=(rank, world_size, init_method, backend, timeout, env, payload, writer, logs[rank]),
+            args=(
+                rank,
+                world_size,
+                init_method,
+                backend,
+                timeout,
+                env,
+                payload,
+                writer,
+                logs[rank],
+            ),
             name=f"paralab-rank{rank}",
             daemon=True,
         )
@@ -265,7 +304,14 @@ def _start_ranks(ctx, world_size, init_method, backend, timeout, env, payload, l
 
 
 # Messages of ranks that failed only because a peer went away or stalled.
-_CONSEQUENCE_MARKERS = ("closed by peer", "reset by peer", "broken pipe", "timed out", "timeout", "connectfullmesh")
+_CONSEQUENCE_MARKERS = (
+    "closed by peer",
+    "reset by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "connectfullmesh",
+)
 
 
 def _is_consequence(error: str) -> bool:
@@ -339,7 +385,9 @@ def _receive(conn: Any, proc: Any) -> tuple:
     return ("error", f"died without a result (exit code {proc.exitcode})", "")
 
 
-def _launch_error(errors: dict, pending: set, results: dict, logs: list[str], world_size: int) -> LaunchError:
+def _launch_error(
+    errors: dict, pending: set, results: dict, logs: list[str], world_size: int
+) -> LaunchError:
     """One message: the rank that caused it first, then who failed or hung as a consequence."""
     order = list(errors)  # arrival order
     causes = [r for r in order if not _is_consequence(errors[r][0])] or order[:1]
@@ -349,7 +397,9 @@ def _launch_error(errors: dict, pending: set, results: dict, logs: list[str], wo
     if followers:
         lines.append(f"ranks {followers} failed as a consequence (a peer vanished or stalled)")
     if pending:
-        lines.append(f"ranks {sorted(pending)} were blocked waiting for the failed ranks and were stopped")
+        lines.append(
+            f"ranks {sorted(pending)} were blocked waiting for the failed ranks and were stopped"
+        )
     if errors[primary][1]:
         lines.append(f"--- traceback of rank {primary} ---\n{errors[primary][1].rstrip()}")
     tail = _log_tail(logs[primary])

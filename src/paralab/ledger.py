@@ -36,6 +36,7 @@ gloo emulates some collectives (its reduce-scatter is an all-reduce), so these
 are the bytes the algorithm needs, counted at the API, not what a given
 backend happens to move.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,9 @@ import functools
 import inspect
 import pickle
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -200,7 +202,7 @@ def _peer(op: str, a: dict) -> int | None:
 class Ledger:
     """Records the `torch.distributed` calls this rank makes inside `with Ledger():`."""
 
-    _active: "Ledger | None" = None
+    _active: Ledger | None = None
 
     def __init__(self, phase: str = "main") -> None:
         self.records: list[Record] = []
@@ -219,7 +221,7 @@ class Ledger:
             self._phase = previous
 
     # ---------------------------------------------------------------- patching
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         if Ledger._active is not None:
             raise RuntimeError("a Ledger is already recording in this process; nest phases instead")
         Ledger._active = self
@@ -322,7 +324,9 @@ def calls(records: Iterable[Record], **match: Any) -> int:
     return sum(1 for r in records if _matches(r, match))
 
 
-def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, Tally]:
+def summarize(
+    records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")
+) -> dict[tuple, Tally]:
     """Tally records grouped by the named `Record` fields (any of op, phase, group_ranks, group_size, peer)."""
     out: dict[tuple, Tally] = defaultdict(Tally)
     for r in records:
@@ -330,7 +334,9 @@ def summarize(records: Iterable[Record], by: tuple[str, ...] = ("phase", "op")) 
     return dict(out)
 
 
-def merge(per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", "op")) -> dict[tuple, list[Tally]]:
+def merge(
+    per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", "op")
+) -> dict[tuple, list[Tally]]:
     """Per-rank tallies side by side: {key: [tally of rank 0, tally of rank 1, ...]}."""
     per_rank = [summarize(records, by) for records in per_rank]
     keys = sorted({k for s in per_rank for k in s}, key=str)
@@ -345,7 +351,9 @@ def format_tally(t: Tally) -> str:
     return f"{t.calls} calls, {t.bytes_sent} B"
 
 
-def format_table(per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", "op")) -> str:
+def format_table(
+    per_rank: Iterable[Iterable[Record]], by: tuple[str, ...] = ("phase", "op")
+) -> str:
     """A deterministic text table of calls and bytes sent (received, for receives), one column per rank."""
     merged = merge(per_rank, by)
     n_ranks = max((len(v) for v in merged.values()), default=0)

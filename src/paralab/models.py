@@ -3,10 +3,11 @@
 Fixed seeds and float64, so a parallel result can be compared with the
 single-process one element by element. One section per lab.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,13 +49,17 @@ class MLPStack(nn.Module):
         return x
 
 
-def make_mlp_stack(seed: int = 0, width: int = 5, hidden: int = 7, n_blocks: int = 3, out: int = 1) -> MLPStack:
+def make_mlp_stack(
+    seed: int = 0, width: int = 5, hidden: int = 7, n_blocks: int = 3, out: int = 1
+) -> MLPStack:
     """The same float64 weights in every process that calls it with the same seed."""
     torch.manual_seed(seed)
     return MLPStack(width, hidden, n_blocks, out).double()
 
 
-def regression_data(batch: int, width: int = 5, out: int = 1, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def regression_data(
+    batch: int, width: int = 5, out: int = 1, seed: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed float64 global batch (inputs, targets)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, width, generator=g, dtype=torch.float64)
@@ -102,7 +107,9 @@ class DenoiserBlock(nn.Module):
         self.cross_q = nn.Linear(dim, dim)
         self.cross_kv = nn.Linear(text_dim, 2 * dim)
         self.cross_out = nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim)
+        )
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
@@ -112,14 +119,20 @@ class DenoiserBlock(nn.Module):
         b, h, s, dh = x.shape
         return x.transpose(1, 2).reshape(b, s, h * dh)
 
-    def forward(self, x: torch.Tensor, text: torch.Tensor, emb: torch.Tensor, attention: Attention) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(emb)).unsqueeze(1).chunk(6, dim=-1)
+    def forward(
+        self, x: torch.Tensor, text: torch.Tensor, emb: torch.Tensor, attention: Attention
+    ) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = (
+            self.modulation(F.silu(emb)).unsqueeze(1).chunk(6, dim=-1)
+        )
         h = F.layer_norm(x, x.shape[-1:]) * (1 + scale1) + shift1
         q, k, v = (self._heads(t) for t in self.qkv(h).chunk(3, dim=-1))
         x = x + gate1 * self.attn_out(self._merge(attention(q, k, v)))
         h = F.layer_norm(x, x.shape[-1:])
         tk, tv = (self._heads(t) for t in self.cross_kv(text).chunk(2, dim=-1))
-        x = x + self.cross_out(self._merge(F.scaled_dot_product_attention(self._heads(self.cross_q(h)), tk, tv)))
+        x = x + self.cross_out(
+            self._merge(F.scaled_dot_product_attention(self._heads(self.cross_q(h)), tk, tv))
+        )
         h = F.layer_norm(x, x.shape[-1:]) * (1 + scale2) + shift2
         return x + gate2 * self.mlp(h)
 
@@ -181,7 +194,9 @@ class CondDenoiser(nn.Module):
         dim = self.inp.out_features
         h = self.inp(x) + sinusoidal_embedding(positions, dim)
         time = torch.full((batch,), float(t), dtype=torch.float64)
-        emb = self.time_mlp(sinusoidal_embedding(1000.0 * time, dim)) + self.text_pool(text.mean(dim=1))
+        emb = self.time_mlp(sinusoidal_embedding(1000.0 * time, dim)) + self.text_pool(
+            text.mean(dim=1)
+        )
         for block in self.blocks:
             h = block(h, text, emb, attention)
         return self.out(F.layer_norm(h, h.shape[-1:]))
@@ -218,21 +233,39 @@ class TinyVideoEncoder:
     video always gives the same bits, whichever rank encodes it.
     """
 
-    def __init__(self, in_channels: int = 3, latent_channels: int = 4, time_down: int = 2,
-                 space_down: int = 4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        latent_channels: int = 4,
+        time_down: int = 2,
+        space_down: int = 4,
+        seed: int = 0,
+    ) -> None:
         generator = torch.Generator().manual_seed(seed)
-        self.mix = torch.randn(latent_channels, in_channels, generator=generator, dtype=torch.float64)
+        self.mix = torch.randn(
+            latent_channels, in_channels, generator=generator, dtype=torch.float64
+        )
         self.time_down, self.space_down = time_down, space_down
 
     def latent_shape(self, video_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
         channels, frames, height, width = video_shape
         if channels != self.mix.shape[1]:
             raise ValueError(f"encoder expects {self.mix.shape[1]} channels, got {channels}")
-        for name, size, down in (("frames", frames, self.time_down), ("height", height, self.space_down),
-                                 ("width", width, self.space_down)):
+        for name, size, down in (
+            ("frames", frames, self.time_down),
+            ("height", height, self.space_down),
+            ("width", width, self.space_down),
+        ):
             if size % down:
-                raise ValueError(f"encoder: {name}={size} is not divisible by its downsampling factor {down}")
-        return (self.mix.shape[0], frames // self.time_down, height // self.space_down, width // self.space_down)
+                raise ValueError(
+                    f"encoder: {name}={size} is not divisible by its downsampling factor {down}"
+                )
+        return (
+            self.mix.shape[0],
+            frames // self.time_down,
+            height // self.space_down,
+            width // self.space_down,
+        )
 
     def encode_normalized(self, x: torch.Tensor) -> torch.Tensor:
         """The encoder body: expects floats in [-1, 1] (it cannot tell raw pixels cast to float)."""
@@ -248,7 +281,9 @@ class TinyVideoEncoder:
         return self.encode_normalized(normalize_pixels(video))
 
 
-def random_video_shapes(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[tuple[int, ...]]:
+def random_video_shapes(
+    count: int, seed: int, max_frames: int = 16, max_side: int = 64
+) -> list[tuple[int, ...]]:
     """`count` random (3, T, H, W) shapes that differ a lot, as raw video data does.
 
     T is a multiple of 2 up to `max_frames`, H and W multiples of 8 up to
@@ -262,11 +297,15 @@ def random_video_shapes(count: int, seed: int, max_frames: int = 16, max_side: i
     return [(3, pick(2, max_frames), pick(8, max_side), pick(8, max_side)) for _ in range(count)]
 
 
-def random_raw_videos(count: int, seed: int, max_frames: int = 16, max_side: int = 64) -> list[torch.Tensor]:
+def random_raw_videos(
+    count: int, seed: int, max_frames: int = 16, max_side: int = 64
+) -> list[torch.Tensor]:
     """`count` random uint8 videos with the shapes of `random_video_shapes`."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
-            for shape in random_video_shapes(count, seed, max_frames, max_side)]
+    return [
+        torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+        for shape in random_video_shapes(count, seed, max_frames, max_side)
+    ]
 
 
 # =====================================================================================
@@ -280,17 +319,30 @@ class TinyVideoDecoder:
     same latent gives the same bits on any rank.
     """
 
-    def __init__(self, frames: int, height: int, width: int, latent_channels: int = 4, out_channels: int = 3,
-                 time_up: int = 2, space_up: int = 4, seed: int = 1) -> None:
+    def __init__(
+        self,
+        frames: int,
+        height: int,
+        width: int,
+        latent_channels: int = 4,
+        out_channels: int = 3,
+        time_up: int = 2,
+        space_up: int = 4,
+        seed: int = 1,
+    ) -> None:
         generator = torch.Generator().manual_seed(seed)
-        self.mix = torch.randn(out_channels, latent_channels, generator=generator, dtype=torch.float64)
+        self.mix = torch.randn(
+            out_channels, latent_channels, generator=generator, dtype=torch.float64
+        )
         self.frames, self.height, self.width = frames, height, width
         self.time_up, self.space_up = time_up, space_up
 
     def __call__(self, latent: torch.Tensor) -> torch.Tensor:
         tokens, channels = latent.shape[-2:]
         if tokens != self.frames * self.height * self.width:
-            raise ValueError(f"decoder expects {self.frames * self.height * self.width} latent tokens, got {tokens}")
+            raise ValueError(
+                f"decoder expects {self.frames * self.height * self.width} latent tokens, got {tokens}"
+            )
         grid = latent.reshape(self.frames, self.height, self.width, channels).permute(3, 0, 1, 2)
         mixed = torch.einsum("oc,cthw->othw", self.mix, grid)
         for dim, factor in ((1, self.time_up), (2, self.space_up), (3, self.space_up)):

@@ -10,6 +10,7 @@ they need, so the notebook runs exactly the code the package (and the tests)
 use, and a reader can edit the cell and re-run it. The algorithm lives once,
 in `src/paralab/`. `_build_nb.py` at the repository root is the command line.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,9 +26,9 @@ import sys
 import textwrap
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import jupytext
 import nbformat
@@ -88,8 +89,18 @@ def _source(qualname: str, obj: object) -> str:
 def _free_names(source: str) -> list[str]:
     """Global names the shown code reads but does not define itself."""
     tree = ast.parse(source)
-    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
-    defined |= {t.attr for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Attribute)}
+    defined = {
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+    }
+    defined |= {
+        t.attr
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute)
+    }
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for node in ast.walk(tree):  # names bound locally anywhere are not globals of interest
         if isinstance(node, ast.arg):
@@ -104,7 +115,11 @@ def _import_lines(module: types.ModuleType, names: list[str]) -> list[str]:
             continue
         value = getattr(module, name)
         if isinstance(value, types.ModuleType):
-            lines.append(f"import {value.__name__}" if value.__name__ == name else f"import {value.__name__} as {name}")
+            lines.append(
+                f"import {value.__name__}"
+                if value.__name__ == name
+                else f"import {value.__name__} as {name}"
+            )
         else:
             from_names.append(name)
     if from_names:
@@ -126,8 +141,10 @@ def show_cell(spec: str, shown_before: set[str] = frozenset()) -> tuple[str, set
     bodies = [_source(qualname, obj) for _, qualname, obj in objects]
     code = "\n\n\n".join(bodies)
     rel = Path(inspect.getsourcefile(module)).resolve().relative_to(ROOT)
-    header = [f"# From {rel.as_posix()}: the code the package and its tests run. An edit here reaches ranks "
-              "only through a cell that hands it to them; package workers import the file."]
+    header = [
+        f"# From {rel.as_posix()}: the code the package and its tests run. An edit here reaches ranks "
+        "only through a cell that hands it to them; package workers import the file."
+    ]
     if any("." in qualname for _, qualname, _ in objects):
         header.append("# Methods are re-attached to their class in this kernel.")
     header += _import_lines(module, [n for n in _free_names(code) if n not in shown_before])
@@ -147,7 +164,9 @@ def build(source: Path) -> nbformat.NotebookNode:
             cell.source, defined = show_cell(match.group(1), shown)
             shown |= defined
         if cell.metadata.get("jupyter", {}).get("outputs_hidden"):
-            cell.metadata["collapsed"] = True  # what JupyterLab writes for a folded output; else the tab opens "modified"
+            cell.metadata["collapsed"] = (
+                True  # what JupyterLab writes for a folded output; else the tab opens "modified"
+            )
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata.pop("jupytext", None)
     stable_cell_ids(nb)
@@ -186,15 +205,18 @@ def volatile_metadata(nb: nbformat.NotebookNode) -> str | None:
     return None
 
 
-SOLUTION_REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n", re.DOTALL | re.MULTILINE)
+SOLUTION_REGION = re.compile(
+    r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n", re.DOTALL | re.MULTILINE
+)
 PACKAGE = Path(__file__).resolve().parent
 
 
 def stub_regions(code: str, message: Callable[[str], str]) -> tuple[str, int]:
     """Each solution region becomes `raise NotImplementedError(message(enclosing function))`."""
+
     def stub(match: re.Match) -> str:
         indent = match.group("indent")
-        enclosing = re.findall(r"^[ \t]*def (\w+)\(", code[:match.start()], re.MULTILINE)
+        enclosing = re.findall(r"^[ \t]*def (\w+)\(", code[: match.start()], re.MULTILINE)
         return f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError({message(enclosing[-1])!r})\n"
 
     return SOLUTION_REGION.subn(stub, code if code.endswith("\n") else code + "\n")
@@ -204,43 +226,61 @@ def contract_docstrings(code: str, contracts: dict[str, str]) -> str:
     """The docstring of each named function becomes its contract: what it returns, never how."""
     lines = code.splitlines()
     tree = ast.parse(code)
-    for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in contracts),
-                       key=lambda n: -n.lineno):
+    for node in sorted(
+        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in contracts),
+        key=lambda n: -n.lineno,
+    ):
         first = node.body[0]
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-            indent = lines[first.lineno - 1][:first.col_offset]
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
+            indent = lines[first.lineno - 1][: first.col_offset]
             text = textwrap.fill(contracts[node.name], 96 - len(indent), subsequent_indent=indent)
-            lines[first.lineno - 1:first.end_lineno] = [f'{indent}"""{text}"""']
+            lines[first.lineno - 1 : first.end_lineno] = [f'{indent}"""{text}"""']
     return "\n".join(lines) + ("\n" if code.endswith("\n") else "")
 
 
 def _contracts() -> dict[str, str]:
-    return {e.target.rsplit(".", 1)[1]: e.hint[0].upper() + e.hint[1:] + "." for e in EXERCISES.values()}
+    return {
+        e.target.rsplit(".", 1)[1]: e.hint[0].upper() + e.hint[1:] + "." for e in EXERCISES.values()
+    }
 
 
 def withhold_bugs(code: str, names: set[str]) -> str:
     """The bodies of the named functions (known-wrong versions, often one decision from the answer) raise."""
     lines = code.splitlines()
-    for node in sorted((n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name in names),
-                       key=lambda n: -n.lineno):
+    for node in sorted(
+        (n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name in names),
+        key=lambda n: -n.lineno,
+    ):
         first = node.body[0]
         has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
         start = first.end_lineno if has_doc else first.lineno - 1
         indent = " " * node.body[-1].col_offset
-        lines[start:node.end_lineno] = [f'{indent}raise NotImplementedError("a known-wrong version, not in the student copy")']
+        lines[start : node.end_lineno] = [
+            f'{indent}raise NotImplementedError("a known-wrong version, not in the student copy")'
+        ]
     return "\n".join(lines) + ("\n" if code.endswith("\n") else "")
 
 
 def _bugs_no_lab_uses() -> dict[Path, set[str]]:
     """Per exercise module, the bug variants that no lab source imports (the labs' bug clinics keep theirs)."""
-    imported = {alias.name for path in LABS.glob("*/*_lab.py") for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paralab.exercises")
-                for alias in node.names}
+    imported = {
+        alias.name
+        for path in LABS.glob("*/*_lab.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paralab.exercises")
+        for alias in node.names
+    }
     found: dict[Path, set[str]] = {}
     for exercise in EXERCISES.values():
         for _, bug, _ in exercise.bugs:
             if bug.__name__ not in imported:
-                found.setdefault(Path(inspect.getsourcefile(bug)).resolve(), set()).add(bug.__name__)
+                found.setdefault(Path(inspect.getsourcefile(bug)).resolve(), set()).add(
+                    bug.__name__
+                )
     return found
 
 
@@ -262,7 +302,9 @@ def stub_package(destination: Path, message: Callable[[str], str], contracts: bo
         copy = destination / source.relative_to(PACKAGE)
         stubbed, count = stub_regions(copy.read_text(), message)
         if count == 0:
-            raise SystemExit(f"{source}: an exercise's target has no ### BEGIN SOLUTION / ### END SOLUTION region")
+            raise SystemExit(
+                f"{source}: an exercise's target has no ### BEGIN SOLUTION / ### END SOLUTION region"
+            )
         copy.write_text(contract_docstrings(stubbed, _contracts()) if contracts else stubbed)
     if contracts:
         for source, names in _bugs_no_lab_uses().items():
@@ -279,8 +321,9 @@ def release_stub_message(function: str) -> str:
 
 def _names(node: ast.AST) -> set[str]:
     """Every name and attribute a piece of code reads."""
-    return ({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)})
+    return {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    } | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
 
 
 def package_needs(targets: set[str]) -> dict[str, set[str]]:
@@ -311,34 +354,60 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
         if cell.cell_type != "code":
             cells.append(cell)
             continue
-        tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                                   for line in cell.source.splitlines()))
+        tree = ast.parse(
+            "\n".join(
+                "" if line.lstrip().startswith(("%", "!")) else line
+                for line in cell.source.splitlines()
+            )
+        )
         defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         mine = [fn for fn in exercises if fn in defined and "### BEGIN SOLUTION" in cell.source]
-        bound = {t.id for n in tree.body for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        bound = {
+            t.id
+            for n in tree.body
+            for t in ast.walk(n)
+            if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+        }
         for name, node in defined.items():  # a cell's definitions need what their bodies call
             needs[name] = set().union(*(needs.get(u, set()) for u in _names(node) - {name})) | (
-                {name} if name in exercises else set())
+                {name} if name in exercises else set()
+            )
         if mine:
-            cell.source = contract_docstrings(stub_regions(cell.source, release_stub_message)[0], _contracts()).rstrip()
+            cell.source = contract_docstrings(
+                stub_regions(cell.source, release_stub_message)[0], _contracts()
+            ).rstrip()
             cell.outputs, cell.execution_count = [], None
             for fn in mine:
                 e = exercises[fn]
-                cells.append(nbformat.v4.new_markdown_cell(
-                    f"**Exercise `{fn}`** ({e.points} point{'s' if e.points != 1 else ''}, about {e.minutes} min). "
-                    f"{e.prompt}\n\nWrite it where it raises `NotImplementedError` in the next cell, run the cell, "
-                    "then run the check under it."))
+                cells.append(
+                    nbformat.v4.new_markdown_cell(
+                        f"**Exercise `{fn}`** ({e.points} point{'s' if e.points != 1 else ''}, about {e.minutes} min). "
+                        f"{e.prompt}\n\nWrite it where it raises `NotImplementedError` in the next cell, run the cell, "
+                        "then run the check under it."
+                    )
+                )
             cells.append(cell)
-            cells += [nbformat.v4.new_code_cell(f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})')
-                      for fn in mine]
+            cells += [
+                nbformat.v4.new_code_cell(
+                    f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})'
+                )
+                for fn in mine
+            ]
             continue
-        runs = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))]
-        wanted = set().union(*(needs.get(u, set()) for n in runs for u in _names(n))) if runs else set()
+        runs = [
+            n
+            for n in tree.body
+            if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))
+        ]
+        wanted = (
+            set().union(*(needs.get(u, set()) for n in runs for u in _names(n))) if runs else set()
+        )
         for name in bound:
             needs[name] = set().union(*(needs.get(u, set()) for n in tree.body for u in _names(n)))
         if wanted:
             names = ", ".join(f"`{fn}`" for fn in sorted(wanted))
-            note = f"# Runs your {names}: it raises NotImplementedError until {'they are' if len(wanted) > 1 else 'it is'} written."
+            until = "they are" if len(wanted) > 1 else "it is"
+            note = f"# Runs your {names}: it raises NotImplementedError until {until} written."
             lines = cell.source.splitlines()
             keep = 1 if lines and lines[0].startswith("# NBVAL") else 0
             cell.source = "\n".join(lines[:keep] + [note] + lines[keep:])
@@ -380,12 +449,16 @@ def write_student(out: Path, only: str | None = None) -> Path:
     expected_dir.mkdir()
     for lab in labs:
         for exercise in for_lab(lab):
-            torch.save({w: reference_world(exercise, w) for w in exercise.world_sizes},
-                       expected_dir / f"{exercise.name}.pt")
+            torch.save(
+                {w: reference_world(exercise, w) for w in exercise.world_sizes},
+                expected_dir / f"{exercise.name}.pt",
+            )
         source = next(s for s in lab_sources(lab))
         (out / "labs" / lab).mkdir(parents=True)
         committed = nbformat.read(notebook_path(source), as_version=4)
-        nbformat.write(student_notebook(committed, lab), out / "labs" / lab / notebook_path(source).name)
+        nbformat.write(
+            student_notebook(committed, lab), out / "labs" / lab / notebook_path(source).name
+        )
         shutil.copy(source.parent / "README.md", out / "labs" / lab / "README.md")
     for name in ("pyproject.toml", "requirements.txt"):
         shutil.copy(ROOT / name, out / name)
@@ -407,16 +480,31 @@ def _kernel_env() -> None:
 
 
 def execute(nb: nbformat.NotebookNode, cwd: Path) -> tuple[bool, str]:
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd)}},
+    )
     try:
-        client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines; cell errors still arrive
+        client.execute(
+            stderr=subprocess.DEVNULL
+        )  # the kernel's own log lines; cell errors still arrive
     except CellExecutionError as exc:
         return False, str(exc).strip().splitlines()[-1][:300]
-    tables = [(int(p), int(t)) for cell in nb.cells for out in cell.get("outputs", [])
-              if out.get("output_type") == "stream" for p, t in CHECKS_LINE.findall(out.get("text", ""))]
+    tables = [
+        (int(p), int(t))
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "stream"
+        for p, t in CHECKS_LINE.findall(out.get("text", ""))
+    ]
     if not tables:
         return False, "no verdict table printed (expected lines like '12/12 passed')"
-    passed, total = sum(p for p, _ in tables), sum(t for _, t in tables)  # each check is printed once
+    passed, total = (
+        sum(p for p, _ in tables),
+        sum(t for _, t in tables),
+    )  # each check is printed once
     ok = all(p == t for p, t in tables)
     return ok, f"{passed}/{total} checks passed"
 
@@ -435,20 +523,27 @@ def stale(source: Path) -> str | None:
             if h != w:
                 return f"cell {i} differs from its source (rebuild with _build_nb.py --execute)"
         return f"{len(have)} cells committed, {len(want)} built"
-    if any(c.cell_type == "code" and c.source.strip() and not c.get("outputs") and c.get("execution_count") is None
-           for c in committed.cells):
+    if any(
+        c.cell_type == "code"
+        and c.source.strip()
+        and not c.get("outputs")
+        and c.get("execution_count") is None
+        for c in committed.cells
+    ):
         return "not executed (rebuild with _build_nb.py --execute)"
     why = volatile_metadata(committed)
     return f"{why} (rebuild with _build_nb.py --execute)" if why else None
 
 
-VERDICT_HEADER = re.compile(r"^(tensor\s+shape\s+dtype\s+max \|diff\||claim\s+observed)\s+verdict$")  # tensors / claims
+VERDICT_HEADER = re.compile(
+    r"^(tensor\s+shape\s+dtype\s+max \|diff\||claim\s+observed)\s+verdict$"
+)  # tensors / claims
 SHOWN_HEADER = "# From src/"
 
 
 @dataclass
 class Measure:
-    """How much a reader meets in one executed notebook (the table of issue 14)."""
+    """How much a reader meets in one executed notebook: visible code, longest cell, verdicts, pictures."""
 
     lab: str
     code_lines: int
@@ -490,16 +585,38 @@ def verdict_rows(text: str) -> list[int]:
 
 def measure(nb: nbformat.NotebookNode, lab: str = "") -> Measure:
     """Visible code, longest visible cell, verdict-table rows and pictures of an executed notebook."""
-    visible = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()
-               and not c.metadata.get("jupyter", {}).get("source_hidden")]
+    visible = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and c.source.strip()
+        and not c.metadata.get("jupyter", {}).get("source_hidden")
+    ]
     sizes = [len(c.source.splitlines()) for c in visible]
-    tables = [(n, bool(c.metadata.get("jupyter", {}).get("outputs_hidden"))) for c in nb.cells
-              if c.cell_type == "code" for t in _output_texts(c) for n in verdict_rows(t)]
-    pictures = sum(1 for c in nb.cells if c.cell_type == "code" for out in c.get("outputs", [])
-                   if any(k.startswith("image/") for k in out.get("data", {})))
-    return Measure(lab, sum(sizes), sum(n for c, n in zip(visible, sizes) if c.source.startswith(SHOWN_HEADER)),
-                   max(sizes, default=0), sum(n for n, _ in tables), len(tables),
-                   sum(n for n, folded in tables if folded), pictures)
+    tables = [
+        (n, bool(c.metadata.get("jupyter", {}).get("outputs_hidden")))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for t in _output_texts(c)
+        for n in verdict_rows(t)
+    ]
+    pictures = sum(
+        1
+        for c in nb.cells
+        if c.cell_type == "code"
+        for out in c.get("outputs", [])
+        if any(k.startswith("image/") for k in out.get("data", {}))
+    )
+    return Measure(
+        lab,
+        sum(sizes),
+        sum(n for c, n in zip(visible, sizes) if c.source.startswith(SHOWN_HEADER)),
+        max(sizes, default=0),
+        sum(n for n, _ in tables),
+        len(tables),
+        sum(n for n, folded in tables if folded),
+        pictures,
+    )
 
 
 def measure_labs(sources: list[Path]) -> str:
@@ -509,9 +626,21 @@ def measure_labs(sources: list[Path]) -> str:
     rows = []
     for source in sources:
         m = measure(nbformat.read(notebook_path(source), as_version=4), source.parent.name)
-        rows.append((m.lab, f"{m.code_lines} ({m.package_lines} package)", m.longest_cell,
-                     f"{m.check_rows} in {m.check_tables} tables" + (f" ({m.folded_rows} folded)" if m.folded_rows else ""), m.pictures))
-    return text_table(("lab", "code lines shown", "longest code cell", "check rows", "pictures"), rows, align_right=(2, 4))
+        rows.append(
+            (
+                m.lab,
+                f"{m.code_lines} ({m.package_lines} package)",
+                m.longest_cell,
+                f"{m.check_rows} in {m.check_tables} tables"
+                + (f" ({m.folded_rows} folded)" if m.folded_rows else ""),
+                m.pictures,
+            )
+        )
+    return text_table(
+        ("lab", "code lines shown", "longest code cell", "check rows", "pictures"),
+        rows,
+        align_right=(2, 4),
+    )
 
 
 def build_labs(sources: list[Path], run: bool) -> bool:
@@ -527,5 +656,7 @@ def build_labs(sources: list[Path], run: bool) -> bool:
             all_ok &= ok
             verdict = ("ok    " if ok else "FAILED ") + verdict
         nbformat.write(strip_volatile(nb), notebook_path(source))
-        print(f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s", flush=True)
+        print(
+            f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s", flush=True
+        )
     return all_ok

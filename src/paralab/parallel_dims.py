@@ -7,6 +7,7 @@ ranks a second time. The rules are written out in `docs/parallel_dims.md` and
 pinned by `tests/test_parallel_dims.py`. Like torchtitan's `ParallelDims`, it
 is a dataclass validated in `__post_init__`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,7 +39,9 @@ class ParallelDims:
     cfgp: int = 1
     lb: int = 1
     enable_inference_mode: bool = False
-    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _meshes: dict[str, DeviceMesh] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self._validate()
@@ -66,7 +69,9 @@ class ParallelDims:
             )
         if self.dp_shard <= 0:
             self._set("dp_shard", world)
-            logger.info("dp_shard auto-inferred as world_size=%d (overlay axes use no dp budget)", world)
+            logger.info(
+                "dp_shard auto-inferred as world_size=%d (overlay axes use no dp budget)", world
+            )
         elif self.dp_shard > world:
             warnings.warn(
                 f"dp_shard={self.dp_shard} exceeds world_size={world}; clamped to dp_shard={world}. "
@@ -76,7 +81,9 @@ class ParallelDims:
             )
             self._set("dp_shard", world)
         if self.dp_replicate != -1 and self.dp_replicate < 1:
-            raise ValueError(f"dp_replicate must be -1 (infer) or >= 1, got dp_replicate={self.dp_replicate}")
+            raise ValueError(
+                f"dp_replicate must be -1 (infer) or >= 1, got dp_replicate={self.dp_replicate}"
+            )
         if self.dp_replicate == -1:
             self._set("dp_replicate", world // self.dp_shard)
         if world % (self.cfgp * self.cp) != 0:
@@ -107,7 +114,10 @@ class ParallelDims:
         """
         world = self.world_size
         return {
-            "overlay": ((world // (self.cfgp * self.cp), self.cfgp, self.cp), ("rest", "cfgp", "cp")),
+            "overlay": (
+                (world // (self.cfgp * self.cp), self.cfgp, self.cp),
+                ("rest", "cfgp", "cp"),
+            ),
             "dp": ((self.dp_replicate, self.dp_shard), ("dp_replicate", "dp_shard")),
             "lb": ((world // self.lb, self.lb), ("lb_rest", "lb")),
         }
@@ -137,7 +147,9 @@ class ParallelDims:
         self._meshes.update(meshes)
         return dict(meshes)
 
-    def _build_mesh(self, device_type: str, dims: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    def _build_mesh(
+        self, device_type: str, dims: tuple[int, ...], names: tuple[str, ...]
+    ) -> DeviceMesh:
         if len(dims) != len(names):
             raise ValueError(f"mesh dims {dims} and names {names} differ in length")
         bad = [f"{n}={d}" for d, n in zip(dims, names) if d <= 0]
@@ -271,7 +283,7 @@ def predict_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int
         for dim, axis in enumerate(names):
             if axis not in enabled:
                 continue
-            stride = math.prod(dims[dim + 1:])
+            stride = math.prod(dims[dim + 1 :])
             first = rank - (rank // stride % dims[dim]) * stride
             groups[axis] = [first + i * stride for i in range(dims[dim])]
     return groups

@@ -19,6 +19,7 @@ section: README, then chapters, then notebook.
 This module is also the mkdocs hook file (`on_page_content`, `on_post_page`):
 mkdocs loads it by path, so it keeps no state and imports nothing from paralab.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,13 +58,19 @@ window.MathJax = {
 
 def lab_dirs() -> list[Path]:
     """Every lab folder (`labs/NN_name/`) with something to read, in lab order."""
-    return sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir() and re.match(r"\d\d_", p.name) and lab_pages(p))
+    return sorted(
+        p
+        for p in (ROOT / "labs").iterdir()
+        if p.is_dir() and re.match(r"\d\d_", p.name) and lab_pages(p)
+    )
 
 
 def lab_pages(lab: Path) -> list[str]:
     """One lab's pages, docs-relative, in reading order: README, chapters, notebooks."""
     chapters = sorted(p.name for p in lab.iterdir() if CHAPTER.match(p.name))
-    notebooks = sorted(p.name for p in lab.glob("*.ipynb") if not p.name.endswith("_exercise.ipynb"))
+    notebooks = sorted(
+        p.name for p in lab.glob("*.ipynb") if not p.name.endswith("_exercise.ipynb")
+    )
     readme = ["README.md"] if (lab / "README.md").exists() else []
     return [f"labs/{lab.name}/{name}" for name in [*readme, *chapters, *notebooks]]
 
@@ -72,7 +79,12 @@ def first_heading(path: Path) -> str | None:
     """A page's `# ` heading as plain text (navigation titles cannot hold markdown)."""
     if path.suffix == ".ipynb":
         cells = json.loads(path.read_text())["cells"]
-        lines = [line for cell in cells if cell["cell_type"] == "markdown" for line in "".join(cell["source"]).splitlines()]
+        lines = [
+            line
+            for cell in cells
+            if cell["cell_type"] == "markdown"
+            for line in "".join(cell["source"]).splitlines()
+        ]
     else:
         lines = path.read_text().splitlines()
     heading = next((line[2:].strip() for line in lines if line.startswith("# ")), None)
@@ -116,9 +128,17 @@ def landing_page() -> str:
 def nav() -> list:
     """Home, the labs overview, one section per lab (README -> chapters -> notebook), docs/, the repo README."""
     sections = [lab_nav(lab) for lab in lab_dirs()]
-    contracts = [{first_heading(page) or page.stem: f"docs/{page.name}"} for page in sorted((ROOT / "docs").glob("*.md"))]
-    return [{"Home": "index.md"}, {"All labs": "labs/README.md"}, *sections, *contracts,
-            {"Repository README": "about.md"}]
+    contracts = [
+        {first_heading(page) or page.stem: f"docs/{page.name}"}
+        for page in sorted((ROOT / "docs").glob("*.md"))
+    ]
+    return [
+        {"Home": "index.md"},
+        {"All labs": "labs/README.md"},
+        *sections,
+        *contracts,
+        {"Repository README": "about.md"},
+    ]
 
 
 def mathjax_dir() -> Path:
@@ -126,7 +146,9 @@ def mathjax_dir() -> Path:
     try:
         import jupyter_server_mathjax
     except ImportError as error:
-        raise SystemExit("the site needs `pip install -r requirements.txt` (jupyter-server-mathjax)") from error
+        raise SystemExit(
+            "the site needs `pip install -r requirements.txt` (jupyter-server-mathjax)"
+        ) from error
     return Path(jupyter_server_mathjax.__file__).parent / "static"
 
 
@@ -144,7 +166,9 @@ def write_docs(docs: Path = DOCS) -> None:
             shutil.copy(ROOT / page, docs / page)
         for source in lab.glob("*_lab.py"):
             shutil.copy(source, target / source.name)
-    for page in (ROOT / "docs").glob("*.md"):  # the contracts the code and tests cite (docs/parallel_dims.md)
+    for page in (ROOT / "docs").glob(
+        "*.md"
+    ):  # the contracts the code and tests cite (docs/parallel_dims.md)
         (docs / "docs").mkdir(exist_ok=True)
         shutil.copy(page, docs / "docs" / page.name)
     for folder in ("src/paralab", "tests"):
@@ -173,18 +197,27 @@ def mkdocs_config(docs: Path = DOCS, site: Path = SITE) -> dict:
         },
         "plugins": [
             "search",
-            {"mkdocs-jupyter": {
-                "include": ["*.ipynb"],  # the lab sources (*_lab.py) stay plain files
-                "execute": False,
-                "include_source": True,
-                "ignore_h1_titles": True,  # keep the navigation titles ("Notebook: ...")
-                "custom_mathjax_url": MATHJAX_PLACEHOLDER,
-                "cache_dir": str(ROOT / "build" / "mkdocs-jupyter-cache"),  # rendered notebooks, by content hash
-            }},
+            {
+                "mkdocs-jupyter": {
+                    "include": ["*.ipynb"],  # the lab sources (*_lab.py) stay plain files
+                    "execute": False,
+                    "include_source": True,
+                    "ignore_h1_titles": True,  # keep the navigation titles ("Notebook: ...")
+                    "custom_mathjax_url": MATHJAX_PLACEHOLDER,
+                    "cache_dir": str(
+                        ROOT / "build" / "mkdocs-jupyter-cache"
+                    ),  # rendered notebooks, by content hash
+                }
+            },
         ],
         "markdown_extensions": [
-            "tables", "admonition", "attr_list", "md_in_html", "toc",
-            "pymdownx.details", "pymdownx.superfences",
+            "tables",
+            "admonition",
+            "attr_list",
+            "md_in_html",
+            "toc",
+            "pymdownx.details",
+            "pymdownx.superfences",
             {"pymdownx.arithmatex": {"generic": True}},
         ],
         "extra_javascript": ["assets/mathjax-config.js", "assets/mathjax/MathJax.js"],
@@ -221,7 +254,9 @@ def on_post_page(output: str, page, config) -> str:
     """mkdocs hook. Notebook pages carry nbconvert's own script tags: drop the MathJax one
     (the site loads MathJax once, from its own assets) and any script from another host
     (mermaid from a CDN), so a page never reaches the network."""
-    output = re.sub(rf'<script[^>]*src="{re.escape(MATHJAX_PLACEHOLDER)}"[^>]*>\s*</script>', "", output)
+    output = re.sub(
+        rf'<script[^>]*src="{re.escape(MATHJAX_PLACEHOLDER)}"[^>]*>\s*</script>', "", output
+    )
     return EXTERNAL_SCRIPT.sub("", output)
 
 
@@ -233,11 +268,27 @@ def build(site: Path = SITE, docs: Path = DOCS) -> float:
     start = time.perf_counter()
     write_docs(docs)
     config_file = docs.parent / "mkdocs.yml"
-    config_file.write_text(yaml.safe_dump(mkdocs_config(docs, site), sort_keys=False, allow_unicode=True))
+    config_file.write_text(
+        yaml.safe_dump(mkdocs_config(docs, site), sort_keys=False, allow_unicode=True)
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "--quiet", "-f", str(config_file)],
-        cwd=ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--clean",
+            "--quiet",
+            "-f",
+            str(config_file),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"mkdocs build failed (config {config_file}):\n{result.stdout}{result.stderr}")
+        raise RuntimeError(
+            f"mkdocs build failed (config {config_file}):\n{result.stdout}{result.stderr}"
+        )
     return time.perf_counter() - start

@@ -8,6 +8,7 @@
 The sampler's names are re-exported here. A bug is planted in the module whose
 globals the loop reads: `planted(paralab.cfgp.sampling, cfg_combine=bug)`.
 """
+
 from paralab.cfgp.runs import sample_on_rank, sample_variants
 from paralab.cfgp.sampling import (
     EXCHANGES,

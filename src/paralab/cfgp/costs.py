@@ -10,6 +10,7 @@ A rank holds a latent shard of `L = batch * tokens/cp * channels * 8` bytes
 | latent return (all_gather over cp) | (cp - 1) * L |
 | cp attention, per layer and step | lab 02's forward formula: ring 2(cp-1)S, Ulysses 4(cp-1)S/cp |
 """
+
 from __future__ import annotations
 
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
@@ -23,7 +24,9 @@ def latent_shard_bytes(latent_shape: tuple[int, ...], cp: int = 1) -> int:
     return batch * (tokens // cp) * channels * ITEMSIZE
 
 
-def cfgp_bytes(latent_shape: tuple[int, ...], steps: int, cfgp_rank: int, cp: int = 1) -> dict[str, int]:
+def cfgp_bytes(
+    latent_shape: tuple[int, ...], steps: int, cfgp_rank: int, cp: int = 1
+) -> dict[str, int]:
     """Bytes one rank sends for the cfgp axis over `steps` steps, by what they carry."""
     shard = latent_shard_bytes(latent_shape, cp)
     return {
@@ -33,8 +36,9 @@ def cfgp_bytes(latent_shape: tuple[int, ...], steps: int, cfgp_rank: int, cp: in
     }
 
 
-def cp_attention_bytes(kind: str, steps: int, layers: int, batch: int, heads: int, tokens: int, head_dim: int,
-                       cp: int) -> int:
+def cp_attention_bytes(
+    kind: str, steps: int, layers: int, batch: int, heads: int, tokens: int, head_dim: int, cp: int
+) -> int:
     """Bytes one rank sends for the denoiser's cp attention (forward only: sampling has no backward)."""
     s = shard_bytes(batch, heads, tokens, head_dim, cp)
     per_layer = ring_bytes(s, cp) if kind == "ring" else ulysses_bytes(s, cp)

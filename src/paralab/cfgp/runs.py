@@ -5,10 +5,12 @@ a rank of a launch (`sample_on_rank`), several ways in one launch
 (`sample_variants`, bugs planted included), and returns what the notebook and
 the tests check.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 
 import torch.distributed as dist
 
@@ -16,11 +18,12 @@ from paralab.cfgp.sampling import sample
 from paralab.ledger import Ledger
 from paralab.parallel_dims import ParallelDims
 
-
 EXCHANGE_VARIANTS = {"p2p": {}, "all_gather": {"exchange": "all_gather"}}
 
 
-def sample_on_rank(model, cond, uncond, dims: dict | None = None, *, repeats: int = 1, **sample_kwargs) -> dict:
+def sample_on_rank(
+    model, cond, uncond, dims: dict | None = None, *, repeats: int = 1, **sample_kwargs
+) -> dict:
     """Worker for `paralab.launch.run`: build the meshes from `dims`, sample under a ledger.
 
     Returns this rank's latent, the ledger records of the first run, the best
@@ -49,11 +52,21 @@ def sample_on_rank(model, cond, uncond, dims: dict | None = None, *, repeats: in
     }
 
 
-def sample_variants(model, cond, uncond, dims: dict | None, variants: dict[str, dict],
-                    bugs: dict[str, Callable[[], ContextManager]] | None = None, **sample_kwargs) -> dict[str, dict]:
+def sample_variants(
+    model,
+    cond,
+    uncond,
+    dims: dict | None,
+    variants: dict[str, dict],
+    bugs: dict[str, Callable[[], ContextManager]] | None = None,
+    **sample_kwargs,
+) -> dict[str, dict]:
     """On every rank: `sample_on_rank` once per variant (its keyword arguments over `sample_kwargs`), then once per
     bug with `bugs[name]()` planted around the run (e.g. `planted(paralab.cfgp.sampling, cfg_combine=...)`)."""
-    out = {name: sample_on_rank(model, cond, uncond, dims, **{**sample_kwargs, **extra}) for name, extra in variants.items()}
+    out = {
+        name: sample_on_rank(model, cond, uncond, dims, **{**sample_kwargs, **extra})
+        for name, extra in variants.items()
+    }
     for name, bug in (bugs or {}).items():
         with bug():
             out[name] = sample_on_rank(model, cond, uncond, dims, **sample_kwargs)

@@ -15,10 +15,11 @@ With the cp overlay the same loop runs on a sequence shard: each rank holds
 over its cp group, and the cfgp swap moves a shard-sized tensor between
 cfgp peers that hold the same shard.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,10 @@ from paralab import cp
 from paralab.models import Attention, full_attention
 from paralab.parallel_dims import ParallelDims
 
-def cfg_combine(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+
+def cfg_combine(
+    cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float
+) -> torch.Tensor:
     """Classifier-free guidance. Both cfgp ranks call it with the SAME argument order,
     so both compute the same float64 operations and get the same bits."""
     ### BEGIN SOLUTION
@@ -84,7 +88,9 @@ def predict_branches(model, x, t, cond, uncond, **forward) -> tuple[torch.Tensor
     return model(x, t, cond, **forward), model(x, t, uncond, **forward)
 
 
-def predict_branches_batched(model, x, t, cond, uncond, **forward) -> tuple[torch.Tensor, torch.Tensor]:
+def predict_branches_batched(
+    model, x, t, cond, uncond, **forward
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The usual single-GPU trick: both branches in ONE forward at batch 2. Faster, but every
     matmul now sees twice the rows, and a kernel may sum in another order for that shape."""
     both = model(torch.cat([x, x]), t, torch.cat([cond, uncond]), **forward)
@@ -97,7 +103,9 @@ def predict_cfgp(model, x, t, cond, uncond, *, group, exchange: str = "p2p", **f
     mine = model(x, t, cond if is_cond_rank else uncond, **forward)
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got exchange={exchange!r}")
-    swap = exchange_prediction if exchange == "p2p" else exchange_prediction_all_gather  # looked up at call time
+    swap = (
+        exchange_prediction if exchange == "p2p" else exchange_prediction_all_gather
+    )  # looked up at call time
     theirs = swap(mine, group)
     return (mine, theirs) if is_cond_rank else (theirs, mine)
 
@@ -112,7 +120,9 @@ def initial_latent(shape: tuple[int, ...], seed: int, pd: ParallelDims | None) -
         shard = shard_latent(draw_noise(shape, seed), pd).contiguous()
     else:
         tokens = shape[1] // pd.cp_size
-        shard = torch.empty((shape[0], tokens, *shape[2:]), dtype=torch.float64)  # filled by the broadcast
+        shard = torch.empty(
+            (shape[0], tokens, *shape[2:]), dtype=torch.float64
+        )  # filled by the broadcast
     return broadcast_noise(shard, pd.cfgp_mesh.get_group())
     ### END SOLUTION
 
@@ -135,7 +145,10 @@ def gather_latent(shard: torch.Tensor, pd: ParallelDims | None) -> torch.Tensor:
 
 
 def cp_forward_kwargs(
-    pd: ParallelDims | None, tokens: int, cp_attention: str = "ring", attention: Attention = full_attention
+    pd: ParallelDims | None,
+    tokens: int,
+    cp_attention: str = "ring",
+    attention: Attention = full_attention,
 ) -> dict:
     """What the denoiser needs on a cp rank: the cp attention and the global positions of its shard.
     Without cp, the local `attention` over the whole sequence."""
@@ -147,27 +160,40 @@ def cp_forward_kwargs(
         "ulysses": functools.partial(cp.ulysses_attention, group=group),
     }
     if cp_attention not in kinds:
-        raise ValueError(f"cp_attention must be 'ring' or 'ulysses', got cp_attention={cp_attention!r}")
+        raise ValueError(
+            f"cp_attention must be 'ring' or 'ulysses', got cp_attention={cp_attention!r}"
+        )
     positions = cp.shard_sequence(torch.arange(tokens), pd.cp_rank, pd.cp_size, dim=0)
     return {"attention": kinds[cp_attention], "positions": positions}
 
 
-def branch_predictor(pd: ParallelDims | None, exchange: str = "p2p", batch_branches: bool = False) -> Callable:
+def branch_predictor(
+    pd: ParallelDims | None, exchange: str = "p2p", batch_branches: bool = False
+) -> Callable:
     """Who predicts what. cfgp == 2: this rank runs its own branch and swaps (`predict_cfgp`).
     Otherwise both branches run here, each at batch 1, or in one batch-2 forward (`batch_branches`)."""
     if pd is not None and pd.cfgp_enabled:
         if batch_branches:
-            raise ValueError("batch_branches needs both branches on one rank; with cfgp=2 each rank runs one")
+            raise ValueError(
+                "batch_branches needs both branches on one rank; with cfgp=2 each rank runs one"
+            )
         return functools.partial(predict_cfgp, group=pd.cfgp_mesh.get_group(), exchange=exchange)
     return predict_branches_batched if batch_branches else predict_branches
 
 
 @torch.no_grad()
 def sample(
-    model: torch.nn.Module, cond: torch.Tensor, uncond: torch.Tensor, *,
-    steps: int, guidance_scale: float, seed: int,
+    model: torch.nn.Module,
+    cond: torch.Tensor,
+    uncond: torch.Tensor,
+    *,
+    steps: int,
+    guidance_scale: float,
+    seed: int,
     parallel_dims: ParallelDims | None = None,
-    exchange: str = "p2p", cp_attention: str = "ring", attention: Attention = full_attention,
+    exchange: str = "p2p",
+    cp_attention: str = "ring",
+    attention: Attention = full_attention,
     batch_branches: bool = False,
     trajectory: list | None = None,
 ) -> torch.Tensor:

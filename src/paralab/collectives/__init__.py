@@ -6,8 +6,19 @@
   process expects, forward and backward.
 - `costs`: the closed-form bytes each rank sends.
 """
-from paralab.collectives.costs import all_gather_bytes, all_reduce_bytes, all_to_all_bytes, reduce_scatter_bytes
-from paralab.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_shift
+
+from paralab.collectives.costs import (
+    all_gather_bytes,
+    all_reduce_bytes,
+    all_to_all_bytes,
+    reduce_scatter_bytes,
+)
+from paralab.collectives.ring import (
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_shift,
+)
 
 __all__ = [
     "all_gather_bytes",

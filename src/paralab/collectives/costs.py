@@ -13,6 +13,7 @@ rank sends one chunk to its right neighbour:
 For large n every rank sends about S (2S for all-reduce), whatever n is: that is
 why the ring is called bandwidth-optimal.
 """
+
 from __future__ import annotations
 
 

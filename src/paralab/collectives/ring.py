@@ -7,21 +7,31 @@ c is the one rank c ends up owning after the reduce-scatter.
 gradient back the way the value came (send's backward is a recv), the pattern
 ring attention's hand-written backward follows.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
 
-def _exchange(outgoing: torch.Tensor, group: dist.ProcessGroup | None, step: int = 1) -> torch.Tensor:
+def _exchange(
+    outgoing: torch.Tensor, group: dist.ProcessGroup | None, step: int = 1
+) -> torch.Tensor:
     """Send `outgoing` to rank+step, return what rank-step sent (one batched isend/irecv pair)."""
     group = group or dist.group.WORLD
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     incoming = torch.empty_like(outgoing)
-    works = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, outgoing.contiguous(), dist.get_global_rank(group, (rank + step) % n), group),
-        dist.P2POp(dist.irecv, incoming, dist.get_global_rank(group, (rank - step) % n), group),
-    ])
+    works = dist.batch_isend_irecv(
+        [
+            dist.P2POp(
+                dist.isend,
+                outgoing.contiguous(),
+                dist.get_global_rank(group, (rank + step) % n),
+                group,
+            ),
+            dist.P2POp(dist.irecv, incoming, dist.get_global_rank(group, (rank - step) % n), group),
+        ]
+    )
     for work in works:
         work.wait()
     return incoming
@@ -58,11 +68,11 @@ class _RingShift(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.group = group
-        return _exchange(x, group, step=1)   # send to rank+1, receive from rank-1
+        return _exchange(x, group, step=1)  # send to rank+1, receive from rank-1
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _exchange(grad_out, ctx.group, step=-1), None   # the gradient goes back: to rank-1
+        return _exchange(grad_out, ctx.group, step=-1), None  # the gradient goes back: to rank-1
 
 
 def ring_shift(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:

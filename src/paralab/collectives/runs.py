@@ -14,17 +14,23 @@ The collectives are the ones the suite calls, by their torch names:
 | all_to_all | `all_to_all_single` | Ulysses seq <-> heads |
 | broadcast | `broadcast` | cfgp's shared noise |
 | send_recv | `batch_isend_irecv` of `P2POp(isend)` + `P2POp(irecv)` | ring attention, cfgp swap, lb exchange |
-"""
+"""  # noqa: E501 - table rows, one line each
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
 
-from paralab.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_shift
+from paralab.collectives.ring import (
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_shift,
+)
 from paralab.ledger import Ledger, Record
 from paralab.tables import text_table
 
@@ -55,28 +61,31 @@ def apply_collective(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
         dist.all_gather_into_tensor(out, x)
     elif op == "reduce_scatter":
         out = torch.empty(x.numel() // n, dtype=x.dtype)
-        dist.reduce_scatter_tensor(out, x)          # op defaults to SUM
+        dist.reduce_scatter_tensor(out, x)  # op defaults to SUM
     elif op == "all_reduce":
         out = x.clone()
-        dist.all_reduce(out)                        # in place, SUM
+        dist.all_reduce(out)  # in place, SUM
     elif op == "all_to_all":
         out = torch.empty_like(x)
-        dist.all_to_all_single(out, x)              # slice j of dim 0 goes to rank j
+        dist.all_to_all_single(out, x)  # slice j of dim 0 goes to rank j
     elif op == "broadcast":
         out = x.clone()
-        dist.broadcast(out, src=0)                  # rank 0's tensor overwrites everyone's
+        dist.broadcast(out, src=0)  # rank 0's tensor overwrites everyone's
     elif op == "send_recv":
         rank = dist.get_rank()
         out = torch.empty_like(x)
-        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % n),
-                                            dist.P2POp(dist.irecv, out, (rank - 1) % n)]):
+        for work in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, x, (rank + 1) % n), dist.P2POp(dist.irecv, out, (rank - 1) % n)]
+        ):
             work.wait()
     else:
         raise ValueError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
     return out
 
 
-def forward_job(collective: Callable = apply_collective, ops: tuple[str, ...] = OPS) -> dict[str, torch.Tensor]:
+def forward_job(
+    collective: Callable = apply_collective, ops: tuple[str, ...] = OPS
+) -> dict[str, torch.Tensor]:
     """On every rank: each collective applied to this rank's input; also the two other all-gather spellings.
 
     `collective` is `apply_collective` unless a reader passes an edited copy.
@@ -131,26 +140,26 @@ def differentiable_collective(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
 def mirror(op: str, grad_out: torch.Tensor, n: int) -> torch.Tensor:
     """The backward written with plain collectives: the forward's mirror applied to the output gradient."""
     rank = dist.get_rank()
-    if op == "all_gather":                      # all-gather <-> reduce-scatter
+    if op == "all_gather":  # all-gather <-> reduce-scatter
         grad_in = torch.empty(grad_out.numel() // n, dtype=grad_out.dtype)
         dist.reduce_scatter_tensor(grad_in, grad_out)
-    elif op == "reduce_scatter":                # reduce-scatter <-> all-gather
+    elif op == "reduce_scatter":  # reduce-scatter <-> all-gather
         grad_in = torch.empty(n * grad_out.numel(), dtype=grad_out.dtype)
         dist.all_gather_into_tensor(grad_in, grad_out)
-    elif op == "all_reduce":                    # all-reduce <-> all-reduce
+    elif op == "all_reduce":  # all-reduce <-> all-reduce
         grad_in = grad_out.clone()
         dist.all_reduce(grad_in)
-    elif op == "all_to_all":                    # all-to-all <-> all-to-all, input/output splits swapped
+    elif op == "all_to_all":  # all-to-all <-> all-to-all, input/output splits swapped
         grad_in = torch.empty_like(grad_out)
         dist.all_to_all_single(grad_in, grad_out)
-    elif op == "broadcast":                     # broadcast <-> reduce to the root; the others' input was unused
+    elif op == "broadcast":  # broadcast <-> reduce to the root; the others' input was unused
         grad_in = grad_out.clone()
         dist.reduce(grad_in, dst=0)
         grad_in = grad_in if rank == 0 else torch.zeros_like(grad_in)
-    elif op == "send_recv":                     # send <-> recv: the gradient goes back to rank-1
+    elif op == "send_recv":  # send <-> recv: the gradient goes back to rank-1
         grad_in = torch.empty_like(grad_out)
         to_prev, from_next = (rank - 1) % n, (rank + 1) % n
-        if rank % 2 == 0:                       # blocking calls: half the ring sends first, or all would wait
+        if rank % 2 == 0:  # blocking calls: half the ring sends first, or all would wait
             dist.send(grad_out, to_prev)
             dist.recv(grad_in, from_next)
         else:
@@ -170,7 +179,7 @@ def backward_job(mirror: Callable = mirror, ops: tuple[str, ...] = OPS) -> dict[
     n, rank = dist.get_world_size(), dist.get_rank()
     out = {}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")         # torch deprecates some of these in favour of funcol
+        warnings.simplefilter("ignore")  # torch deprecates some of these in favour of funcol
         for op in ops:
             x = op_input(op, rank, n).requires_grad_()
             grad_out = upstream_grad(op, rank, n)
@@ -179,24 +188,28 @@ def backward_job(mirror: Callable = mirror, ops: tuple[str, ...] = OPS) -> dict[
                     y = differentiable_collective(op, x, n)
                 with ledger.phase("backward"):
                     (y * grad_out).sum().backward()
-            out[op] = {"autograd": x.grad, "mirror": mirror(op, grad_out, n), "records": ledger.records}
+            out[op] = {
+                "autograd": x.grad,
+                "mirror": mirror(op, grad_out, n),
+                "records": ledger.records,
+            }
     return out
 
 
 def expected_backward(op: str, n: int) -> list[torch.Tensor]:
     """d(sum of output * upstream grad)/d(input) on each rank, in one process, from the definitions."""
     g = [upstream_grad(op, r, n) for r in range(n)]
-    if op == "all_gather":                      # input of rank r feeds slot r of every rank's output
+    if op == "all_gather":  # input of rank r feeds slot r of every rank's output
         return [torch.stack([g[s][r] for s in range(n)]).sum().reshape(1) for r in range(n)]
-    if op == "reduce_scatter":                  # chunk c of every input feeds rank c's output
+    if op == "reduce_scatter":  # chunk c of every input feeds rank c's output
         return [torch.cat(g)] * n
     if op == "all_reduce":
         return [sum(g)] * n
-    if op == "all_to_all":                      # slot c of rank r went to rank c, slot r
+    if op == "all_to_all":  # slot c of rank r went to rank c, slot r
         return [torch.stack([g[c][r] for c in range(n)]) for r in range(n)]
-    if op == "broadcast":                       # only the root's input reaches any output
+    if op == "broadcast":  # only the root's input reaches any output
         return [sum(g) if r == 0 else torch.zeros(n, dtype=torch.float64) for r in range(n)]
-    if op == "send_recv":                       # rank r's input became rank r+1's output
+    if op == "send_recv":  # rank r's input became rank r+1's output
         return [g[(r + 1) % n] for r in range(n)]
     raise ValueError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
 
@@ -207,7 +220,10 @@ def calls_by_phase(records: list[Record]) -> dict[str, str]:
     for r in records:
         counts = summary.setdefault(r.phase, {})
         counts[r.op] = counts.get(r.op, 0) + 1
-    return {phase: ", ".join(f"{op} x{k}" for op, k in counts.items()) for phase, counts in summary.items()}
+    return {
+        phase: ", ".join(f"{op} x{k}" for op, k in counts.items())
+        for phase, counts in summary.items()
+    }
 
 
 # ------------------------------------------------------------------------------ ring cost
@@ -242,7 +258,12 @@ def ring_cost_job(numel: int) -> dict[str, dict]:
                 else:
                     theirs = x.clone()
                     dist.all_reduce(theirs)
-        out[name] = {"by_hand": mine, "torch": theirs, "records": ledger.records, "torch_op": torch_op}
+        out[name] = {
+            "by_hand": mine,
+            "torch": theirs,
+            "records": ledger.records,
+            "torch_op": torch_op,
+        }
     return out
 
 
@@ -253,5 +274,7 @@ def _ints(t: torch.Tensor) -> str:
 
 def before_after_table(before: list[torch.Tensor], after: list[torch.Tensor]) -> str:
     """One row per rank: what it held before the collective and after it, as integers."""
-    return text_table(("rank", "before", "after"),
-                      [(r, _ints(b), _ints(a)) for r, (b, a) in enumerate(zip(before, after))])
+    return text_table(
+        ("rank", "before", "after"),
+        [(r, _ints(b), _ints(a)) for r, (b, a) in enumerate(zip(before, after))],
+    )

@@ -12,7 +12,9 @@ Both are `torch.autograd.Function`s with a hand-written backward in a fixed
 collective order (autograd cannot see a send, and independent differentiable
 collectives may be issued in different orders on different ranks).
 """
+
 from paralab.cp.blocks import attention_block, attention_block_backward, merge_partials
+from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.cp.layout import (
     block_kind,
     causal_work,
@@ -23,7 +25,6 @@ from paralab.cp.layout import (
     unshard_sequence,
 )
 from paralab.cp.ring import ring_attention
-from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.cp.ulysses import ulysses_attention
 
 __all__ = [

@@ -14,6 +14,7 @@ The backward needs, per block, only the final `lse` and `delta = rowsum(dout * o
     dQ += dS K_B * scale,   dK_B = dS^T Q * scale
 so each block's gradient can be computed wherever its K/V happen to be.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,12 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diagonal: bool) -> t
 
 
 def attention_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, diagonal: bool = False, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    diagonal: bool = False,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of softmax attention of q over one block of keys; `diagonal` = causal triangle."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -57,8 +63,13 @@ def merge_partials(
     """
     ### BEGIN SOLUTION
     new_lse = torch.logaddexp(lse, block_lse)
-    finite = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)  # both weights then exp(-inf) = 0
-    out = torch.exp(lse - finite).unsqueeze(-1) * out + torch.exp(block_lse - finite).unsqueeze(-1) * block_out
+    finite = torch.where(
+        torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse
+    )  # both weights then exp(-inf) = 0
+    out = (
+        torch.exp(lse - finite).unsqueeze(-1) * out
+        + torch.exp(block_lse - finite).unsqueeze(-1) * block_out
+    )
     ### END SOLUTION
     return out, new_lse
 

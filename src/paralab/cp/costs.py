@@ -12,6 +12,7 @@ S = bytes of one rank's shard of ONE of q, k, v: batch * heads * (seq/cp) * head
 
 In USP the ring's K/V block is still S bytes: H/u heads of N/c tokens.
 """
+
 from __future__ import annotations
 
 

@@ -8,6 +8,7 @@ and does the same amount of causal work.
 Everything here is pure bookkeeping (no communication), shared by the ring
 algorithm, the tests and the pictures, so the picture shows what the code does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,12 +32,18 @@ def check_sequence_divisible(seq_len: int, cp: int, *, zigzag: bool, dim: int = 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, who: str) -> None:
     """q, k, v must be 4-D (batch, heads, seq, head_dim) shards of the same shape."""
     if q.dim() != 4:
-        raise ValueError(f"{who}: q must be (batch, heads, seq, head_dim), got {q.dim()} dims {tuple(q.shape)}")
+        raise ValueError(
+            f"{who}: q must be (batch, heads, seq, head_dim), got {q.dim()} dims {tuple(q.shape)}"
+        )
     if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"{who}: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"{who}: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
 
 
-def shard_sequence(x: torch.Tensor, rank: int, cp: int, *, dim: int = 2, zigzag: bool = False) -> torch.Tensor:
+def shard_sequence(
+    x: torch.Tensor, rank: int, cp: int, *, dim: int = 2, zigzag: bool = False
+) -> torch.Tensor:
     """This rank's slice of the sequence (a copy), contiguous or zigzag."""
     check_sequence_divisible(x.shape[dim], cp, zigzag=zigzag, dim=dim)
     if not 0 <= rank < cp:
@@ -45,7 +52,9 @@ def shard_sequence(x: torch.Tensor, rank: int, cp: int, *, dim: int = 2, zigzag:
     return torch.cat([chunks[c] for c in chunk_ids(rank, cp, zigzag=zigzag)], dim=dim)
 
 
-def unshard_sequence(shards: list[torch.Tensor], *, dim: int = 2, zigzag: bool = False) -> torch.Tensor:
+def unshard_sequence(
+    shards: list[torch.Tensor], *, dim: int = 2, zigzag: bool = False
+) -> torch.Tensor:
     """The full sequence from every rank's shard (index = rank): the inverse of `shard_sequence`."""
     cp = len(shards)
     if not zigzag:
@@ -75,7 +84,9 @@ def block_kind(q_chunk: int, kv_chunk: int, *, causal: bool) -> str:
     return DIAGONAL if kv_chunk == q_chunk else SKIP
 
 
-def ring_blocks(rank: int, step: int, cp: int, *, causal: bool, zigzag: bool) -> list[tuple[int, int, str]]:
+def ring_blocks(
+    rank: int, step: int, cp: int, *, causal: bool, zigzag: bool
+) -> list[tuple[int, int, str]]:
     """The (local query chunk, local K/V chunk, kind) blocks computed at one ring step; SKIP ones omitted."""
     q_chunks = chunk_ids(rank, cp, zigzag=zigzag)
     kv_chunks = chunk_ids(kv_source(rank, step, cp), cp, zigzag=zigzag)
@@ -91,5 +102,7 @@ def ring_blocks(rank: int, step: int, cp: int, *, causal: bool, zigzag: bool) ->
 def causal_work(rank: int, step: int, cp: int, *, causal: bool, zigzag: bool) -> float:
     """Attention work at one step, in units of a full shard-by-shard block (a triangle counts half)."""
     chunk_area = 1 / len(chunk_ids(0, cp, zigzag=zigzag)) ** 2
-    return sum(chunk_area * (0.5 if kind == DIAGONAL else 1.0)
-               for _, _, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag))
+    return sum(
+        chunk_area * (0.5 if kind == DIAGONAL else 1.0)
+        for _, _, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag)
+    )

@@ -11,6 +11,7 @@ the dK/dV of each block, accumulated by every rank that attends to it and
 delivered home after cp-1 hops; each rank keeps its own contribution to its own
 block at home instead of sending it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,9 @@ from paralab.cp.layout import DIAGONAL, check_qkv, ring_blocks
 KV_TAG, DKV_TAG = 0, 1
 
 
-def ring_pass(t: torch.Tensor, group: dist.ProcessGroup | None, tag: int) -> tuple[torch.Tensor, list]:
+def ring_pass(
+    t: torch.Tensor, group: dist.ProcessGroup | None, tag: int
+) -> tuple[torch.Tensor, list]:
     """Start sending `t` to the next rank and receiving the previous rank's; returns (buffer, works)."""
     ### BEGIN SOLUTION
     group = group or dist.group.WORLD
@@ -30,10 +33,12 @@ def ring_pass(t: torch.Tensor, group: dist.ProcessGroup | None, tag: int) -> tup
     to_next = dist.get_global_rank(group, (rank + 1) % cp)
     from_prev = dist.get_global_rank(group, (rank - 1) % cp)
     received = torch.empty_like(t)
-    works = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, t, to_next, group, tag),
-        dist.P2POp(dist.irecv, received, from_prev, group, tag),
-    ])
+    works = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, t, to_next, group, tag),
+            dist.P2POp(dist.irecv, received, from_prev, group, tag),
+        ]
+    )
     ### END SOLUTION
     return received, works
 
@@ -49,7 +54,12 @@ def _chunks(x: torch.Tensor, zigzag: bool) -> tuple[torch.Tensor, ...]:
 
 
 def ring_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None, causal: bool, zigzag: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    causal: bool,
+    zigzag: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of this rank's queries against the whole sequence's keys."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -61,7 +71,9 @@ def ring_forward(
             next_kv, works = ring_pass(kv, group, KV_TAG)
         k_chunks, v_chunks = _chunks(kv[0], zigzag), _chunks(kv[1], zigzag)
         for i, j, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag):
-            block = attention_block(q_chunks[i], k_chunks[j], v_chunks[j], diagonal=kind == DIAGONAL)
+            block = attention_block(
+                q_chunks[i], k_chunks[j], v_chunks[j], diagonal=kind == DIAGONAL
+            )
             partial[i] = block if partial[i] is None else merge_partials(*partial[i], *block)
         if step < cp - 1:
             _wait(works)
@@ -87,7 +99,11 @@ def ring_backward(
     delta = (dout * out).sum(dim=-1)
     dq = torch.zeros_like(q)
     q_chunks, dq_chunks = _chunks(q, zigzag), _chunks(dq, zigzag)
-    dout_chunks, lse_chunks, delta_chunks = _chunks(dout, zigzag), _chunks(lse, zigzag), _chunks(delta, zigzag)
+    dout_chunks, lse_chunks, delta_chunks = (
+        _chunks(dout, zigzag),
+        _chunks(lse, zigzag),
+        _chunks(delta, zigzag),
+    )
     kv = torch.stack([k, v])
     dkv_travelling, dkv_works = None, None
     for step in range(cp):
@@ -98,7 +114,12 @@ def ring_backward(
         dk_chunks, dv_chunks = _chunks(dkv[0], zigzag), _chunks(dkv[1], zigzag)
         for i, j, kind in ring_blocks(rank, step, cp, causal=causal, zigzag=zigzag):
             dq_ij, dk_ij, dv_ij = attention_block_backward(
-                dout_chunks[i], q_chunks[i], k_chunks[j], v_chunks[j], lse_chunks[i], delta_chunks[i],
+                dout_chunks[i],
+                q_chunks[i],
+                k_chunks[j],
+                v_chunks[j],
+                lse_chunks[i],
+                delta_chunks[i],
                 diagonal=kind == DIAGONAL,
             )
             dq_chunks[i].add_(dq_ij)
@@ -133,7 +154,9 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.group, ctx.causal, ctx.zigzag)
+        dq, dk, dv = ring_backward(
+            dout.contiguous(), q, k, v, out, lse, ctx.group, ctx.causal, ctx.zigzag
+        )
         return dq, dk, dv, None, None, None
 
 
@@ -157,4 +180,6 @@ def ring_attention(
             f"ring_attention(zigzag=True): local sequence length {q.shape[2]} (dim 2) is odd; "
             "a zigzag shard is two equal chunks (cut it with shard_sequence(..., zigzag=True))"
         )
-    return RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), group, causal, zigzag)
+    return RingAttention.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), group, causal, zigzag
+    )

@@ -7,22 +7,24 @@ and returns what the checks need; `sdpa_reference` and `one_process_blocks`
 `assemble` puts the ranks' results back into full tensors; `check_config` and
 `check_bytes` are the verdicts the notebook prints and the tests assert.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import Callable, ContextManager
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from paralab.check import Verdict, compare
 from paralab.cp.blocks import attention_block, attention_block_backward
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.cp.layout import shard_sequence, unshard_sequence
 from paralab.cp.ring import ring_attention
 from paralab.cp.ulysses import LAYOUTS, ulysses_attention
-from paralab.check import Verdict, compare
 from paralab.ledger import Ledger, sent
 from paralab.parallel_dims import ParallelDims
 
@@ -45,11 +47,15 @@ class CPConfig:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "ulysses"):
-            raise ValueError(f"CPConfig: algorithm must be 'ring' or 'ulysses', got {self.algorithm!r}")
+            raise ValueError(
+                f"CPConfig: algorithm must be 'ring' or 'ulysses', got {self.algorithm!r}"
+            )
         if self.layout not in LAYOUTS:
             raise ValueError(f"CPConfig: layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.algorithm == "ring" and self.layout != "sequence_sharded":
-            raise ValueError("CPConfig: the ring takes sequence shards only (layout is a Ulysses option)")
+            raise ValueError(
+                "CPConfig: the ring takes sequence shards only (layout is a Ulysses option)"
+            )
         if self.algorithm == "ulysses" and self.zigzag:
             raise ValueError("CPConfig: Ulysses takes contiguous shards (zigzag is a ring option)")
 
@@ -60,35 +66,52 @@ class CPConfig:
 
     @property
     def name(self) -> str:
-        layout = ("zigzag" if self.zigzag else "contiguous") if self.algorithm == "ring" else self.layout
+        layout = (
+            ("zigzag" if self.zigzag else "contiguous") if self.algorithm == "ring" else self.layout
+        )
         return f"{self.algorithm} {'causal' if self.causal else 'full'} {layout}"
 
 
 CONFIGS = [
-    CPConfig("ring", causal=False), CPConfig("ring", causal=True),
-    CPConfig("ring", causal=True, zigzag=True), CPConfig("ring", causal=False, zigzag=True),
-    CPConfig("ulysses", causal=False), CPConfig("ulysses", causal=True),
-    CPConfig("ulysses", causal=False, layout="replicated"), CPConfig("ulysses", causal=True, layout="replicated"),
+    CPConfig("ring", causal=False),
+    CPConfig("ring", causal=True),
+    CPConfig("ring", causal=True, zigzag=True),
+    CPConfig("ring", causal=False, zigzag=True),
+    CPConfig("ulysses", causal=False),
+    CPConfig("ulysses", causal=True),
+    CPConfig("ulysses", causal=False, layout="replicated"),
+    CPConfig("ulysses", causal=True, layout="replicated"),
 ]
 
 
-def rank_inputs(full: list[torch.Tensor], config: CPConfig, rank: int, cp: int) -> list[torch.Tensor]:
+def rank_inputs(
+    full: list[torch.Tensor], config: CPConfig, rank: int, cp: int
+) -> list[torch.Tensor]:
     """This rank's q, k, v, dout: its sequence shard of each, or a copy of each when replicated."""
     if config.replicated:
         return [t.clone() for t in full]
     return [shard_sequence(t, rank, cp, zigzag=config.zigzag) for t in full]
 
 
-def attend(config: CPConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def attend(
+    config: CPConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """The package's ring or Ulysses attention, as `config` says."""
     if config.algorithm == "ring":
         return ring_attention(q, k, v, group, causal=config.causal, zigzag=config.zigzag)
     return ulysses_attention(q, k, v, group, causal=config.causal, layout=config.layout)
 
 
-def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: int | None = None,
-              during_backward: Callable[[], ContextManager] | None = None) -> dict:
+def cp_worker(
+    full: list[torch.Tensor],
+    configs: list[CPConfig],
+    probe_heads: int | None = None,
+    during_backward: Callable[[], ContextManager] | None = None,
+) -> dict:
     """On every rank (cp = world): each config forward and backward under the ledger.
 
     Returns per config this rank's out, dq, dk, dv and ledger records; with
@@ -108,7 +131,9 @@ def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: in
                 out = attend(config, q, k, v, group)
             with led.phase("backward"), (during_backward or contextlib.nullcontext)():
                 out.backward(dout)
-        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records})
+        results.append(
+            {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records}
+        )
     heads_error = None
     if probe_heads is not None:
         bad = torch.zeros(1, probe_heads, 2 * cp, 3, dtype=torch.float64)
@@ -119,8 +144,12 @@ def cp_worker(full: list[torch.Tensor], configs: list[CPConfig], probe_heads: in
     return {"results": results, "heads_error": heads_error}
 
 
-def correct_and_buggy(full: list[torch.Tensor], config: CPConfig, bug: Callable[[], ContextManager],
-                      backward_only: bool = True) -> tuple[dict, dict]:
+def correct_and_buggy(
+    full: list[torch.Tensor],
+    config: CPConfig,
+    bug: Callable[[], ContextManager],
+    backward_only: bool = True,
+) -> tuple[dict, dict]:
     """On every rank: one config twice on the same inputs, the package's code, then with `bug()` planted
     (around the backward only, or around the whole run). Returns this rank's two results."""
     correct = cp_worker(full, [config])["results"][0]
@@ -161,14 +190,23 @@ def bytes_formula(config: CPConfig, shape: tuple[int, int, int, int], cp: int) -
     return ulysses_bytes(s, cp, config.layout)
 
 
-def stacked(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], cp: int | None = None,
-            relative: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def stacked(
+    tensors: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor],
+    cp: int | None = None,
+    relative: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """out, dq, dk, dv stacked into one tensor, each divided by its reference's largest magnitude
     (`relative`), so that one bound fits all four; `cp` (replicated results: one copy per cp rank)
     repeats the reference cp times."""
     scale = {n: reference[n].abs().max() if relative else 1 for n in GRADS}
-    ref = {n: reference[n] if cp is None else reference[n].expand(cp, *reference[n].shape) for n in GRADS}
-    return torch.stack([tensors[n] / scale[n] for n in GRADS]), torch.stack([ref[n] / scale[n] for n in GRADS])
+    ref = {
+        n: reference[n] if cp is None else reference[n].expand(cp, *reference[n].shape)
+        for n in GRADS
+    }
+    return torch.stack([tensors[n] / scale[n] for n in GRADS]), torch.stack(
+        [ref[n] / scale[n] for n in GRADS]
+    )
 
 
 def check_config(per_rank: list[dict], config: CPConfig, full: list[torch.Tensor]) -> list[Verdict]:
@@ -177,11 +215,16 @@ def check_config(per_rank: list[dict], config: CPConfig, full: list[torch.Tensor
     cp = len(per_rank)
     got = assemble(per_rank, config)
     copies = cp if config.replicated else None
-    verdicts = compare(*stacked(got, sdpa_reference(full, config.causal), copies), atol=1e-12,
-                       name=f"cp={cp} {config.name} vs SDPA")
+    verdicts = compare(
+        *stacked(got, sdpa_reference(full, config.causal), copies),
+        atol=1e-12,
+        name=f"cp={cp} {config.name} vs SDPA",
+    )
     if config.algorithm == "ulysses":
-        verdicts += compare(*stacked(got, one_process_blocks(full, config.causal), copies, relative=False),
-                            name=f"cp={cp} {config.name} vs attention_block, bitwise")
+        verdicts += compare(
+            *stacked(got, one_process_blocks(full, config.causal), copies, relative=False),
+            name=f"cp={cp} {config.name} vs attention_block, bitwise",
+        )
     return verdicts
 
 
@@ -190,9 +233,13 @@ def bytes_sent(per_rank: list[dict]) -> torch.Tensor:
     return torch.tensor([[sent(r["records"], phase=p) for r in per_rank] for p in PHASES])
 
 
-def check_bytes(per_rank: list[dict], config: CPConfig, shape: tuple[int, int, int, int]) -> list[Verdict]:
+def check_bytes(
+    per_rank: list[dict], config: CPConfig, shape: tuple[int, int, int, int]
+) -> list[Verdict]:
     """Bytes sent by every rank in each phase vs `bytes_formula` (exact)."""
     cp = len(per_rank)
     want = bytes_formula(config, shape, cp)
     expected = torch.tensor([[want[p]] * cp for p in PHASES])
-    return compare(bytes_sent(per_rank), expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]")
+    return compare(
+        bytes_sent(per_rank), expected, name=f"cp={cp} {config.name} bytes sent [phase, rank]"
+    )

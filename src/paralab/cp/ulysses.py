@@ -17,6 +17,7 @@ layout="replicated" (every cp rank holds the full sequence, in and out):
 Ulysses expects contiguous shards (after the all-to-all the sequence is in rank
 order) and needs no load balancing: every rank attends over the full sequence.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,9 @@ LAYOUTS = ("sequence_sharded", "replicated")
 def check_heads_divisible(heads: int, cp: int) -> None:
     """Ulysses gives every cp rank heads/cp whole heads."""
     if heads % cp:
-        raise ValueError(f"ulysses_attention: heads = {heads} (dim 1) is not divisible by cp = {cp}")
+        raise ValueError(
+            f"ulysses_attention: heads = {heads} (dim 1) is not divisible by cp = {cp}"
+        )
 
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -94,7 +97,11 @@ def gather_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tens
     cp = dist.get_world_size(group)
     gathered = torch.empty((cp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_single(gathered, x.contiguous(), group=group)  # [i*b:(i+1)*b] = rank i's heads
-    return gathered.reshape(cp, *x.shape).transpose(0, 1).reshape(x.shape[0], cp * x.shape[1], *x.shape[2:])
+    return (
+        gathered.reshape(cp, *x.shape)
+        .transpose(0, 1)
+        .reshape(x.shape[0], cp * x.shape[1], *x.shape[2:])
+    )
 
 
 class UlyssesAttention(torch.autograd.Function):
@@ -107,7 +114,11 @@ class UlyssesAttention(torch.autograd.Function):
         out_heads, lse = attention_block(qh, kh, vh, diagonal=causal)
         ctx.save_for_backward(qh, kh, vh, out_heads, lse)
         ctx.group, ctx.causal, ctx.layout = group, causal, layout
-        return heads_to_seq(out_heads, group) if layout == "sequence_sharded" else gather_heads(out_heads, group)
+        return (
+            heads_to_seq(out_heads, group)
+            if layout == "sequence_sharded"
+            else gather_heads(out_heads, group)
+        )
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
@@ -116,9 +127,18 @@ class UlyssesAttention(torch.autograd.Function):
         sharded = ctx.layout == "sequence_sharded"
         dout_heads = seq_to_heads(dout.contiguous(), group) if sharded else take_heads(dout, group)
         delta = (dout_heads * out_heads).sum(dim=-1)
-        dqh, dkh, dvh = attention_block_backward(dout_heads, qh, kh, vh, lse, delta, diagonal=ctx.causal)
+        dqh, dkh, dvh = attention_block_backward(
+            dout_heads, qh, kh, vh, lse, delta, diagonal=ctx.causal
+        )
         from_heads = heads_to_seq if sharded else gather_heads
-        return from_heads(dqh, group), from_heads(dkh, group), from_heads(dvh, group), None, None, None
+        return (
+            from_heads(dqh, group),
+            from_heads(dkh, group),
+            from_heads(dvh, group),
+            None,
+            None,
+            None,
+        )
 
 
 def ulysses_attention(
@@ -144,7 +164,12 @@ def ulysses_attention(
 
 
 def ulysses_gqa_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Ulysses forward with grouped-query attention: q has H heads, k and v have H_kv (H_kv divides H).
 
@@ -155,7 +180,9 @@ def ulysses_gqa_forward(
     cp = dist.get_world_size(group)
     heads, kv_heads = q.shape[1], k.shape[1]
     if k.shape != v.shape or heads % kv_heads:
-        raise ValueError(f"ulysses_gqa_forward: k, v heads = {kv_heads} must divide q heads = {heads}")
+        raise ValueError(
+            f"ulysses_gqa_forward: k, v heads = {kv_heads} must divide q heads = {heads}"
+        )
     check_heads_divisible(heads, cp)
     if kv_heads % cp:
         raise ValueError(
@@ -164,6 +191,10 @@ def ulysses_gqa_forward(
         )
     qh, kh, vh = (seq_to_heads(t.contiguous(), group) for t in (q, k, v))
     group_size = heads // kv_heads
-    out_heads, _ = attention_block(qh, kh.repeat_interleave(group_size, 1), vh.repeat_interleave(group_size, 1),
-                                   diagonal=causal)
+    out_heads, _ = attention_block(
+        qh,
+        kh.repeat_interleave(group_size, 1),
+        vh.repeat_interleave(group_size, 1),
+        diagonal=causal,
+    )
     return heads_to_seq(out_heads, group)

@@ -7,6 +7,7 @@ Ulysses group is u neighbouring ranks and a ring group is strided by u. After th
 Ulysses group's ranks hold its u contiguous shards, that is one contiguous chunk of the ring.
 Forward only: it shows the composition and its traffic with the package's own pieces.
 """
+
 from __future__ import annotations
 
 import torch

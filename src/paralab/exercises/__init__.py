@@ -18,14 +18,16 @@ in a small function of its own (`ParallelDims.mesh_layouts`,
 one function swapped by `planted`; where the exercise is itself a few lines
 (a ring hop, the guidance combine), a variant is a wrong few-line version.
 """
+
 from __future__ import annotations
 
 import contextlib
 import importlib
 import pkgutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 @dataclass

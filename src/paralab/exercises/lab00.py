@@ -1,4 +1,5 @@
 """Lab 00 exercise: predict every rank's groups, checked against the real DeviceMesh."""
+
 from __future__ import annotations
 
 import random
@@ -9,18 +10,26 @@ from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims, predict_groups
 
 CONFIGS = {
-    8: [dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True),
+    8: [
+        dict(dp_replicate=2, dp_shard=4, cfgp=2, cp=2, lb=2, enable_inference_mode=True),
         dict(dp_shard=2, cp=4, lb=4),
-        dict(dp_shard=4, cfgp=2, cp=4, enable_inference_mode=True)],
+        dict(dp_shard=4, cfgp=2, cp=4, enable_inference_mode=True),
+    ],
     4: [dict(dp_shard=2, cp=2, lb=2), dict(cfgp=2, cp=2, enable_inference_mode=True)],
 }
 
 
 HIDDEN_CONFIGS = {
-    6: [dict(dp_shard=3, cp=2), dict(dp_replicate=3, dp_shard=2, lb=3),
-        dict(dp_shard=2, cfgp=2, cp=3, enable_inference_mode=True)],
-    8: [dict(dp_replicate=2, dp_shard=4, cp=2, lb=2), dict(dp_shard=8, lb=4),
-        dict(dp_replicate=4, dp_shard=2, cfgp=2, cp=2, lb=8, enable_inference_mode=True)],
+    6: [
+        dict(dp_shard=3, cp=2),
+        dict(dp_replicate=3, dp_shard=2, lb=3),
+        dict(dp_shard=2, cfgp=2, cp=3, enable_inference_mode=True),
+    ],
+    8: [
+        dict(dp_replicate=2, dp_shard=4, cp=2, lb=2),
+        dict(dp_shard=8, lb=4),
+        dict(dp_replicate=4, dp_shard=2, cfgp=2, cp=2, lb=8, enable_inference_mode=True),
+    ],
 }
 
 
@@ -29,12 +38,18 @@ def _cases(rank: int, world: int) -> list[tuple]:
 
 
 def _kinds(world: int) -> list[str]:
-    return [f"ParallelDims({world}, {', '.join(f'{k}={v}' for k, v in config.items())})" for config in CONFIGS[world]]
+    return [
+        f"ParallelDims({world}, {', '.join(f'{k}={v}' for k, v in config.items())})"
+        for config in CONFIGS[world]
+    ]
 
 
 def _hidden_cases(rank: int, world: int, seed: int) -> list[tuple]:
     """Two layouts of the world drawn from the seed."""
-    return [(ParallelDims(world, **config), rank) for config in random.Random(seed).sample(HIDDEN_CONFIGS[world], 2)]
+    return [
+        (ParallelDims(world, **config), rank)
+        for config in random.Random(seed).sample(HIDDEN_CONFIGS[world], 2)
+    ]
 
 
 def mesh_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
@@ -50,7 +65,9 @@ def _as_tensors(groups: dict[str, list[int]]) -> dict[str, torch.Tensor]:
 _MESH_LAYOUTS = ParallelDims.mesh_layouts
 
 
-def overlay_cp_before_cfgp(parallel_dims: ParallelDims) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+def overlay_cp_before_cfgp(
+    parallel_dims: ParallelDims,
+) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Bug: the overlay mesh in the other order, (rest, cp, cfgp): cfgp becomes the last, fastest dim."""
     layouts = _MESH_LAYOUTS(parallel_dims)
     (rest, cfgp, cp), _ = layouts["overlay"]
@@ -78,17 +95,26 @@ EXERCISES = [
             "check builds the real meshes on 4 and 8 ranks."
         ),
         hint="return {axis: sorted global ranks of rank's group} for every enabled axis of size > 1, "
-             "computed by arithmetic, the groups the row-major device meshes would build",
+        "computed by arithmetic, the groups the row-major device meshes would build",
         cases=_cases,
         kinds=_kinds,
         hidden=_hidden_cases,
-        hidden_kinds=lambda world: [f"another layout of {world} ranks", f"a second other layout of {world} ranks"],
+        hidden_kinds=lambda world: [
+            f"another layout of {world} ranks",
+            f"a second other layout of {world} ranks",
+        ],
         hidden_world_sizes=(6, 8),
         world_sizes=(4, 8),
         points=2,
         minutes=15,
         solution=mesh_groups,
         normalize=_as_tensors,
-        bugs=[("overlay mesh built as (rest, cp, cfgp): cfgp pairs neighbours", predict_groups_cfgp_last, "cfgp: ")],
+        bugs=[
+            (
+                "overlay mesh built as (rest, cp, cfgp): cfgp pairs neighbours",
+                predict_groups_cfgp_last,
+                "cfgp: ",
+            )
+        ],
     ),
 ]

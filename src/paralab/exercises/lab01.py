@@ -4,6 +4,7 @@ The bug variants are real-world failures of FSDP / HSDP code. The lab's bug
 clinic and tests/test_fsdp_distributed.py import them from here, so each bug is
 written once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,9 @@ LAB = "01_fsdp_hsdp"
 WIDTH, HIDDEN = 2, 3  # one MLPBlock of 17 parameters: padded to 18 on 2 ranks, to 20 on 4
 
 
-def _meshes(world: int, dp_replicate: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+def _meshes(
+    world: int, dp_replicate: int
+) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
     """(shard group, replicate group) of a (dp_replicate, world // dp_replicate) dp mesh."""
     pd = ParallelDims(world, dp_shard=world // dp_replicate, dp_replicate=dp_replicate)
     pd.build_meshes("cpu")
@@ -44,23 +47,36 @@ def _gather_cases(rank: int, world: int) -> list[tuple]:
     for i, dp_replicate in enumerate(_layouts(world)):
         shard_group, _ = _meshes(world, dp_replicate)
         fresh, refill = _unit(10 * i, shard_group), _unit(10 * i + 1, shard_group)
-        refill.full = torch.zeros(refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64)
+        refill.full = torch.zeros(
+            refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64
+        )
         refill.full.untyped_storage().resize_(0)
         cases += [(fresh, shard_group), (refill, shard_group)]
     return cases
 
 
 def _gather_kinds(world: int) -> list[str]:
-    kinds = [f"ZeRO-3 over all {world} ranks: first gather", f"ZeRO-3 over all {world} ranks: refill of freed storage"]
-    return kinds + (["HSDP 2 x 2 (shard groups {0,1} {2,3}): first gather",
-                     "HSDP 2 x 2 (shard groups {0,1} {2,3}): refill of freed storage"] if world == 4 else [])
+    kinds = [
+        f"ZeRO-3 over all {world} ranks: first gather",
+        f"ZeRO-3 over all {world} ranks: refill of freed storage",
+    ]
+    return kinds + (
+        [
+            "HSDP 2 x 2 (shard groups {0,1} {2,3}): first gather",
+            "HSDP 2 x 2 (shard groups {0,1} {2,3}): refill of freed storage",
+        ]
+        if world == 4
+        else []
+    )
 
 
 def _hidden_gather_cases(rank: int, world: int, seed: int) -> list[tuple]:
     """Other parameters (drawn from the seed), sharded over a world whose size does not divide the unit."""
     shard_group, _ = _meshes(world, 1)
     fresh, refill = _unit(seed, shard_group), _unit(seed + 1, shard_group)
-    refill.full = torch.zeros(refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64)
+    refill.full = torch.zeros(
+        refill.shard.numel() * dist.get_world_size(shard_group), dtype=torch.float64
+    )
     refill.full.untyped_storage().resize_(0)
     return [(fresh, shard_group), (refill, shard_group)]
 
@@ -70,13 +86,18 @@ def _layout() -> FlatUnit:
     with torch.device("meta"):
         block = MLPBlock(WIDTH, HIDDEN)
     names, params = zip(*block.named_parameters())
-    return FlatUnit(block, list(names), [p.shape for p in params], sum(p.numel() for p in params), shard=None)
+    return FlatUnit(
+        block, list(names), [p.shape for p in params], sum(p.numel() for p in params), shard=None
+    )
 
 
 def _by_name(full: torch.Tensor) -> dict[str, torch.Tensor]:
     """The gathered flat buffer as the unit's named parameters, plus the padding after them."""
     layout = _layout()
-    return {**{name: t.clone() for name, t in unflatten(layout, full).items()}, "padding": full[layout.numel:].clone()}
+    return {
+        **{name: t.clone() for name, t in unflatten(layout, full).items()},
+        "padding": full[layout.numel :].clone(),
+    }
 
 
 def gather_in_reverse_order(unit: FlatUnit, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -92,7 +113,7 @@ def gather_own_shard_only(unit: FlatUnit, group: dist.ProcessGroup | None) -> to
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     size = unit.shard.numel()
     unit.full = torch.zeros(size * n, dtype=unit.shard.dtype)
-    unit.full[rank * size:(rank + 1) * size] = unit.shard.detach()
+    unit.full[rank * size : (rank + 1) * size] = unit.shard.detach()
     return unit.full
 
 
@@ -101,7 +122,7 @@ def gather_padding_dropped(unit: FlatUnit, group: dist.ProcessGroup | None) -> t
     the gradient the reduce-scatter cuts into equal slices) is no longer a multiple of n."""
     pieces = [torch.empty_like(unit.shard) for _ in range(dist.get_world_size(group))]
     dist.all_gather(pieces, unit.shard.detach(), group=group)
-    unit.full = torch.cat(pieces)[:unit.numel]
+    unit.full = torch.cat(pieces)[: unit.numel]
     return unit.full
 
 
@@ -112,14 +133,17 @@ def _reduce_cases(rank: int, world: int) -> list[tuple]:
     for i, dp_replicate in enumerate(_layouts(world)):
         shard_group, replicate_group = _meshes(world, dp_replicate)
         g = torch.Generator().manual_seed(100 * i + rank)
-        full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
+        full_grad = torch.randn(
+            padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64
+        )
         cases.append((full_grad, shard_group, replicate_group))
     return cases
 
 
 def _reduce_kinds(world: int) -> list[str]:
-    return [f"ZeRO-3 over all {world} ranks"] + (["HSDP 2 x 2: shard groups {0,1} {2,3}, replicas {0,2} {1,3}"]
-                                                  if world == 4 else [])
+    return [f"ZeRO-3 over all {world} ranks"] + (
+        ["HSDP 2 x 2: shard groups {0,1} {2,3}, replicas {0,2} {1,3}"] if world == 4 else []
+    )
 
 
 def _hidden_reduce_cases(rank: int, world: int, seed: int) -> list[tuple]:
@@ -128,7 +152,9 @@ def _hidden_reduce_cases(rank: int, world: int, seed: int) -> list[tuple]:
     for i, dp_replicate in enumerate([1, 2]):
         shard_group, replicate_group = _meshes(world, dp_replicate)
         g = torch.Generator().manual_seed(seed + 100 * i + rank)
-        full_grad = torch.randn(padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64)
+        full_grad = torch.randn(
+            padded_size(_layout().numel, world // dp_replicate), generator=g, dtype=torch.float64
+        )
         cases.append((full_grad, shard_group, replicate_group))
     return cases
 
@@ -140,34 +166,46 @@ def _as_shard_grad(shard_grad: torch.Tensor) -> dict[str, torch.Tensor]:
 _REDUCE_SCATTER_GRADS, _DIVIDE_FACTORS = zero.reduce_scatter_grads, zero.gradient_divide_factors
 
 
-def divide_by_one(shard_group: dist.ProcessGroup | None, replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+def divide_by_one(
+    shard_group: dist.ProcessGroup | None, replicate_group: dist.ProcessGroup | None
+) -> tuple[int, int]:
     """Bug: divide factors of 1: both reductions stay sums."""
     return 1, 1
 
 
-def replicas_divided_by_world(shard_group: dist.ProcessGroup | None,
-                              replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+def replicas_divided_by_world(
+    shard_group: dist.ProcessGroup | None, replicate_group: dist.ProcessGroup | None
+) -> tuple[int, int]:
     """Bug: the replica all-reduce's sum divided by the world size instead of by the number of replicas."""
     return _DIVIDE_FACTORS(shard_group, replicate_group)[0], dist.get_world_size()
 
 
-def reduce_sum_not_mean(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
-                        replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def reduce_sum_not_mean(
+    full_grad: torch.Tensor,
+    shard_group: dist.ProcessGroup | None,
+    replicate_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Bug, one decision swapped (`divide_by_one`): the step is dp_replicate x dp_shard times too large."""
     with planted(zero, gradient_divide_factors=divide_by_one):
         return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 
-def hsdp_divides_twice(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
-                       replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def hsdp_divides_twice(
+    full_grad: torch.Tensor,
+    shard_group: dist.ProcessGroup | None,
+    replicate_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Bug, one decision swapped (`replicas_divided_by_world`): averages in the shard group (/ dp_shard), then
     divides the replicas' sum by the world size: HSDP gradients come out dp_shard times too small."""
     with planted(zero, gradient_divide_factors=replicas_divided_by_world):
         return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 
-def no_replica_all_reduce(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
-                          replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def no_replica_all_reduce(
+    full_grad: torch.Tensor,
+    shard_group: dist.ProcessGroup | None,
+    replicate_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Bug, one decision swapped (the replica group dropped): HSDP without the replica all-reduce, so each
     replica steps on its own half of the batch and the replicas drift apart."""
     return _REDUCE_SCATTER_GRADS(full_grad, shard_group, None)
@@ -191,22 +229,35 @@ EXERCISES = [
             "shard groups of 2 of an HSDP 2x2 mesh), on a 17-parameter unit, fresh and refilled."
         ),
         hint="afterwards unit.full holds every rank's shard in rank order (padding included) and the "
-             "unit's parameters view it; nothing is returned",
+        "unit's parameters view it; nothing is returned",
         cases=_gather_cases,
         kinds=_gather_kinds,
         hidden=_hidden_gather_cases,
-        hidden_kinds=lambda world: [f"other parameters over {world} ranks: first gather",
-                                    f"other parameters over {world} ranks: refill of freed storage"],
+        hidden_kinds=lambda world: [
+            f"other parameters over {world} ranks: first gather",
+            f"other parameters over {world} ranks: refill of freed storage",
+        ],
         hidden_world_sizes=(3,),
         world_sizes=(2, 4),
         points=2,
         minutes=15,
         normalize=_by_name,
         bugs=[
-            ("shards concatenated last rank first", gather_in_reverse_order, "world 2, rank 0, case 0, fc1.weight"),
-            ("only this rank's own shard, the others left zero", gather_own_shard_only,
-             "world 2, rank 0, case 0, fc2.weight"),
-            ("padding stripped from the buffer itself", gather_padding_dropped, "world 2, rank 0, case 0, padding"),
+            (
+                "shards concatenated last rank first",
+                gather_in_reverse_order,
+                "world 2, rank 0, case 0, fc1.weight",
+            ),
+            (
+                "only this rank's own shard, the others left zero",
+                gather_own_shard_only,
+                "world 2, rank 0, case 0, fc2.weight",
+            ),
+            (
+                "padding stripped from the buffer itself",
+                gather_padding_dropped,
+                "world 2, rank 0, case 0, padding",
+            ),
         ],
     ),
     Exercise(
@@ -223,12 +274,14 @@ EXERCISES = [
             "runs ZeRO-3 on 2 and 4 ranks and HSDP 2x2 (`ParallelDims(4, dp_shard=2, dp_replicate=2)`)."
         ),
         hint="return this rank's shard of the gradient averaged over every rank of the world (both the "
-             "shard group and, in HSDP, the replicas), shape of one shard",
+        "shard group and, in HSDP, the replicas), shape of one shard",
         cases=_reduce_cases,
         kinds=_reduce_kinds,
         hidden=_hidden_reduce_cases,
-        hidden_kinds=lambda world: [f"other gradients, ZeRO-3 over {world} ranks",
-                                    f"other gradients, HSDP with 2 replicas of {world // 2} shards"],
+        hidden_kinds=lambda world: [
+            f"other gradients, ZeRO-3 over {world} ranks",
+            f"other gradients, HSDP with 2 replicas of {world // 2} shards",
+        ],
         hidden_world_sizes=(6,),
         world_sizes=(2, 4),
         points=3,
@@ -236,9 +289,16 @@ EXERCISES = [
         normalize=_as_shard_grad,
         bugs=[
             ("sum instead of mean", reduce_sum_not_mean, "world 2, rank 0, case 0, gradient shard"),
-            ("HSDP divides by dp_shard and again by the world size", hsdp_divides_twice,
-             "world 4, rank 0, case 1, gradient shard"),
-            ("HSDP without the replica all-reduce", no_replica_all_reduce, "world 4, rank 0, case 1, gradient shard"),
+            (
+                "HSDP divides by dp_shard and again by the world size",
+                hsdp_divides_twice,
+                "world 4, rank 0, case 1, gradient shard",
+            ),
+            (
+                "HSDP without the replica all-reduce",
+                no_replica_all_reduce,
+                "world 4, rank 0, case 1, gradient shard",
+            ),
         ],
     ),
 ]

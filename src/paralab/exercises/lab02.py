@@ -3,10 +3,11 @@
 The bug variants are real-world failures of context parallelism. The lab's bug
 clinic and tests/test_cp_dist.py import them from here, so each bug is written once.
 """
+
 from __future__ import annotations
 
 import random
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
@@ -34,29 +35,55 @@ def _partials(seed: int, q_scale: float, k2_scale: float = 1.0) -> tuple:
 
 def _merge_cases(rank: int, world: int) -> list[tuple]:
     """Ordinary scores, scores near 1e3 (exp overflows float64), and blocks whose lse differ by ~700."""
-    return [_partials(0, 1.0), _partials(1, 4.0), _partials(2, 400.0), _partials(3, 300.0, k2_scale=0.001)]
+    return [
+        _partials(0, 1.0),
+        _partials(1, 4.0),
+        _partials(2, 400.0),
+        _partials(3, 300.0, k2_scale=0.001),
+    ]
 
 
-MERGE_KINDS = ["ordinary scores", "scores around 10", "scores near 1e3 (exp(lse) overflows)",
-               "blocks whose lse differ by ~700"]
+MERGE_KINDS = [
+    "ordinary scores",
+    "scores around 10",
+    "scores near 1e3 (exp(lse) overflows)",
+    "blocks whose lse differ by ~700",
+]
 
 
 def _hidden_merge_cases(rank: int, world: int, seed: int) -> list[tuple]:
     """Other shapes and key splits, drawn from the grading seed, at the same three score regimes."""
     draw = random.Random(seed)
     cases = []
-    for q_scale, k2_scale in [(1.0, 1.0), (draw.uniform(100, 500), 1.0), (draw.uniform(200, 400), 0.001)]:
-        b, h, n, d, split = draw.randint(1, 3), draw.randint(1, 4), draw.randint(1, 9), draw.randint(2, 8), draw.randint(1, 6)
+    for q_scale, k2_scale in [
+        (1.0, 1.0),
+        (draw.uniform(100, 500), 1.0),
+        (draw.uniform(200, 400), 0.001),
+    ]:
+        b, h, n, d, split = (
+            draw.randint(1, 3),
+            draw.randint(1, 4),
+            draw.randint(1, 9),
+            draw.randint(2, 8),
+            draw.randint(1, 6),
+        )
         g = torch.Generator().manual_seed(draw.randrange(10**6))
         q = torch.randn(b, h, n, d, dtype=torch.float64, generator=g) * q_scale
         k, v = (torch.randn(b, h, split + 3, d, dtype=torch.float64, generator=g) for _ in range(2))
-        cases.append((*attention_block(q, k[:, :, :split], v[:, :, :split]),
-                      *attention_block(q, k[:, :, split:] * k2_scale, v[:, :, split:])))
+        cases.append(
+            (
+                *attention_block(q, k[:, :, :split], v[:, :, :split]),
+                *attention_block(q, k[:, :, split:] * k2_scale, v[:, :, split:]),
+            )
+        )
     return cases
 
 
-HIDDEN_MERGE_KINDS = ["another shape, ordinary scores", "another shape, scores in the hundreds",
-                      "another shape, one block's lse far below the other's"]
+HIDDEN_MERGE_KINDS = [
+    "another shape, ordinary scores",
+    "another shape, scores in the hundreds",
+    "another shape, one block's lse far below the other's",
+]
 
 
 def _out_and_lse(result: tuple) -> dict[str, torch.Tensor]:
@@ -77,13 +104,17 @@ def merge_by_plain_average(out, lse, block_out, block_lse):
 def merge_lse_by_max(out, lse, block_out, block_lse):
     """Bug: the merged lse is max(lse, block_lse) (drops the log(1 + exp(-|difference|)) term)."""
     new_lse = torch.maximum(lse, block_lse)
-    return torch.exp(lse - new_lse).unsqueeze(-1) * out + torch.exp(block_lse - new_lse).unsqueeze(-1) * block_out, new_lse
+    return torch.exp(lse - new_lse).unsqueeze(-1) * out + torch.exp(block_lse - new_lse).unsqueeze(
+        -1
+    ) * block_out, new_lse
 
 
 def merge_through_exp(out, lse, block_out, block_lse):
     """Bug: the textbook formula in exp space; exp(lse) overflows to inf once scores pass ~709."""
     total = torch.exp(lse) + torch.exp(block_lse)
-    merged = (torch.exp(lse).unsqueeze(-1) * out + torch.exp(block_lse).unsqueeze(-1) * block_out) / total.unsqueeze(-1)
+    merged = (
+        torch.exp(lse).unsqueeze(-1) * out + torch.exp(block_lse).unsqueeze(-1) * block_out
+    ) / total.unsqueeze(-1)
     return merged, torch.log(total)
 
 
@@ -105,7 +136,8 @@ def _blocks(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _group_kinds(world: int) -> list[str]:
     return [f"the whole world as one cp group of {world}"] + (
-        ["the {0,1} and {2,3} cp groups of 2 inside 4 ranks"] if world == 4 else [])
+        ["the {0,1} and {2,3} cp groups of 2 inside 4 ranks"] if world == 4 else []
+    )
 
 
 CP_KINDS = ["cp = 2", "cp = 4", "cp = 3"]
@@ -184,7 +216,9 @@ def _ring_cases(rank: int, world: int) -> list[tuple]:
     cases = []
     for i, group in enumerate([None] + [group for group, _ in _cp_groups(world)]):
         g = torch.Generator().manual_seed(100 * i + rank)
-        cases.append((torch.randn(2, 1, 3, 4, 5, dtype=torch.float64, generator=g), group, KV_TAG + i % 2))
+        cases.append(
+            (torch.randn(2, 1, 3, 4, 5, dtype=torch.float64, generator=g), group, KV_TAG + i % 2)
+        )
     return cases
 
 
@@ -220,10 +254,14 @@ def ring_pass_backwards(t, group, tag):
     group = group or dist.group.WORLD
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     received = torch.empty_like(t)
-    works = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, t, dist.get_global_rank(group, (rank - 1) % cp), group, tag),
-        dist.P2POp(dist.irecv, received, dist.get_global_rank(group, (rank + 1) % cp), group, tag),
-    ])
+    works = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, t, dist.get_global_rank(group, (rank - 1) % cp), group, tag),
+            dist.P2POp(
+                dist.irecv, received, dist.get_global_rank(group, (rank + 1) % cp), group, tag
+            ),
+        ]
+    )
     return received, works
 
 
@@ -267,7 +305,7 @@ EXERCISES = [
             "scores in the thousands (the check uses some), so never form `exp(lse)` itself."
         ),
         hint="return (out, new_lse) with the shapes of (out, lse): attention over the union of both key "
-             "blocks and the log-sum-exp of all their scores, finite even when scores are in the thousands",
+        "blocks and the log-sum-exp of all their scores, finite even when scores are in the thousands",
         cases=_merge_cases,
         kinds=lambda world: MERGE_KINDS,
         hidden=_hidden_merge_cases,
@@ -280,9 +318,17 @@ EXERCISES = [
         normalize=_out_and_lse,
         bugs=[
             ("outputs added without rescaling", merge_without_rescaling, "case 0, out:"),
-            ("outputs averaged, not weighted by their softmax mass", merge_by_plain_average, "case 0, out:"),
+            (
+                "outputs averaged, not weighted by their softmax mass",
+                merge_by_plain_average,
+                "case 0, out:",
+            ),
             ("lse merged with max instead of logaddexp", merge_lse_by_max, "case 0, lse:"),
-            ("merge in exp space (overflows on large scores)", merge_through_exp, "case 2, out: 45 NaN values"),
+            (
+                "merge in exp space (overflows on large scores)",
+                merge_through_exp,
+                "case 2, out: 45 NaN values",
+            ),
         ],
     ),
     Exercise(
@@ -302,8 +348,13 @@ EXERCISES = [
         hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=2,
         minutes=10,
-        bugs=[("transpose missing: the batch is cut instead of the heads", pack_heads_without_transpose,
-               "case 0: 90 of 180 elements differ")],
+        bugs=[
+            (
+                "transpose missing: the batch is cut instead of the heads",
+                pack_heads_without_transpose,
+                "case 0: 90 of 180 elements differ",
+            )
+        ],
     ),
     Exercise(
         name="unpack_heads",
@@ -321,7 +372,13 @@ EXERCISES = [
         hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=1,
         minutes=10,
-        bugs=[("received shards interleaved instead of in rank order", unpack_heads_interleaved, "case 0:")],
+        bugs=[
+            (
+                "received shards interleaved instead of in rank order",
+                unpack_heads_interleaved,
+                "case 0:",
+            )
+        ],
     ),
     Exercise(
         name="pack_seq",
@@ -339,7 +396,13 @@ EXERCISES = [
         hidden_kinds=lambda world: HIDDEN_CP_KINDS,
         points=1,
         minutes=10,
-        bugs=[("tokens cut strided: every cp-th token instead of a contiguous shard", pack_seq_strided, "case 0:")],
+        bugs=[
+            (
+                "tokens cut strided: every cp-th token instead of a contiguous shard",
+                pack_seq_strided,
+                "case 0:",
+            )
+        ],
     ),
     Exercise(
         name="unpack_seq",
@@ -359,8 +422,16 @@ EXERCISES = [
         points=1,
         minutes=5,
         bugs=[
-            ("received head groups placed after this rank's heads", unpack_seq_heads_mixed, "case 0:"),
-            ("final transpose missing: source rank mixed into the batch", unpack_seq_without_transpose, "case 0:"),
+            (
+                "received head groups placed after this rank's heads",
+                unpack_seq_heads_mixed,
+                "case 0:",
+            ),
+            (
+                "final transpose missing: source rank mixed into the batch",
+                unpack_seq_without_transpose,
+                "case 0:",
+            ),
         ],
     ),
     Exercise(
@@ -374,7 +445,7 @@ EXERCISES = [
             "ranks. The check waits on your works, on 2 and 4 ranks and on cp groups of 2 inside 4 ranks."
         ),
         hint="return (received, works) at once, without waiting: received is a new tensor that will hold the "
-             "previous group member's t; works are the requests to wait on; peers of P2POp are global ranks",
+        "previous group member's t; works are the requests to wait on; peers of P2POp are global ranks",
         cases=_ring_cases,
         kinds=_ring_kinds,
         hidden=_hidden_ring_cases,
@@ -385,8 +456,16 @@ EXERCISES = [
         minutes=15,
         normalize=_received,
         bugs=[
-            ("the ring turns the wrong way (invisible on 2 ranks)", ring_pass_backwards, "world 4, rank 0, case 0:"),
-            ("the K/V block never moves (the bug clinic's)", ring_pass_kv_stays, "world 2, rank 0, case 0:"),
+            (
+                "the ring turns the wrong way (invisible on 2 ranks)",
+                ring_pass_backwards,
+                "world 4, rank 0, case 0:",
+            ),
+            (
+                "the K/V block never moves (the bug clinic's)",
+                ring_pass_kv_stays,
+                "world 2, rank 0, case 0:",
+            ),
         ],
     ),
 ]

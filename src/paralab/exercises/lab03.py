@@ -3,10 +3,11 @@
 Each bug variant below is a mistake seen in real CFG-parallel samplers; the
 tests prove the grader fails it and that its report points at the place.
 """
+
 from __future__ import annotations
 
 import random
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
@@ -22,10 +23,17 @@ LATENT_SHAPE = (1, 12, 4)  # (batch, tokens, channels): small, tokens divisible 
 # World 2: one cfgp pair. World 4: two cfgp pairs, once as neighbours (cfgp alone: {0,1} {2,3})
 # and once strided (cfgp x cp = 2 x 2: {0,2} {1,3}), where the peer is NOT the adjacent rank.
 LAYOUTS = {2: [dict(cfgp=2)], 4: [dict(cfgp=2), dict(cfgp=2, cp=2)]}
-LAYOUT_KINDS = {2: ["one cfgp pair {0,1}"], 4: ["two cfgp pairs of neighbours, {0,1} and {2,3}",
-                                                "two cfgp pairs strided by cp = 2, {0,2} and {1,3}"]}
+LAYOUT_KINDS = {
+    2: ["one cfgp pair {0,1}"],
+    4: [
+        "two cfgp pairs of neighbours, {0,1} and {2,3}",
+        "two cfgp pairs strided by cp = 2, {0,2} and {1,3}",
+    ],
+}
 HIDDEN_LAYOUTS = {6: [dict(cfgp=2, cp=3)]}
-HIDDEN_LAYOUT_KINDS = {6: ["another latent shape, three cfgp pairs strided by cp = 3 inside 6 ranks"]}
+HIDDEN_LAYOUT_KINDS = {
+    6: ["another latent shape, three cfgp pairs strided by cp = 3 inside 6 ranks"]
+}
 
 
 def _hidden_shape(seed: int) -> tuple[int, int, int]:
@@ -45,14 +53,22 @@ def _exchange_cases(rank: int, world: int) -> list[tuple]:
     cases = []
     for i, dims in enumerate(LAYOUTS[world]):
         group = _meshes(world, dims).cfgp_mesh.get_group()
-        mine = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(100 * i + rank), dtype=torch.float64)
+        mine = torch.randn(
+            LATENT_SHAPE,
+            generator=torch.Generator().manual_seed(100 * i + rank),
+            dtype=torch.float64,
+        )
         cases.append((mine, group))
     return cases
 
 
 def _hidden_exchange_cases(rank: int, world: int, seed: int) -> list[tuple]:
     group = _meshes(world, HIDDEN_LAYOUTS[world][0]).cfgp_mesh.get_group()
-    mine = torch.randn(_hidden_shape(seed), generator=torch.Generator().manual_seed(seed + rank), dtype=torch.float64)
+    mine = torch.randn(
+        _hidden_shape(seed),
+        generator=torch.Generator().manual_seed(seed + rank),
+        dtype=torch.float64,
+    )
     return [(mine, group)]
 
 
@@ -107,7 +123,9 @@ def _hidden_combine_cases(rank: int, world: int, seed: int) -> list[tuple]:
     cases = []
     for w in (draw.uniform(1.5, 12.0), draw.uniform(-1.0, -0.1)):
         shape = _hidden_shape(draw.randrange(10**6))
-        cond, uncond = (torch.randn(shape, generator=generator, dtype=torch.float64) for _ in range(2))
+        cond, uncond = (
+            torch.randn(shape, generator=generator, dtype=torch.float64) for _ in range(2)
+        )
         cases.append((cond, uncond, w))
     return cases
 
@@ -116,17 +134,23 @@ def _as_guided(velocity: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"guided velocity": velocity}
 
 
-def wrong_sign(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+def wrong_sign(
+    cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float
+) -> torch.Tensor:
     """Bug: guides away from the prompt: u - w (c - u)."""
     return uncond_pred - guidance_scale * (cond_pred - uncond_pred)
 
 
-def scale_on_uncond(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+def scale_on_uncond(
+    cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float
+) -> torch.Tensor:
     """Bug: w multiplies the unconditional prediction instead of the difference."""
     return guidance_scale * uncond_pred + (cond_pred - uncond_pred)
 
 
-def branches_swapped(cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+def branches_swapped(
+    cond_pred: torch.Tensor, uncond_pred: torch.Tensor, guidance_scale: float
+) -> torch.Tensor:
     """Bug: cond and uncond swapped (what a rank 1 that forgets to swap the roles computes)."""
     return cond_pred + guidance_scale * (uncond_pred - cond_pred)
 
@@ -160,7 +184,10 @@ def wrong_sign_combine() -> ContextManager:
     return planted(sampling, cfg_combine=wrong_sign)
 
 
-SAMPLER_BUGS = {"per_rank_seed": per_rank_noise, "wrong_sign": wrong_sign_combine}  # the lab's section 6
+SAMPLER_BUGS = {
+    "per_rank_seed": per_rank_noise,
+    "wrong_sign": wrong_sign_combine,
+}  # the lab's section 6
 
 
 EXERCISES = [
@@ -179,7 +206,7 @@ EXERCISES = [
             "The check runs on 2 ranks and on 4 (two cfgp pairs, as neighbours and strided by cp)."
         ),
         hint="return the other group member's `mine` (same shape and dtype); both ranks call this at once, so "
-             "neither may block on a send before its receive is posted; P2P peers are global ranks",
+        "neither may block on a send before its receive is posted; P2P peers are global ranks",
         cases=_exchange_cases,
         kinds=lambda world: LAYOUT_KINDS[world],
         hidden=_hidden_exchange_cases,
@@ -190,10 +217,16 @@ EXERCISES = [
         minutes=20,
         normalize=_as_received,
         bugs=[
-            ("returns its own prediction (no swap)", keeps_own_prediction,
-             "world 2, rank 0, case 0, received prediction"),
-            ("peer = adjacent global rank (rank ^ 1), not the group's other member", neighbour_as_peer,
-             "world 4, rank 0, case 1, received prediction"),
+            (
+                "returns its own prediction (no swap)",
+                keeps_own_prediction,
+                "world 2, rank 0, case 0, received prediction",
+            ),
+            (
+                "peer = adjacent global rank (rank ^ 1), not the group's other member",
+                neighbour_as_peer,
+                "world 4, rank 0, case 1, received prediction",
+            ),
         ],
     ),
     Exercise(
@@ -208,11 +241,14 @@ EXERCISES = [
             "explains why both cfgp ranks must still call the very same expression."
         ),
         hint="return the guided velocity, the shape of cond_pred: equal to uncond_pred at w = 0, to cond_pred "
-             "at w = 1, and linear in w",
+        "at w = 1, and linear in w",
         cases=_combine_cases,
         kinds=lambda world: [f"guidance scale w = {w:g}" for w in GUIDANCE_SCALES],
         hidden=_hidden_combine_cases,
-        hidden_kinds=lambda world: ["another shape, a large guidance scale", "another shape, a negative guidance scale"],
+        hidden_kinds=lambda world: [
+            "another shape, a large guidance scale",
+            "another shape, a negative guidance scale",
+        ],
         world_sizes=(0,),
         points=1,
         minutes=5,
@@ -239,7 +275,7 @@ EXERCISES = [
             "cfgp x cp)."
         ),
         hint="return this rank's cp shard of the noise, (B, S / cp_size, C) float64, identical on both ranks of "
-             "every cfgp pair and equal to the matching shard of draw_noise(shape, seed)",
+        "every cfgp pair and equal to the matching shard of draw_noise(shape, seed)",
         cases=_noise_cases,
         kinds=lambda world: LAYOUT_KINDS[world],
         hidden=_hidden_noise_cases,
@@ -249,7 +285,12 @@ EXERCISES = [
         points=2,
         minutes=15,
         normalize=_as_latent,
-        bugs=[("each rank draws its own noise (seed + rank)", noise_per_rank_seed,
-               "world 2, rank 1, case 0, latent")],
+        bugs=[
+            (
+                "each rank draws its own noise (seed + rank)",
+                noise_per_rank_seed,
+                "world 2, rank 1, case 0, latent",
+            )
+        ],
     ),
 ]

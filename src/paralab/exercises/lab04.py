@@ -4,10 +4,11 @@ The bug variants are real-world mistakes of VAE load balancing. The first,
 `raw_pixels_as_float`, is also the lab's bug clinic: the lab imports it from
 here, so the bug is written once.
 """
+
 from __future__ import annotations
 
 import random
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
@@ -15,25 +16,32 @@ import torch.distributed as dist
 from paralab import models
 from paralab.exercises import Exercise, planted
 from paralab.parallel_dims import ParallelDims
-from paralab.vae_lb import protocol
-from paralab.vae_lb import planner
-from paralab.vae_lb import runs
-from paralab.vae_lb.protocol import exchange
+from paralab.vae_lb import planner, protocol, runs
 from paralab.vae_lb.planner import Move
+from paralab.vae_lb.protocol import exchange
 
 
 # ------------------------------------------------------------------ exercise 1: normalize the pixels
 def _pixel_cases(rank: int, world: int) -> list[tuple]:
     generator = torch.Generator().manual_seed(40)
     edges = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).reshape(3, 1, 1, 2)
-    return [(edges,), (torch.randint(0, 256, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),)]
+    return [
+        (edges,),
+        (torch.randint(0, 256, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),),
+    ]
 
 
 def _hidden_pixel_cases(rank: int, world: int, seed: int) -> list[tuple]:
     """A video of another shape, drawn from the seed."""
     draw = random.Random(seed)
     shape = (3, draw.randint(1, 5), draw.randint(1, 9), draw.randint(1, 9))
-    return [(torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8),)]
+    return [
+        (
+            torch.randint(
+                0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+            ),
+        )
+    ]
 
 
 def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
@@ -65,24 +73,45 @@ def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------ exercise 2: the planner
 PLANNER_CASES = [
-    ({0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}, None),        # case 0: the lab's small example
+    ({0: [6.0, 6.0], 1: [1.0, 1.0], 2: [4.0]}, None),  # case 0: the lab's small example
     ({3: [5.0, 1.0, 9.0, 2.0], 7: [], 10: [4.0, 4.0]}, None),  # case 1: rank labels 3, 7, 10
-    ({10: [2.0, 4.0], 3: [2.0, 4.0], 7: []}, None),        # case 2: tie 10 vs 3: the first in dict order gives
+    (
+        {10: [2.0, 4.0], 3: [2.0, 4.0], 7: []},
+        None,
+    ),  # case 2: tie 10 vs 3: the first in dict order gives
     ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, None),  # case 3: ties
-    ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, 2),     # case 4: max_iterations=2
-    ({0: [4.0], 1: []}, None),                              # case 5: the only move leaves the gap as it is
-    ({5: [10.0, 3.0, 3.0], 2: [1.0]}, 0),                   # case 6: max_iterations=0
-    ({0: [], 1: [8.0, 7.0], 2: [6.0], 3: [12.0, 5.0]}, None),  # case 7: rank 0's guest must not move on
-    ({0: [2.0, 2.0], 1: [4.0]}, None),                      # case 8: balanced already
-    ({0: [30.0, 14.0, 8.0], 1: [36.0]}, None),              # case 9: nearest the whole gap is not nearest half of it
-    ({0: [768.0, 768.0, 384.0], 1: [], 2: []}, None),       # case 10: Cosmos's test batch; a tie between samples
+    ({0: [8.0, 2.0, 2.0, 6.0], 1: [3.0], 2: [], 3: [5.0, 5.0]}, 2),  # case 4: max_iterations=2
+    ({0: [4.0], 1: []}, None),  # case 5: the only move leaves the gap as it is
+    ({5: [10.0, 3.0, 3.0], 2: [1.0]}, 0),  # case 6: max_iterations=0
+    (
+        {0: [], 1: [8.0, 7.0], 2: [6.0], 3: [12.0, 5.0]},
+        None,
+    ),  # case 7: rank 0's guest must not move on
+    ({0: [2.0, 2.0], 1: [4.0]}, None),  # case 8: balanced already
+    (
+        {0: [30.0, 14.0, 8.0], 1: [36.0]},
+        None,
+    ),  # case 9: nearest the whole gap is not nearest half of it
+    (
+        {0: [768.0, 768.0, 384.0], 1: [], 2: []},
+        None,
+    ),  # case 10: Cosmos's test batch; a tie between samples
 ]
 
 
-PLANNER_KINDS = ["the lab's small example", "rank labels 3, 7, 10", "a load tie: the first rank in dict order gives",
-                 "ties between candidate samples", "max_iterations=2", "the only move leaves the gap as it is",
-                 "max_iterations=0", "a guest must not move on", "balanced already",
-                 "nearest the whole gap is not nearest half of it", "Cosmos's test batch, a tie between samples"]
+PLANNER_KINDS = [
+    "the lab's small example",
+    "rank labels 3, 7, 10",
+    "a load tie: the first rank in dict order gives",
+    "ties between candidate samples",
+    "max_iterations=2",
+    "the only move leaves the gap as it is",
+    "max_iterations=0",
+    "a guest must not move on",
+    "balanced already",
+    "nearest the whole gap is not nearest half of it",
+    "Cosmos's test batch, a tie between samples",
+]
 
 
 def _planner_cases(rank: int, world: int) -> list[tuple]:
@@ -95,13 +124,20 @@ def _hidden_planner_cases(rank: int, world: int, seed: int) -> list[tuple]:
     cases = []
     for _ in range(3):
         labels = draw.sample(range(12), draw.randint(3, 6))
-        cases.append(({r: [float(draw.randint(1, 9)) for _ in range(draw.randint(0, 4))] for r in labels}, None))
+        cases.append(
+            (
+                {r: [float(draw.randint(1, 9)) for _ in range(draw.randint(0, 4))] for r in labels},
+                None,
+            )
+        )
     return cases
 
 
 def moves_as_rows(moves: list[Move]) -> torch.Tensor:
     """A plan as an int64 tensor of (from_rank, to_rank, local_index) rows, so it compares element by element."""
-    return torch.tensor([[m.from_rank, m.to_rank, m.local_index] for m in moves], dtype=torch.int64).reshape(-1, 3)
+    return torch.tensor(
+        [[m.from_rank, m.to_rank, m.local_index] for m in moves], dtype=torch.int64
+    ).reshape(-1, 3)
 
 
 def _largest(candidates, gap):
@@ -150,10 +186,16 @@ def latent_of(owner: int, index: int, varied_shapes: bool) -> torch.Tensor:
 
 def _return_case(plan: list[Move], group, varied_shapes: bool) -> tuple:
     me = dist.get_rank(group)
-    members = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    members = (
+        dist.get_process_group_ranks(group)
+        if group is not None
+        else list(range(dist.get_world_size()))
+    )
     incoming = [m for m in plan if m.to_rank == me]
     outgoing = [m for m in plan if m.from_rank == me]
-    guest_latents = [latent_of(members[m.from_rank], m.local_index, varied_shapes) for m in incoming]
+    guest_latents = [
+        latent_of(members[m.from_rank], m.local_index, varied_shapes) for m in incoming
+    ]
     return guest_latents, incoming, outgoing, group
 
 
@@ -161,19 +203,28 @@ def _return_cases(rank: int, world: int) -> list[tuple]:
     """Case 0: the whole world as one group. Case 1: lb groups of 2 (group ranks are not global ranks)."""
     pd = ParallelDims(world, lb=2)
     pd.build_meshes("cpu")
-    return [_return_case(RETURN_PLANS[world], None, varied_shapes=False),
-            _return_case(RETURN_PLANS[2], pd.lb_mesh.get_group(), varied_shapes=True)]
+    return [
+        _return_case(RETURN_PLANS[world], None, varied_shapes=False),
+        _return_case(RETURN_PLANS[2], pd.lb_mesh.get_group(), varied_shapes=True),
+    ]
 
 
 def _return_kinds(world: int) -> list[str]:
-    return [f"the whole world of {world} as one group", "lb groups of 2 (group ranks are not global ranks)"]
+    return [
+        f"the whole world of {world} as one group",
+        "lb groups of 2 (group ranks are not global ranks)",
+    ]
 
 
 def _hidden_return_cases(rank: int, world: int, seed: int) -> list[tuple]:
     """A plan drawn from the seed over the whole world: each sample moves at most once, in a shuffled order."""
     draw = random.Random(seed)
-    moves = [Move(owner, draw.choice([r for r in range(world) if r != owner]), index)
-             for owner in range(world) for index in range(draw.randint(1, 3)) if draw.random() < 0.6]
+    moves = [
+        Move(owner, draw.choice([r for r in range(world) if r != owner]), index)
+        for owner in range(world)
+        for index in range(draw.randint(1, 3))
+        if draw.random() < 0.6
+    ]
     draw.shuffle(moves)
     return [_return_case(moves, None, varied_shapes=True)]
 
@@ -185,14 +236,22 @@ def latents_by_index(latents: dict[int, torch.Tensor]) -> dict[str, torch.Tensor
 
 def return_in_arrival_order(guest_latents, incoming, outgoing, group):
     """Bug: the owner files the latents in arrival (plan) order under its indices sorted ascending."""
-    back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in outgoing], group)
+    back = exchange(
+        [(m.from_rank, z) for m, z in zip(incoming, guest_latents)],
+        [m.to_rank for m in outgoing],
+        group,
+    )
     return dict(zip(sorted(m.local_index for m in outgoing), back))
 
 
 def return_grouped_by_helper(guest_latents, incoming, outgoing, group):
     """Bug: the owner posts its receives helper by helper (sorted by rank), then files them in plan order."""
     by_helper = sorted(outgoing, key=lambda m: m.to_rank)
-    back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in by_helper], group)
+    back = exchange(
+        [(m.from_rank, z) for m, z in zip(incoming, guest_latents)],
+        [m.to_rank for m in by_helper],
+        group,
+    )
     return {m.local_index: z for m, z in zip(outgoing, back)}
 
 
@@ -216,9 +275,16 @@ EXERCISES = [
         minutes=5,
         atol=1e-12,
         bugs=[
-            ("raw uint8 pixels only cast to float, never normalized", raw_pixels_as_float,
-             "case 0: 6 of 6 elements differ"),
-            ("scaled to [0, 1] instead of [-1, 1]", pixels_to_unit_interval, "expected -1.0, got 0.0"),
+            (
+                "raw uint8 pixels only cast to float, never normalized",
+                raw_pixels_as_float,
+                "case 0: 6 of 6 elements differ",
+            ),
+            (
+                "scaled to [0, 1] instead of [-1, 1]",
+                pixels_to_unit_interval,
+                "expected -1.0, got 0.0",
+            ),
         ],
     ),
     Exercise(
@@ -242,21 +308,34 @@ EXERCISES = [
             "fit; Cosmos's own test batch."
         ),
         hint="return the list of Moves the greedy planner described above makes, in order; it stops as "
-             "soon as no move strictly shrinks the gap between the most and least loaded ranks",
+        "soon as no move strictly shrinks the gap between the most and least loaded ranks",
         cases=_planner_cases,
         kinds=lambda world: PLANNER_KINDS,
         hidden=_hidden_planner_cases,
-        hidden_kinds=lambda world: ["a random batch", "a second random batch", "a third random batch"],
+        hidden_kinds=lambda world: [
+            "a random batch",
+            "a second random batch",
+            "a third random batch",
+        ],
         points=3,
         minutes=25,
         normalize=moves_as_rows,
         bugs=[
-            ("moves the largest sample instead of the closest fit to half the gap", plan_largest_first,
-             "case 4: 1 of 6 elements differ, max |diff| 2, first at index (1, 2): expected 1, got 3"),
-            ("takes a move that does not strictly shrink the gap", plan_gap_not_strict,
-             "case 5: shape (1, 3), expected (0, 3)"),
-            ("moves the sample closest to the whole gap instead of half the gap", plan_fit_to_whole_gap,
-             "case 2: shape (1, 3), expected (2, 3)"),
+            (
+                "moves the largest sample instead of the closest fit to half the gap",
+                plan_largest_first,
+                "case 4: 1 of 6 elements differ, max |diff| 2, first at index (1, 2): expected 1, got 3",
+            ),
+            (
+                "takes a move that does not strictly shrink the gap",
+                plan_gap_not_strict,
+                "case 5: shape (1, 3), expected (0, 3)",
+            ),
+            (
+                "moves the sample closest to the whole gap instead of half the gap",
+                plan_fit_to_whole_gap,
+                "case 2: shape (1, 3), expected (2, 3)",
+            ),
         ],
     ),
     Exercise(
@@ -276,7 +355,7 @@ EXERCISES = [
             "local index, so a report's expected/actual values tell whose latent landed where."
         ),
         hint="return this rank's own samples' latents in their original local order, each one "
-             "computed by whichever rank the plan sent it to",
+        "computed by whichever rank the plan sent it to",
         cases=_return_cases,
         kinds=_return_kinds,
         hidden=_hidden_return_cases,
@@ -287,10 +366,16 @@ EXERCISES = [
         minutes=15,
         normalize=latents_by_index,
         bugs=[
-            ("latents filed in arrival order instead of the owner's original order", return_in_arrival_order,
-             "world 2, rank 0, case 0, local index 0: 24 of 24 elements differ"),
-            ("receives posted helper by helper, filed in plan order", return_grouped_by_helper,
-             "world 4, rank 0, case 0, local index 0: 24 of 24 elements differ"),
+            (
+                "latents filed in arrival order instead of the owner's original order",
+                return_in_arrival_order,
+                "world 2, rank 0, case 0, local index 0: 24 of 24 elements differ",
+            ),
+            (
+                "receives posted helper by helper, filed in plan order",
+                return_grouped_by_helper,
+                "world 4, rank 0, case 0, local index 0: 24 of 24 elements differ",
+            ),
         ],
     ),
 ]

@@ -4,9 +4,10 @@ Planted into the real loop with `planted(paralab.train.runs, sample_index=sample
 `loader_clinic_bug()` does that under a name that does not give the bug away before the
 lab's clinic asks about it.
 """
+
 from __future__ import annotations
 
-from typing import ContextManager
+from contextlib import AbstractContextManager as ContextManager
 
 from paralab.exercises import planted
 from paralab.parallel_dims import ParallelDims

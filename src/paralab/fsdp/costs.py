@@ -5,6 +5,7 @@ The traffic model is the ledger's (ring / direct, per rank, `n` = group size,
 reduce-scatter (n-1)/n S, all-reduce 2(n-1)/n S. Units are padded to a multiple
 of the shard-group size before they are cut, and the padding travels too.
 """
+
 from __future__ import annotations
 
 from paralab.fsdp.zero import padded_size
@@ -13,8 +14,13 @@ from paralab.ledger import sent
 ITEMSIZE = 8  # float64
 
 
-def traffic_formula(engine: str, numels: list[int], world: int, dp_replicate: int = 1,
-                    reshard_after_forward: bool = True) -> dict[str, int]:
+def traffic_formula(
+    engine: str,
+    numels: list[int],
+    world: int,
+    dp_replicate: int = 1,
+    reshard_after_forward: bool = True,
+) -> dict[str, int]:
     """Bytes one rank sends per step, by collective, in the ledger's ring model.
 
     s = shard-group size, r = replicas, P = a unit's size padded to s, S = P*8 bytes:
@@ -35,8 +41,14 @@ def traffic_formula(engine: str, numels: list[int], world: int, dp_replicate: in
     return out
 
 
-def memory_formula(engine: str, numels: list[int], world: int, optimizer: str, dp_replicate: int = 1,
-                   reshard_after_forward: bool = True) -> dict[str, int]:
+def memory_formula(
+    engine: str,
+    numels: list[int],
+    world: int,
+    optimizer: str,
+    dp_replicate: int = 1,
+    reshard_after_forward: bool = True,
+) -> dict[str, int]:
     """Bytes one rank holds (float64: 8 per parameter, gradient and moment; Adam keeps 2 moments)."""
     moments = 1 if optimizer == "sgd" else 2
     if engine == "ddp":
@@ -60,4 +72,9 @@ def fsdp2_calls_formula(n_units: int, dp_replicate: int, one_rank_mesh: bool) ->
     Per unit: 2 gathers (forward, backward), 1 reduce-scatter; HSDP adds a replica
     all-reduce; the (1, n) dp mesh of the 2-D-mesh trap adds an all-reduce over one rank.
     """
-    return [2 * n_units, n_units, n_units if one_rank_mesh else 0, n_units if dp_replicate > 1 else 0]
+    return [
+        2 * n_units,
+        n_units,
+        n_units if one_rank_mesh else 0,
+        n_units if dp_replicate > 1 else 0,
+    ]

@@ -6,6 +6,7 @@ Every job trains the same float64 `MLPStack` for `STEPS` optimizer steps on
 its rank's slice of one global batch and returns what the notebook checks:
 the parameters this rank holds, the ledger records, and the memory it held.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,10 @@ class Job:
             trap = f" on (1,{world}) dp_mesh" if self.mesh == "dp_mesh" else ""
             return f"FSDP2 {layout}{trap} {self.optimizer}"
         if self.dp_replicate > 1:
-            return self.strategy.replace("HSDP", f"HSDP {self.dp_replicate}x{shard}") + f" {self.optimizer}"
+            return (
+                self.strategy.replace("HSDP", f"HSDP {self.dp_replicate}x{shard}")
+                + f" {self.optimizer}"
+            )
         return f"{self.strategy} n={world} {self.optimizer}"
 
 
@@ -67,11 +71,15 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (out - target).pow(2).mean()
 
 
-def local_batch(rank: int, world: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(
+    rank: int, world: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's contiguous slice of the global batch (equal slices, so mean of means = global mean)."""
     x, y = regression_data(GLOBAL_BATCH)
     size = GLOBAL_BATCH // world
-    return x[rank * size:(rank + 1) * size].to(device), y[rank * size:(rank + 1) * size].to(device)
+    return x[rank * size : (rank + 1) * size].to(device), y[rank * size : (rank + 1) * size].to(
+        device
+    )
 
 
 def _my_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,8 +124,9 @@ def train_reference(optimizer: str = "adam", steps: int = STEPS) -> MLPStack:
     return model
 
 
-def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: str = "adam",
-                                 steps: int = STEPS) -> MLPStack:
+def train_reference_rank_by_rank(
+    world: int, dp_replicate: int = 1, optimizer: str = "adam", steps: int = STEPS
+) -> MLPStack:
     """One process, but the gradient is combined like the ranks do: each rank's local-batch
     gradient, averaged inside each shard group, then across replicas (sums left to right)."""
     model = make_mlp_stack()
@@ -129,7 +138,7 @@ def train_reference_rank_by_rank(world: int, dp_replicate: int = 1, optimizer: s
             model.zero_grad()
             mse(model(local_batch(rank, world)[0]), local_batch(rank, world)[1]).backward()
             per_rank.append([p.grad.clone() for p in model.parameters()])
-        groups = [per_rank[g * shard:(g + 1) * shard] for g in range(dp_replicate)]
+        groups = [per_rank[g * shard : (g + 1) * shard] for g in range(dp_replicate)]
         group_means = [[sum(gs[1:], gs[0]) / shard for gs in zip(*grp)] for grp in groups]
         for p, gs in zip(model.parameters(), zip(*group_means)):
             p.grad = sum(gs[1:], gs[0]) / dp_replicate
@@ -167,7 +176,9 @@ def _groups(pd: ParallelDims) -> tuple:
 def run_hand(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     shard_group, replicate_group = _groups(pd)
     model = make_mlp_stack().to(rank_device())
-    engine = impl["HandFSDP"].wrap(model.units(), shard_group, replicate_group, job.reshard_after_forward)
+    engine = impl["HandFSDP"].wrap(
+        model.units(), shard_group, replicate_group, job.reshard_after_forward
+    )
     opt = impl["ShardOptimizer"](engine.shards(), job.optimizer, lr=LR[job.optimizer])
     x, y = _my_batch()
     out = _train(engine, opt, x, y, steps, grads=lambda: [s.grad.clone() for s in engine.shards()])
@@ -185,15 +196,26 @@ def run_ddp(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     opt = impl["ShardOptimizer"](list(model.parameters()), job.optimizer, lr=LR[job.optimizer])
     x, y = _my_batch()
     reduce = impl["all_reduce_gradients"]
-    out = _train(model, opt, x, y, steps, grads=lambda: {k: p.grad.clone() for k, p in model.named_parameters()},
-                 after_backward=lambda: reduce(model.units(), dist.group.WORLD))
+    out = _train(
+        model,
+        opt,
+        x,
+        y,
+        steps,
+        grads=lambda: {k: p.grad.clone() for k, p in model.named_parameters()},
+        after_backward=lambda: reduce(model.units(), dist.group.WORLD),
+    )
     memory = {
         "params": sum(p.nbytes for p in model.parameters()),
         "grads": sum(p.grad.nbytes for p in model.parameters()),
         "optimizer": opt.state_bytes(),
         "gathered peak": 0,
     }
-    return {**out, "params": {k: p.detach().clone() for k, p in model.named_parameters()}, "memory": memory}
+    return {
+        **out,
+        "params": {k: p.detach().clone() for k, p in model.named_parameters()},
+        "memory": memory,
+    }
 
 
 def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
@@ -206,9 +228,18 @@ def run_fsdp2(job: Job, pd: ParallelDims, steps: int, impl: dict) -> dict:
     fully_shard(model, mesh=mesh)
     opt = torch_optimizer(model.parameters(), job.optimizer)
     x, y = _my_batch()
-    out = _train(model, opt, x, y, steps,
-                 grads=lambda: {k: p.grad.to_local().clone() for k, p in model.named_parameters()})
-    return {**out, "params": {k: p.to_local().detach().clone() for k, p in model.named_parameters()}}
+    out = _train(
+        model,
+        opt,
+        x,
+        y,
+        steps,
+        grads=lambda: {k: p.grad.to_local().clone() for k, p in model.named_parameters()},
+    )
+    return {
+        **out,
+        "params": {k: p.to_local().detach().clone() for k, p in model.named_parameters()},
+    }
 
 
 RUNNERS = {"hand": run_hand, "ddp": run_ddp, "fsdp2": run_fsdp2}
@@ -220,8 +251,12 @@ def run_jobs(jobs: list[Job], steps: int = STEPS, **impl) -> list[dict]:
     `impl` may replace HandFSDP, ShardOptimizer or all_reduce_gradients (a
     notebook passes the versions its cells define, so an edited cell takes effect).
     """
-    impl = {"HandFSDP": HandFSDP, "ShardOptimizer": ShardOptimizer,
-            "all_reduce_gradients": all_reduce_gradients, **impl}
+    impl = {
+        "HandFSDP": HandFSDP,
+        "ShardOptimizer": ShardOptimizer,
+        "all_reduce_gradients": all_reduce_gradients,
+        **impl,
+    }
     world = dist.get_world_size()
     results = []
     for job in jobs:
@@ -240,7 +275,10 @@ def expected_params(reference: MLPStack, job: Job, world: int, rank: int):
     if job.engine == "ddp":
         return {k: p.detach() for k, p in reference.named_parameters()}
     if job.engine == "fsdp2":
-        return {k: dim0_chunk(p.detach(), shard_size, rank % shard_size) for k, p in reference.named_parameters()}
+        return {
+            k: dim0_chunk(p.detach(), shard_size, rank % shard_size)
+            for k, p in reference.named_parameters()
+        }
     return [flat_shard(u, shard_size, rank % shard_size) for u in reference.units()]
 
 
@@ -257,7 +295,9 @@ def unit_numels(model: MLPStack | None = None) -> list[int]:
 
 
 # ---------------------------------------------------------------- checks the notebook prints
-def check_params(per_rank: list[dict], reference: MLPStack, atol: float = 0.0, key: str = "params") -> list[Verdict]:
+def check_params(
+    per_rank: list[dict], reference: MLPStack, atol: float = 0.0, key: str = "params"
+) -> list[Verdict]:
     """Every tensor every rank holds after one job (`key`: "params", or "grads" of the
     first step against `reference_first_gradient()`), element by element."""
     job, world = per_rank[0]["job"], per_rank[0]["world"]
@@ -270,11 +310,18 @@ def fold(verdicts: list[Verdict], label: str) -> Verdict:
     failed = [v for v in verdicts if not v.passed]
     first = failed[0] if failed else verdicts[0]
     return Verdict(
-        path=label, passed=not failed, exact=all(v.exact for v in verdicts),
-        shape=(len(verdicts),), dtype=verdicts[0].dtype, numel=sum(v.numel for v in verdicts),
-        n_diff=sum(v.n_diff for v in verdicts), max_abs=max(v.max_abs for v in verdicts),
-        first_index=first.first_index, expected_value=first.expected_value,
-        actual_value=first.actual_value, problem=first.problem if failed else None,
+        path=label,
+        passed=not failed,
+        exact=all(v.exact for v in verdicts),
+        shape=(len(verdicts),),
+        dtype=verdicts[0].dtype,
+        numel=sum(v.numel for v in verdicts),
+        n_diff=sum(v.n_diff for v in verdicts),
+        max_abs=max(v.max_abs for v in verdicts),
+        first_index=first.first_index,
+        expected_value=first.expected_value,
+        actual_value=first.actual_value,
+        problem=first.problem if failed else None,
     )
 
 
@@ -290,25 +337,38 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "gathered peak")
 def check_traffic(per_rank: list[dict], numels: list[int]) -> Verdict:
     """Bytes every rank sent per step, per collective, vs `traffic_formula` (hand-written engines)."""
     job, world = per_rank[0]["job"], per_rank[0]["world"]
-    formula = traffic_formula(job.engine, numels, world, job.dp_replicate, job.reshard_after_forward)
+    formula = traffic_formula(
+        job.engine, numels, world, job.dp_replicate, job.reshard_after_forward
+    )
     ops = sorted(formula)
     measured = [[per_step_sent(r["records"], STEPS).get(op, 0) for op in ops] for r in per_rank]
-    return check_counts(f"{per_rank[0]['label']}: {', '.join(ops)}", measured, [formula[op] for op in ops])
+    return check_counts(
+        f"{per_rank[0]['label']}: {', '.join(ops)}", measured, [formula[op] for op in ops]
+    )
 
 
 def check_memory(per_rank: list[dict], numels: list[int]) -> Verdict:
     """Bytes every rank held (params, grads, optimizer state, gathered peak) vs `memory_formula`."""
     job, world = per_rank[0]["job"], per_rank[0]["world"]
-    formula = memory_formula(job.engine, numels, world, job.optimizer, job.dp_replicate, job.reshard_after_forward)
-    return check_counts(f"{per_rank[0]['label']}: {', '.join(MEMORY_PARTS)}",
-                        [[r["memory"][p] for p in MEMORY_PARTS] for r in per_rank], [formula[p] for p in MEMORY_PARTS])
+    formula = memory_formula(
+        job.engine, numels, world, job.optimizer, job.dp_replicate, job.reshard_after_forward
+    )
+    return check_counts(
+        f"{per_rank[0]['label']}: {', '.join(MEMORY_PARTS)}",
+        [[r["memory"][p] for p in MEMORY_PARTS] for r in per_rank],
+        [formula[p] for p in MEMORY_PARTS],
+    )
 
 
 def fsdp2_calls(records: list, dp_replicate: int) -> list[int]:
     """FSDP2's calls per step from the ledger, in the order of `fsdp2_calls_formula`."""
     replica = calls(records, op="all_reduce", group_size=dp_replicate) if dp_replicate > 1 else 0
-    counts = [calls(records, op="all_gather_single"), calls(records, op="reduce_scatter_single"),
-              calls(records, op="all_reduce", group_size=1), replica]
+    counts = [
+        calls(records, op="all_gather_single"),
+        calls(records, op="reduce_scatter_single"),
+        calls(records, op="all_reduce", group_size=1),
+        replica,
+    ]
     return [c // STEPS for c in counts]
 
 
@@ -316,7 +376,11 @@ def check_fsdp2_calls(per_rank: list[dict], n_units: int) -> Verdict:
     """FSDP2's calls per step on every rank vs `fsdp2_calls_formula` (the 2-D-mesh trap's extra all-reduce)."""
     job = per_rank[0]["job"]
     formula = fsdp2_calls_formula(n_units, job.dp_replicate, job.mesh == "dp_mesh")
-    return check_counts(per_rank[0]["label"], [fsdp2_calls(r["records"], job.dp_replicate) for r in per_rank], formula)
+    return check_counts(
+        per_rank[0]["label"],
+        [fsdp2_calls(r["records"], job.dp_replicate) for r in per_rank],
+        formula,
+    )
 
 
 # ---------------------------------------------------------------- engine facts the chapters cite
@@ -339,7 +403,9 @@ def fsdp2_mesh_calls(on_dp_mesh: bool) -> list[tuple[str, str, int]]:
     the 2-D `pd.dp_mesh` with one replica (the trap). Returns (phase, op, group size) of every collective."""
     pd = ParallelDims(dist.get_world_size())
     pd.build_meshes(rank_device().type)
-    model = _fully_shard_units(_two_unit_model().to(rank_device()), pd.dp_mesh if on_dp_mesh else fsdp_mesh(pd))
+    model = _fully_shard_units(
+        _two_unit_model().to(rank_device()), pd.dp_mesh if on_dp_mesh else fsdp_mesh(pd)
+    )
     with Ledger() as ledger:
         with ledger.phase("forward"):
             loss = model(torch.randn(4, 8, device=rank_device())).sum()
@@ -348,8 +414,11 @@ def fsdp2_mesh_calls(on_dp_mesh: bool) -> list[tuple[str, str, int]]:
     return [(r.phase, r.op, r.group_size) for r in ledger.records]
 
 
-def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                     reshard_after_forward: bool = True) -> dict:
+def fsdp2_step_facts(
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+) -> dict:
     """One FSDP2 forward+backward under `MixedPrecisionPolicy(param_dtype, reduce_dtype)` on a 1-D mesh.
 
     Then one Adam step. Returns every collective this rank made (op, bytes sent), the dtype
@@ -361,10 +430,16 @@ def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch
     pd = ParallelDims(dist.get_world_size())
     pd.build_meshes(rank_device().type)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    model = _fully_shard_units(_two_unit_model().to(rank_device()), fsdp_mesh(pd), mp_policy=policy,
-                               reshard_after_forward=reshard_after_forward)
+    model = _fully_shard_units(
+        _two_unit_model().to(rank_device()),
+        fsdp_mesh(pd),
+        mp_policy=policy,
+        reshard_after_forward=reshard_after_forward,
+    )
     compute_dtypes = set()
-    model[0].register_forward_pre_hook(lambda unit, args: compute_dtypes.add(str(unit.weight.dtype)))
+    model[0].register_forward_pre_hook(
+        lambda unit, args: compute_dtypes.add(str(unit.weight.dtype))
+    )
     with Ledger() as ledger:
         model(torch.randn(4, 8, device=rank_device())).sum().backward()
     optimizer = torch.optim.Adam(model.parameters())
@@ -376,9 +451,13 @@ def fsdp2_step_facts(param_dtype: torch.dtype | None = None, reduce_dtype: torch
         "compute_dtypes": compute_dtypes,
         "param_dtypes": {str(p.dtype) for p in model.parameters()},
         "grad_dtypes": {str(p.grad.dtype) for p in model.parameters()},
-        "held_bytes": {"params": sum(t.numel() * t.element_size() for t in local),
-                       "grads": sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()),
-                       "adam": sum(t.to_local().numel() * t.element_size() for t in states)},
+        "held_bytes": {
+            "params": sum(t.numel() * t.element_size() for t in local),
+            "grads": sum(
+                p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()
+            ),
+            "adam": sum(t.to_local().numel() * t.element_size() for t in states),
+        },
     }
 
 
@@ -401,7 +480,12 @@ def _one_reader_per_replica_planner():
     class OneReaderPerReplica(DefaultLoadPlanner):
         def create_local_plan(self):
             plan = super().create_local_plan()
-            return replace(plan, items=[i for i in plan.items if _is_first_replica(self.state_dict[i.dest_index.fqn])])
+            return replace(
+                plan,
+                items=[
+                    i for i in plan.items if _is_first_replica(self.state_dict[i.dest_index.fqn])
+                ],
+            )
 
     return OneReaderPerReplica()
 
@@ -432,11 +516,15 @@ def checkpoint_round_trip(directory: str, dp_replicate: int) -> dict:
             def read_data(self, plan, planner):
                 for item in plan.items:
                     info = self.storage_data[item.storage_index]
-                    reads.append((info.relative_path, info.offset, info.length))
+                    reads.append((info.relative_path, info.offset, info.length))  # noqa: B023 - read in this iteration
                 return super().read_data(plan, planner)
 
-        fresh = _fully_shard_units(torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False),
-                                                       torch.nn.Linear(8, 8, bias=False)), fsdp_mesh(pd))
+        fresh = _fully_shard_units(
+            torch.nn.Sequential(
+                torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False)
+            ),
+            fsdp_mesh(pd),
+        )
         state = fresh.state_dict()
         planner = _one_reader_per_replica_planner() if mode == "one reader" else None
         dcp.load(state, storage_reader=CountingReader(directory), planner=planner)
@@ -448,7 +536,9 @@ def checkpoint_round_trip(directory: str, dp_replicate: int) -> dict:
         result[mode] = {
             "reads": sorted(reads),
             "broadcasts": [r.group_size for r in ledger.records if r.op == "broadcast"],
-            "loaded_equal": all(torch.equal(a.to_local(), b.to_local())
-                                for a, b in zip(saved.parameters(), fresh.parameters())),
+            "loaded_equal": all(
+                torch.equal(a.to_local(), b.to_local())
+                for a, b in zip(saved.parameters(), fresh.parameters())
+            ),
         }
     return result

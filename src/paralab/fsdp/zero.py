@@ -19,6 +19,7 @@ all-reduce during backward. "Free" releases the storage of the gathered
 tensor while autograd keeps the tensor object; the backward gather refills
 that same storage (FSDP2 does the same with `untyped_storage().resize_`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ def flat_shard(module: nn.Module, n: int, rank: int) -> torch.Tensor:
     flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
     padded = torch.nn.functional.pad(flat, (0, padded_size(flat.numel(), n) - flat.numel()))
     size = padded.numel() // n
-    return padded[rank * size:(rank + 1) * size].clone()
+    return padded[rank * size : (rank + 1) * size].clone()
 
 
 @dataclass
@@ -76,7 +77,7 @@ def unflatten(unit: FlatUnit, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     views, offset = {}, 0
     for name, shape in zip(unit.names, unit.shapes):
         size = shape.numel()
-        views[name] = flat[offset:offset + size].view(shape)
+        views[name] = flat[offset : offset + size].view(shape)
         offset += size
     return views
 
@@ -115,16 +116,20 @@ def free_unit_params(unit: FlatUnit) -> None:
     unit.full.untyped_storage().resize_(0)
 
 
-def gradient_divide_factors(shard_group: dist.ProcessGroup | None,
-                            replicate_group: dist.ProcessGroup | None) -> tuple[int, int]:
+def gradient_divide_factors(
+    shard_group: dist.ProcessGroup | None, replicate_group: dist.ProcessGroup | None
+) -> tuple[int, int]:
     """What the reduce-scatter's sum and the replica all-reduce's sum are each divided by: their own
     group's size, so each step is a mean and the mean of equal-sized means is the mean over every
     data-parallel rank. The decision FSDP2 makes in `_get_gradient_divide_factors`."""
     return _size_and_rank(shard_group)[0], _size_and_rank(replicate_group)[0]
 
 
-def reduce_scatter_grads(full_grad: torch.Tensor, shard_group: dist.ProcessGroup | None,
-                         replicate_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def reduce_scatter_grads(
+    full_grad: torch.Tensor,
+    shard_group: dist.ProcessGroup | None,
+    replicate_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """This rank's shard of the unit's gradient, averaged over every data-parallel rank.
 
     Reduce-scatter (mean) inside the shard group: each rank receives the slice of
@@ -137,7 +142,9 @@ def reduce_scatter_grads(full_grad: torch.Tensor, shard_group: dist.ProcessGroup
     if n == 1:
         shard_grad = full_grad.clone()
     else:
-        shard_grad = torch.empty(full_grad.numel() // n, dtype=full_grad.dtype, device=full_grad.device)
+        shard_grad = torch.empty(
+            full_grad.numel() // n, dtype=full_grad.dtype, device=full_grad.device
+        )
         dist.reduce_scatter_tensor(shard_grad, full_grad, op=dist.ReduceOp.SUM, group=shard_group)
     shard_grad.div_(by_shards)
     replicas, _ = _size_and_rank(replicate_group)
@@ -157,7 +164,9 @@ class ShardedUnitFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, unit: FlatUnit, engine: "HandFSDP") -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, shard: torch.Tensor, unit: FlatUnit, engine: HandFSDP
+    ) -> torch.Tensor:
         full = gather_unit_params(unit, engine.shard_group)
         engine.note_memory()
         with torch.enable_grad():
@@ -202,7 +211,7 @@ class HandFSDP:
         shard_group: dist.ProcessGroup | None,
         replicate_group: dist.ProcessGroup | None = None,
         reshard_after_forward: bool = True,
-    ) -> "HandFSDP":
+    ) -> HandFSDP:
         """Shard each module (an FSDP unit) over `shard_group`; replicate over `replicate_group`."""
         units = [shard_unit(m, shard_group) for m in modules]
         return cls(units, shard_group, replicate_group, reshard_after_forward)
@@ -238,7 +247,9 @@ def all_reduce_gradients(modules: list[nn.Module], group: dist.ProcessGroup | No
 
 
 # ---------------------------------------------------------------- the sharded optimizer
-def sgd_momentum_step(param: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, momentum: float) -> None:
+def sgd_momentum_step(
+    param: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, momentum: float
+) -> None:
     """torch.optim.SGD(momentum=m) on one tensor: buf = m*buf + g; p -= lr*buf."""
     if "momentum_buffer" not in state:
         state["momentum_buffer"] = grad.detach().clone()
@@ -247,8 +258,14 @@ def sgd_momentum_step(param: torch.Tensor, grad: torch.Tensor, state: dict, lr: 
     param.add_(state["momentum_buffer"], alpha=-lr)
 
 
-def adam_step(param: torch.Tensor, grad: torch.Tensor, state: dict, lr: float,
-              betas: tuple[float, float], eps: float) -> None:
+def adam_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> None:
     """torch.optim.Adam on one tensor, the same operations in the same order."""
     if "exp_avg" not in state:
         state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
@@ -270,8 +287,15 @@ class ShardOptimizer:
     the full update: the sharded step needs no communication.
     """
 
-    def __init__(self, params: list[torch.Tensor], kind: str = "adam", lr: float = 0.05,
-                 momentum: float = 0.9, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        kind: str = "adam",
+        lr: float = 0.05,
+        momentum: float = 0.9,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
         if kind not in ("sgd", "adam"):
             raise ValueError(f"optimizer kind must be 'sgd' or 'adam', got kind={kind!r}")
         self.params, self.kind, self.lr = list(params), kind, lr

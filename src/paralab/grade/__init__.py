@@ -24,13 +24,15 @@ per submission, and optionally JSON and CSV (one row per student × exercise,
 plus a total row per student). `paralab.grade.submission` reads and runs a
 submission; `paralab.grade.__main__` is the command line.
 """
+
 from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,8 +85,13 @@ class WorldRun:
 
 
 # --------------------------------------------------------------------------- on every rank
-def case_outputs(fn: Callable, cases: Callable, normalize: Callable,
-                 rank: int | None = None, world: int | None = None) -> list[tuple[bool, Any]]:
+def case_outputs(
+    fn: Callable,
+    cases: Callable,
+    normalize: Callable,
+    rank: int | None = None,
+    world: int | None = None,
+) -> list[tuple[bool, Any]]:
     """Runs on every rank (or in-process): `fn` on each case; (True, output) or (False, what went wrong)."""
     if rank is None:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -93,7 +100,13 @@ def case_outputs(fn: Callable, cases: Callable, normalize: Callable,
         try:
             out = fn(*args)
         except Exception as exc:  # noqa: BLE001 - the learner's own exception, reported per case
-            results.append((False, f"{type(exc).__name__}: {exc}\n" + "\n".join(learner_frames(traceback.format_exc()))))
+            results.append(
+                (
+                    False,
+                    f"{type(exc).__name__}: {exc}\n"
+                    + "\n".join(learner_frames(traceback.format_exc())),
+                )
+            )
             continue
         try:
             results.append((True, _plain(normalize(out))))
@@ -113,8 +126,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _both_outputs(learner: Callable, solution: Callable, cases: Callable, normalize: Callable,
-                  rank: int | None = None, world: int | None = None) -> tuple[list, list]:
+def _both_outputs(
+    learner: Callable,
+    solution: Callable,
+    cases: Callable,
+    normalize: Callable,
+    rank: int | None = None,
+    world: int | None = None,
+) -> tuple[list, list]:
     """Runs on every rank: the reference first, then the learner, on fresh inputs."""
     expected = [out for _, out in case_outputs(solution, cases, normalize, rank, world)]
     return case_outputs(learner, cases, normalize, rank, world), expected
@@ -126,7 +145,9 @@ def learner_frames(tb: str) -> list[str]:
     for line in tb.rstrip().splitlines():
         stripped = line.strip()
         if stripped.startswith('File "'):
-            skip = not stripped.startswith('File "<cell ') and not stripped.startswith('File "<ipython')
+            skip = not stripped.startswith('File "<cell ') and not stripped.startswith(
+                'File "<ipython'
+            )
         if not skip and stripped and not stripped.startswith("Traceback"):
             keep.append("    " + stripped)
     return keep[-8:]
@@ -137,24 +158,39 @@ def cases_of(exercise: Exercise, hidden: bool, seed: int) -> Callable[[int, int]
     return functools.partial(exercise.hidden, seed=seed) if hidden else exercise.cases
 
 
-def launch_world(fn: Callable, world: int, args: tuple, timeout: float) -> tuple[list | None, str, str]:
+def launch_world(
+    fn: Callable, world: int, args: tuple, timeout: float
+) -> tuple[list | None, str, str]:
     """`fn(*args)` on `world` ranks (0: in this process): (per-rank results, or None with why and verdict)."""
     try:
         if world == 0:
             return [fn(*args, 0, 1)], "", ""
         return run(fn, world, *args, timeout=timeout), "", ""
     except LaunchTimeout as exc:
-        return None, (f"ranks {exc.hung_ranks} never finished within {timeout:g} s — is there a collective "
-                      "or a send/recv that only some ranks call?"), "TIMEOUT"
+        return (
+            None,
+            (
+                f"ranks {exc.hung_ranks} never finished within {timeout:g} s — is there a collective "
+                "or a send/recv that only some ranks call?"
+            ),
+            "TIMEOUT",
+        )
     except LaunchError as exc:
         return None, summarize_launch_error(str(exc)), "ERROR"
 
 
 def summarize_launch_error(text: str) -> str:
     """`rank N raised X: msg` plus the learner's traceback lines from the launcher's message."""
-    first = next((line for line in text.splitlines() if " raised " in line or " died " in line), text.splitlines()[0])
+    first = next(
+        (line for line in text.splitlines() if " raised " in line or " died " in line),
+        text.splitlines()[0],
+    )
     first = first.split("; ", 1)[-1]
-    tb = text.split("--- traceback of rank", 1)[-1].split("\n", 1)[-1] if "--- traceback" in text else ""
+    tb = (
+        text.split("--- traceback of rank", 1)[-1].split("\n", 1)[-1]
+        if "--- traceback" in text
+        else ""
+    )
     tb = tb.split("--- output of rank", 1)[0]
     return "\n".join([first, *learner_frames(tb)])
 
@@ -167,11 +203,17 @@ def _stored_expected(exercise: Exercise) -> dict | None:
     return torch.load(path, weights_only=True) if path.exists() else None
 
 
-def reference_world(exercise: Exercise, world: int, hidden: bool = False, seed: int = 0) -> list[list[Any]]:
+def reference_world(
+    exercise: Exercise, world: int, hidden: bool = False, seed: int = 0
+) -> list[list[Any]]:
     """The package solution's outputs at one world size, per rank and case."""
     # A generous timeout: the reference never deadlocks, only a loaded machine can make it slow.
-    per_rank, why, _ = launch_world(case_outputs, world, (exercise.reference(), cases_of(exercise, hidden, seed),
-                                                          exercise.normalize), max(4 * exercise.timeout, 120))
+    per_rank, why, _ = launch_world(
+        case_outputs,
+        world,
+        (exercise.reference(), cases_of(exercise, hidden, seed), exercise.normalize),
+        max(4 * exercise.timeout, 120),
+    )
     if per_rank is None:
         raise RuntimeError(f"{exercise.name}: the reference failed at world {world}: {why}")
     for rank_results in per_rank:
@@ -204,13 +246,22 @@ def score(exercise: Exercise, runs: list[WorldRun]) -> Outcome:
     failed = [c for c in cases if not c.passed]
     if not failed:
         worlds = ", ".join(str(w) for w in sorted({c.world for c in cases}) if w) or "in-process"
-        return Outcome("PASS", exercise.points, [f"all {len(cases)} cases pass (world sizes: {worlds})"], cases)
+        return Outcome(
+            "PASS", exercise.points, [f"all {len(cases)} cases pass (world sizes: {worlds})"], cases
+        )
     verdict = _verdict(failed, passed)
     if verdict == NOT_IMPLEMENTED:
         return Outcome(NOT_IMPLEMENTED, 0, [f"hint: {exercise.hint}"], cases)
     if verdict == "REFUSED":
-        return Outcome("REFUSED", 0, ["calls paralab's own solution: "
-                                      + next(c.why for c in failed if WITHHELD in c.why).splitlines()[0]], cases)
+        return Outcome(
+            "REFUSED",
+            0,
+            [
+                "calls paralab's own solution: "
+                + next(c.why for c in failed if WITHHELD in c.why).splitlines()[0]
+            ],
+            cases,
+        )
     details = []
     for c in failed[:4]:
         details.append(f"{c.label()}:\n    " + c.why.replace("\n", "\n    "))
@@ -239,23 +290,39 @@ def _how(why: str) -> str:
 
 
 def _judge_case(exercise: Exercise, w: WorldRun, c: int) -> tuple[bool, str, str]:
-    failures = [(rank, out) for rank, rank_results in enumerate(w.actual) for ok, out in [rank_results[c]] if not ok]
-    if failures:  # an exception on one rank is the cause of a wrong form on another: report it first
-        rank, out = min(failures, key=lambda f: (f[1].startswith("the result has the wrong form"), f[0]))
+    failures = [
+        (rank, out)
+        for rank, rank_results in enumerate(w.actual)
+        for ok, out in [rank_results[c]]
+        if not ok
+    ]
+    if (
+        failures
+    ):  # an exception on one rank is the cause of a wrong form on another: report it first
+        rank, out = min(
+            failures, key=lambda f: (f[1].startswith("the result has the wrong form"), f[0])
+        )
         where = "" if w.world == 0 else f"world {w.world}, rank {rank}: "
         if w.hidden and not out.startswith(("NotImplementedError", "the result")):
             out = out.splitlines()[0]
         return False, where + out, _how(out)
     actual = [rank_results[c][1] for rank_results in w.actual]
     expected = [rank_expected[c] for rank_expected in w.expected]
-    failed = [v for v in compare(actual, expected, atol=exercise.atol, rtol=exercise.rtol) if not v.passed]
+    failed = [
+        v for v in compare(actual, expected, atol=exercise.atol, rtol=exercise.rtol) if not v.passed
+    ]
     if not failed:
         return True, "", ""
     if w.hidden:  # say what kind of case failed, never its data
-        return False, "output differs from the reference" + (" (wrong shape, dtype or structure)"
-                                                            if any(v.problem for v in failed) else ""), "differs"
-    lines = [_describe(v, w.world, c) for v in failed[:2]] + ([f"... and {len(failed) - 2} more tensors"]
-                                                             if len(failed) > 2 else [])
+        return (
+            False,
+            "output differs from the reference"
+            + (" (wrong shape, dtype or structure)" if any(v.problem for v in failed) else ""),
+            "differs",
+        )
+    lines = [_describe(v, w.world, c) for v in failed[:2]] + (
+        [f"... and {len(failed) - 2} more tensors"] if len(failed) > 2 else []
+    )
     return False, "\n".join(lines), "differs"
 
 
@@ -263,7 +330,11 @@ def _describe(v: Verdict, world: int, case: int) -> str:
     """`world 4, rank 2, case 1, out: 3 of 90 elements differ, ...` (in-process: `case 1, out: ...`)."""
     rank, _, tensor = v.path.partition("/")
     where = f"world {world}, {rank}, " if world else ""
-    return f"{where}case {case}" + (f", {tensor}: " if tensor else ": ") + v.describe().split(": ", 1)[1]
+    return (
+        f"{where}case {case}"
+        + (f", {tensor}: " if tensor else ": ")
+        + v.describe().split(": ", 1)[1]
+    )
 
 
 # --------------------------------------------------------------------------- in the learner's kernel
@@ -278,12 +349,17 @@ def grade(exercise: Exercise, learner: Callable, seed: int | None = None) -> Out
     for world, hidden in plan:
         cases = cases_of(exercise, hidden, seed or 0)
         if stored is not None:
-            per_rank, why, verdict = launch_world(case_outputs, world, (learner, cases, exercise.normalize),
-                                                  exercise.timeout)
+            per_rank, why, verdict = launch_world(
+                case_outputs, world, (learner, cases, exercise.normalize), exercise.timeout
+            )
             expected = stored[world]
         else:
-            both, why, verdict = launch_world(_both_outputs, world, (learner, solution, cases, exercise.normalize),
-                                              exercise.timeout)
+            both, why, verdict = launch_world(
+                _both_outputs,
+                world,
+                (learner, solution, cases, exercise.normalize),
+                exercise.timeout,
+            )
             per_rank = [a for a, _ in both] if both else None
             expected = [e for _, e in both] if both else None
         runs.append(WorldRun(world, hidden, per_rank, expected, why, verdict or "ERROR"))

@@ -15,7 +15,8 @@ FSDP2 pads every parameter along dim 0 to a multiple of `n` before it cuts
 it (`ceil(d0/n)` rows per rank), so a unit's shard is
 `Σ_params ceil(d0/n)·(numel/d0)·8` bytes and its gathered form `n` times that.
 There is no reduce-scatter: inference has no backward.
-"""
+"""  # noqa: E501 - table rows, one line each
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,10 @@ def shard_bytes(shape: tuple[int, ...], n: int) -> int:
 
 def unit_shard_bytes(model: CondDenoiser, n: int) -> dict[str, int]:
     """Bytes of each unit's shard on one rank (the all-gather's input)."""
-    return {name: sum(shard_bytes(tuple(p.shape), n) for p in params) for name, params in units(model).items()}
+    return {
+        name: sum(shard_bytes(tuple(p.shape), n) for p in params)
+        for name, params in units(model).items()
+    }
 
 
 def memory(model: CondDenoiser, n: int, reshard_after_forward: bool) -> dict[str, int]:
@@ -66,7 +70,11 @@ def memory(model: CondDenoiser, n: int, reshard_after_forward: bool) -> dict[str
         between, peak = 0, n * (shards["root"] + biggest_block)
     else:
         between, peak = everything, everything
-    return {"shards": sum(shards.values()), "gathered between steps": between, "gathered peak": peak}
+    return {
+        "shards": sum(shards.values()),
+        "gathered between steps": between,
+        "gathered peak": peak,
+    }
 
 
 # ------------------------------------------------------------------ traffic per step
@@ -76,8 +84,9 @@ def forwards_per_step(pd: ParallelDims) -> int:
     return k * (1 if pd.cfgp_enabled else 2)
 
 
-def step_bytes(model: CondDenoiser, pd: ParallelDims, attention: str, reshard_after_forward: bool,
-               step: int) -> dict[str, int]:
+def step_bytes(
+    model: CondDenoiser, pd: ParallelDims, attention: str, reshard_after_forward: bool, step: int
+) -> dict[str, int]:
     """Bytes one rank sends at denoising step `step` (1-based), by group."""
     n, forwards = pd.dp_shard, forwards_per_step(pd)
     if n == 1:

@@ -21,8 +21,8 @@ group; group g generates samples `g·k ... g·k + k - 1` of the batch, with
 world: all ranks must run the same FSDP units the same number of times, in
 lockstep, whichever branch and sample they hold.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.distributed as dist
@@ -61,11 +61,15 @@ def make_denoiser() -> CondDenoiser:
     `text_dim` = the VAE's 4 latent channels: the conditioning video's latent
     tokens are the cross-attention context.
     """
-    return CondDenoiser(channels=4, dim=32, heads=8, text_dim=4, n_blocks=2, frames=2, height=4, width=4, seed=0)
+    return CondDenoiser(
+        channels=4, dim=32, heads=8, text_dim=4, n_blocks=2, frames=2, height=4, width=4, seed=0
+    )
 
 
 def make_decoder(denoiser: CondDenoiser) -> TinyVideoDecoder:
-    return TinyVideoDecoder(denoiser.frames, denoiser.height, denoiser.width, latent_channels=denoiser.channels)
+    return TinyVideoDecoder(
+        denoiser.frames, denoiser.height, denoiser.width, latent_channels=denoiser.channels
+    )
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -116,7 +120,9 @@ def videos_held(pd: ParallelDims, rank: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ 1. encode
-def encode_conditioning(pd: ParallelDims, samples: list[int], encoder: TinyVideoEncoder) -> list[torch.Tensor | None]:
+def encode_conditioning(
+    pd: ParallelDims, samples: list[int], encoder: TinyVideoEncoder
+) -> list[torch.Tensor | None]:
     """Each sample's conditioning latent on the ranks of its cond branch (None on the uncond branch).
 
     The loader rank holds the raw videos; every rank of an lb group takes part
@@ -140,8 +146,9 @@ def encode_conditioning(pd: ParallelDims, samples: list[int], encoder: TinyVideo
     return out
 
 
-def conditioning_contexts(pd: ParallelDims | None,
-                          encoder: TinyVideoEncoder) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor]]:
+def conditioning_contexts(
+    pd: ParallelDims | None, encoder: TinyVideoEncoder
+) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor]]:
     """This process's samples, their cond contexts (None on an uncond rank) and uncond (zero) contexts.
 
     One process: every sample, encoded here, each branch at batch 1. On ranks:
@@ -158,11 +165,17 @@ def conditioning_contexts(pd: ParallelDims | None,
         latents = encode_conditioning(pd, samples, encoder)
     conds = [None if z is None else conditioning_tokens(z) for z in latents]
     shapes = [encoder.latent_shape(conditioning_shapes()[i]) for i in samples]
-    return samples, conds, [torch.zeros(1, s[1] * s[2] * s[3], s[0], dtype=torch.float64) for s in shapes]
+    return (
+        samples,
+        conds,
+        [torch.zeros(1, s[1] * s[2] * s[3], s[0], dtype=torch.float64) for s in shapes],
+    )
 
 
 # ------------------------------------------------------------------ 2. denoise
-def shard_denoiser(model: CondDenoiser, pd: ParallelDims, reshard_after_forward: bool) -> CondDenoiser:
+def shard_denoiser(
+    model: CondDenoiser, pd: ParallelDims, reshard_after_forward: bool
+) -> CondDenoiser:
     """FSDP2 over dp_shard: each block one unit, the rest (embeddings, head) the root unit.
 
     `reshard_after_forward` is passed explicitly to every unit, the root
@@ -188,14 +201,18 @@ def should_skip_uncond(guidance_scale: float, parallel_dims: ParallelDims | None
     return guidance_scale == 1.0 and not sharded
 
 
-def guided_velocity(cond_pred: torch.Tensor, uncond_pred: torch.Tensor | None, guidance_scale: float) -> torch.Tensor:
+def guided_velocity(
+    cond_pred: torch.Tensor, uncond_pred: torch.Tensor | None, guidance_scale: float
+) -> torch.Tensor:
     """Lab 03's `cfg_combine`, except at w == 1, where guidance is exactly the cond prediction."""
     if guidance_scale == 1.0:
         return cond_pred
     return cfgp.cfg_combine(cond_pred, uncond_pred, guidance_scale)
 
 
-def predict(model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims | None, forward: dict) -> torch.Tensor:
+def predict(
+    model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims | None, forward: dict
+) -> torch.Tensor:
     """The guided velocity of one sample at one step, on this rank.
 
     One process: both branches here. cfgp = 2: this rank's branch, then lab
@@ -203,7 +220,9 @@ def predict(model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims |
     """
     if pd is None or not pd.cfgp_enabled:
         cond_pred = model(x, t, cond, **forward)
-        uncond_pred = None if should_skip_uncond(guidance_scale, pd) else model(x, t, uncond, **forward)
+        uncond_pred = (
+            None if should_skip_uncond(guidance_scale, pd) else model(x, t, uncond, **forward)
+        )
         return guided_velocity(cond_pred, uncond_pred, guidance_scale)
     is_cond = pd.cfgp_rank == 0
     if not is_cond and should_skip_uncond(guidance_scale, pd):
@@ -216,8 +235,17 @@ def predict(model, x, t, cond, uncond, guidance_scale: float, pd: ParallelDims |
 
 
 @torch.no_grad()
-def denoise(model: CondDenoiser, conds: list[torch.Tensor | None], unconds: list[torch.Tensor], seeds: list[int], *,
-            steps: int, guidance_scale: float, pd: ParallelDims | None, attention: str) -> list[torch.Tensor]:
+def denoise(
+    model: CondDenoiser,
+    conds: list[torch.Tensor | None],
+    unconds: list[torch.Tensor],
+    seeds: list[int],
+    *,
+    steps: int,
+    guidance_scale: float,
+    pd: ParallelDims | None,
+    attention: str,
+) -> list[torch.Tensor]:
     """Guided Euler sampling of several samples, step by step; returns each whole final latent.
 
     Steps outside, samples inside: each rank runs one forward per sample of its
@@ -239,7 +267,9 @@ def denoise(model: CondDenoiser, conds: list[torch.Tensor | None], unconds: list
 
 
 # ------------------------------------------------------------------ 3. decode
-def decode_and_gather(latents: list[torch.Tensor], decoder: TinyVideoDecoder, pd: ParallelDims | None) -> torch.Tensor:
+def decode_and_gather(
+    latents: list[torch.Tensor], decoder: TinyVideoDecoder, pd: ParallelDims | None
+) -> torch.Tensor:
     """Decode this group's samples and all-gather every group's: (BATCH, 3, T, H, W) on every rank."""
     videos = torch.stack([decoder(z) for z in latents])
     if pd is None:
@@ -263,7 +293,9 @@ def check_layout(pd: ParallelDims) -> None:
     FSDP2 already offers on the dp_shard mesh (`reshard_after_forward`).
     """
     if not pd.enable_inference_mode:
-        raise ValueError("generate: the ParallelDims needs enable_inference_mode=True (inference pipeline)")
+        raise ValueError(
+            "generate: the ParallelDims needs enable_inference_mode=True (inference pipeline)"
+        )
     if pd.dp_replicate > 1:
         raise ValueError(
             f"generate: dp_replicate={pd.dp_replicate}, but inference forces dp_replicate=1: with no gradients "
@@ -271,13 +303,22 @@ def check_layout(pd: ParallelDims) -> None:
             f"all-gather over fewer ranks; shard over dp_shard={pd.world_size} and choose reshard_after_forward instead"
         )
     if pd.world_size != dist.get_world_size():
-        raise ValueError(f"generate: ParallelDims world_size={pd.world_size} but the process group has "
-                         f"{dist.get_world_size()} ranks")
+        raise ValueError(
+            f"generate: ParallelDims world_size={pd.world_size} but the process group has "
+            f"{dist.get_world_size()} ranks"
+        )
     samples_of_rank(pd, dist.get_rank())
 
 
-def generate(parallel_dims: ParallelDims | None = None, *, steps: int = 4, guidance_scale: float = 5.0, seed: int = 0,
-             attention: str = "ulysses", reshard_after_forward: bool = True) -> torch.Tensor:
+def generate(
+    parallel_dims: ParallelDims | None = None,
+    *,
+    steps: int = 4,
+    guidance_scale: float = 5.0,
+    seed: int = 0,
+    attention: str = "ulysses",
+    reshard_after_forward: bool = True,
+) -> torch.Tensor:
     """Every sample of the fixed batch, generated and decoded: (BATCH, 3, T, H, W) float64.
 
     `parallel_dims=None`: one process, the reference. Otherwise the current default
@@ -293,10 +334,19 @@ def generate(parallel_dims: ParallelDims | None = None, *, steps: int = 4, guida
         check_layout(pd)
         if not pd.mesh:
             pd.build_meshes()
-    samples, conds, unconds = conditioning_contexts(pd, encoder)  # 1. encode: lb, then a cp broadcast
+    samples, conds, unconds = conditioning_contexts(
+        pd, encoder
+    )  # 1. encode: lb, then a cp broadcast
     if pd is not None:
         shard_denoiser(model, pd, reshard_after_forward)  # 2. FSDP2 over dp_shard = the world
-    final = denoise(model, conds, unconds, [sample_seed(seed, i) for i in samples], steps=steps,
-                    guidance_scale=guidance_scale, pd=pd, attention=attention)  # 2. cfgp branches, cp sequence
+    final = denoise(
+        model,
+        conds,
+        unconds,
+        [sample_seed(seed, i) for i in samples],
+        steps=steps,
+        guidance_scale=guidance_scale,
+        pd=pd,
+        attention=attention,
+    )  # 2. cfgp branches, cp sequence
     return decode_and_gather(final, decoder, pd)  # 3. decode, all-gather over the world
-

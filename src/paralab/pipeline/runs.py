@@ -5,11 +5,12 @@ launch and returns, per run, the output, the ledger records and what the
 memory probe saw. `classify` sorts ledger records into the groups the lab
 talks about; `replicated_denoiser_job` is the dp_replicate > 1 experiment.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,9 @@ def probe_memory() -> Iterator[MemoryProbe]:
 
 
 # ------------------------------------------------------------------ the job
-def pipeline_job(layouts: dict[str, dict], variants: dict[str, dict], planted_bugs: dict | None = None) -> dict:
+def pipeline_job(
+    layouts: dict[str, dict], variants: dict[str, dict], planted_bugs: dict | None = None
+) -> dict:
     """Run `generate` for every layout x variant on this rank; {(layout, variant): result}.
 
     `layouts`: name -> ParallelDims keyword arguments (inference mode is
@@ -101,7 +104,11 @@ def pipeline_job(layouts: dict[str, dict], variants: dict[str, dict], planted_bu
         pd = ParallelDims(dist.get_world_size(), enable_inference_mode=True, **dims)
         pd.build_meshes("cpu")
         for name, kwargs in variants.items():
-            with planted(inference, **(planted_bugs or {})), Ledger() as ledger, probe_memory() as probe:
+            with (
+                planted(inference, **(planted_bugs or {})),
+                Ledger() as ledger,
+                probe_memory() as probe,
+            ):
                 output = inference.generate(pd, **kwargs)
             out[(layout, name)] = {
                 "output": output,
@@ -115,7 +122,13 @@ def pipeline_job(layouts: dict[str, dict], variants: dict[str, dict], planted_bu
 
 
 # ------------------------------------------------------------------ sorting the ledger
-GROUPS = ("lb exchange", "dp_shard all-gather", "cfgp swap", "cp attention", "one-off (noise, context, return)")
+GROUPS = (
+    "lb exchange",
+    "dp_shard all-gather",
+    "cfgp swap",
+    "cp attention",
+    "one-off (noise, context, return)",
+)
 
 
 def classify(record: Record, groups: dict[str, list[int]]) -> str:
@@ -157,8 +170,12 @@ def calls_by_group(result: dict, phase: str) -> dict[str, dict[str, int]]:
 # ------------------------------------------------------------------ dp_replicate > 1 in inference
 def repeated_forwards(model: CondDenoiser, steps: int = 4) -> torch.Tensor:
     """`steps` cond forwards of the denoiser on fixed inputs (no cp, no cfgp); the last prediction."""
-    x = torch.randn(model.latent_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    context = torch.randn(1, 8, model.text_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x = torch.randn(
+        model.latent_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
+    context = torch.randn(
+        1, 8, model.text_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
     with torch.no_grad():
         for step in range(steps):
             y = model(x, 1.0 - step / steps, context, attention=inference.whole_sequence_attention)

@@ -6,7 +6,16 @@ Public entry points (stable: other code and checks call them):
 - `reference(*, samples, steps, optimizer, seed, causal)`: one process, the global batch.
 - `apply_cp`, `apply_ac`, `apply_compile`, `apply_fsdp`, and `parallelize` (all four in order).
 """
+
 from paralab.train.parallelism import apply_ac, apply_compile, apply_cp, apply_fsdp, parallelize
 from paralab.train.runs import reference, train
 
-__all__ = ["apply_ac", "apply_compile", "apply_cp", "apply_fsdp", "parallelize", "reference", "train"]
+__all__ = [
+    "apply_ac",
+    "apply_compile",
+    "apply_cp",
+    "apply_fsdp",
+    "parallelize",
+    "reference",
+    "train",
+]

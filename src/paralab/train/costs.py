@@ -12,7 +12,8 @@ Units: every block, and the root (embedding, positions, noise level, final norm,
 | cp | L x attention forward (lab 02: ring 2(cp-1)S, Ulysses 4(cp-1)S/cp) | L x attention backward | full AC: L x attention forward again; none / selective: 0 |
 
 S = one rank's shard of one of q, k, v (`paralab.cp.shard_bytes`).
-"""
+"""  # noqa: E501 - table rows, one line each
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,15 @@ def attention_bytes(attention: str, cp: int, batch: int = 1) -> dict[str, int]:
     return ring_bytes(s, cp) if attention == "ring" else ulysses_bytes(s, cp)
 
 
-def step_bytes(dp_shard: int, dp_replicate: int, cp: int, *, attention: str = "ring", ac: str = "none",
-               units: list[list[tuple[int, ...]]] | None = None) -> dict[tuple[str, str], int]:
+def step_bytes(
+    dp_shard: int,
+    dp_replicate: int,
+    cp: int,
+    *,
+    attention: str = "ring",
+    ac: str = "none",
+    units: list[list[tuple[int, ...]]] | None = None,
+) -> dict[tuple[str, str], int]:
     """{(group, phase): bytes one rank sends per step}, for every group and phase in the table above."""
     units = units or unit_shapes()
     n, r, blocks = dp_shard, dp_replicate, len(units) - 1
@@ -63,18 +71,28 @@ def step_bytes(dp_shard: int, dp_replicate: int, cp: int, *, attention: str = "r
     return out
 
 
-def measured_step_bytes(records, rank: int, parallel_dims, steps: int) -> dict[tuple[str, str], int]:
+def measured_step_bytes(
+    records, rank: int, parallel_dims, steps: int
+) -> dict[tuple[str, str], int]:
     """The ledger's bytes per step in the same (group, phase) cells: groups named by `predict_groups`."""
     from paralab.parallel_dims import predict_groups
 
-    groups = {axis: tuple(ranks) for axis, ranks in predict_groups(parallel_dims, rank).items() if axis in GROUPS}
+    groups = {
+        axis: tuple(ranks)
+        for axis, ranks in predict_groups(parallel_dims, rank).items()
+        if axis in GROUPS
+    }
     names = {ranks: axis for axis, ranks in groups.items()}
     if len(names) < len(groups):
-        raise ValueError(f"rank {rank}: two axes share one group {groups}; the ledger cannot tell them apart")
+        raise ValueError(
+            f"rank {rank}: two axes share one group {groups}; the ledger cannot tell them apart"
+        )
     out = {(g, p): 0 for g in GROUPS for p in PHASES}
     for rec in records:
         if rec.phase in PHASES and rec.group_ranks in names:
             out[names[rec.group_ranks], rec.phase] += rec.bytes_sent
         elif rec.phase in PHASES:
-            raise ValueError(f"rank {rank}: a {rec.op} on group {rec.group_ranks} belongs to no dp/cp group")
+            raise ValueError(
+                f"rank {rank}: a {rec.op} on group {rec.group_ranks} belongs to no dp/cp group"
+            )
     return {k: v // steps for k, v in out.items()}

@@ -10,6 +10,7 @@ Two seams make it parallelizable without touching its arithmetic:
   (`SequenceShard`); positions are always GLOBAL token positions, so a cp
   shard knows where its tokens sit in the sample.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ class SequenceShard:
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's tokens of x (batch, N, ...)."""
-        return x if self.cp == 1 else shard_sequence(x, self.rank, self.cp, dim=1, zigzag=self.zigzag)
+        return (
+            x if self.cp == 1 else shard_sequence(x, self.rank, self.cp, dim=1, zigzag=self.zigzag)
+        )
 
     def positions(self, n_tokens: int) -> torch.Tensor:
         """The global positions of this rank's tokens in a sequence of `n_tokens`."""
@@ -60,11 +63,17 @@ class QKV(nn.Module):
         super().__init__()
         self.heads = heads
         self.norm = nn.LayerNorm(dim, dtype=DTYPE)
-        self.proj = nn.Linear(dim, 3 * dim, bias=False, dtype=DTYPE)  # a key bias has a zero gradient: Adam would amplify its rounding noise
+        self.proj = nn.Linear(
+            dim, 3 * dim, bias=False, dtype=DTYPE
+        )  # a key bias has a zero gradient: Adam would amplify its rounding noise
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, dim = x.shape
-        qkv = self.proj(self.norm(x)).view(b, n, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = (
+            self.proj(self.norm(x))
+            .view(b, n, 3, self.heads, dim // self.heads)
+            .permute(2, 0, 3, 1, 4)
+        )
         return qkv[0].contiguous(), qkv[1].contiguous(), qkv[2].contiguous()
 
 
@@ -98,8 +107,16 @@ class Block(nn.Module):
 class DiT(nn.Module):
     """The denoiser: predicts the noise in `noisy` (batch, N, channels) at noise level `sigma` (batch,)."""
 
-    def __init__(self, channels: int, dim: int, heads: int, tokens: int, blocks: int, hidden: int,
-                 causal: bool = False) -> None:
+    def __init__(
+        self,
+        channels: int,
+        dim: int,
+        heads: int,
+        tokens: int,
+        blocks: int,
+        hidden: int,
+        causal: bool = False,
+    ) -> None:
         super().__init__()
         self.embed = nn.Linear(channels, dim, dtype=DTYPE)
         self.position = nn.Parameter(0.1 * torch.randn(tokens, dim, dtype=DTYPE))
@@ -113,7 +130,9 @@ class DiT(nn.Module):
         """The prediction for THIS rank's tokens of the full samples `noisy`."""
         return self.predict(self.shard.tokens(noisy), self.shard.positions(noisy.shape[1]), sigma)
 
-    def predict(self, tokens: torch.Tensor, positions: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def predict(
+        self, tokens: torch.Tensor, positions: torch.Tensor, sigma: torch.Tensor
+    ) -> torch.Tensor:
         h = self.embed(tokens) + self.position[positions] + self.noise_level(sigma.view(-1, 1, 1))
         for block in self.blocks:
             h = block(h)
@@ -139,7 +158,9 @@ def build_model(causal: bool = False, seed: int = 0) -> DiT:
         return DiT(**SHAPE, causal=causal)
 
 
-def loss_of(model: nn.Module, noisy: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def loss_of(
+    model: nn.Module, noisy: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
     """Mean squared error over the tokens this rank holds (the cp-local loss).
 
     Why the plain local mean is the right normalization: a sample's loss is the

@@ -7,9 +7,11 @@ collectives when it recomputes), compile traces that, and FSDP shards last,
 around everything, so that its hooks gather parameters for the code that
 actually runs.
 """
+
 from __future__ import annotations
 
 import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -64,8 +66,11 @@ def apply_cp(model: nn.Module, parallel_dims: ParallelDims, attention: str = "ri
     group = parallel_dims.cp_mesh.get_group()
     for block in blocks_of(model):
         block.attention = CPAttention(attention, group, model_is_causal(model))
-    model.shard = SequenceShard(parallel_dims.cp_rank, parallel_dims.cp_size,
-                                zigzag=attention == "ring" and model_is_causal(model))
+    model.shard = SequenceShard(
+        parallel_dims.cp_rank,
+        parallel_dims.cp_size,
+        zigzag=attention == "ring" and model_is_causal(model),
+    )
     return model
 
 
@@ -73,7 +78,9 @@ def model_is_causal(model: nn.Module) -> bool:
     return any(getattr(m, "causal", False) for m in model.modules())
 
 
-def _recompute_labelled() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+def _recompute_labelled() -> tuple[
+    contextlib.AbstractContextManager, contextlib.AbstractContextManager
+]:
     """`checkpoint`'s context_fn: nothing around the first forward, a ledger label around the recompute."""
     return contextlib.nullcontext(), in_phase("recompute")
 
@@ -126,8 +133,14 @@ def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims) -> nn.Module:
     return shard_on(model, fsdp_mesh(parallel_dims))
 
 
-def parallelize(model: nn.Module, parallel_dims: ParallelDims, *, attention: str = "ring", ac: str = "none",
-                compile: bool = False) -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    parallel_dims: ParallelDims,
+    *,
+    attention: str = "ring",
+    ac: str = "none",
+    compile: bool = False,
+) -> nn.Module:
     """apply_cp -> apply_ac -> apply_compile -> apply_fsdp, in the order `ORDER` names."""
     steps = {
         "cp": lambda: apply_cp(model, parallel_dims, attention),

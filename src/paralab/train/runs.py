@@ -6,6 +6,7 @@ index)`, so the parallel run and the reference see the same data by construction
 and the only question is whether each rank picks the right sample and the right
 tokens of it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,18 +19,27 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
+import paralab.train.parallelism as parallelism
 from paralab.exercises import planted
 from paralab.ledger import Ledger, in_phase
 from paralab.parallel_dims import ParallelDims
 from paralab.train.model import DTYPE, SHAPE, SequenceShard, build_model, loss_of
-import paralab.train.parallelism as parallelism
-from paralab.train.parallelism import CPAttention, apply_ac, apply_compile, blocks_of, parallelize, shard_on
+from paralab.train.parallelism import (
+    CPAttention,
+    apply_ac,
+    apply_compile,
+    blocks_of,
+    parallelize,
+    shard_on,
+)
 
 LEARNING_RATE = {"sgd": 0.2, "adam": 0.02}
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
-def make_sample(seed: int, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_sample(
+    seed: int, step: int, index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample `index` of the global batch at `step`: (noisy tokens, noise level, noise), full length."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + index)
     clean = torch.randn(1, SHAPE["tokens"], SHAPE["channels"], dtype=DTYPE, generator=g)
@@ -75,7 +85,9 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def training_loop(model: nn.Module, sample: int, *, steps: int, optimizer: str, seed: int) -> dict[str, torch.Tensor]:
+def training_loop(
+    model: nn.Module, sample: int, *, steps: int, optimizer: str, seed: int
+) -> dict[str, torch.Tensor]:
     """`steps` optimizer steps of `model` on sample `sample` of each step's global batch; full params back."""
     opt = optimizer_for(model.parameters(), optimizer)
     for step in range(steps):
@@ -100,8 +112,17 @@ def ensure_meshes(parallel_dims: ParallelDims) -> ParallelDims:
     return parallel_dims
 
 
-def train(parallel_dims: ParallelDims, *, steps: int = 3, attention: str = "ring", ac: str = "none",
-          compile: bool = False, optimizer: str = "sgd", seed: int = 0, causal: bool = False) -> dict[str, torch.Tensor]:
+def train(
+    parallel_dims: ParallelDims,
+    *,
+    steps: int = 3,
+    attention: str = "ring",
+    ac: str = "none",
+    compile: bool = False,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    causal: bool = False,
+) -> dict[str, torch.Tensor]:
     """Train the DiT on this rank's share of the global batch; every rank returns the same full parameters.
 
     Runs on the current default process group (call it inside `paralab.launch.run`).
@@ -109,11 +130,14 @@ def train(parallel_dims: ParallelDims, *, steps: int = 3, attention: str = "ring
     """
     pd = ensure_meshes(parallel_dims)
     model = parallelize(build_model(causal), pd, attention=attention, ac=ac, compile=compile)
-    return training_loop(model, sample_index(dist.get_rank(), pd), steps=steps, optimizer=optimizer, seed=seed)
+    return training_loop(
+        model, sample_index(dist.get_rank(), pd), steps=steps, optimizer=optimizer, seed=seed
+    )
 
 
-def reference(*, samples: int, steps: int = 3, optimizer: str = "sgd", seed: int = 0,
-              causal: bool = False) -> dict[str, torch.Tensor]:
+def reference(
+    *, samples: int, steps: int = 3, optimizer: str = "sgd", seed: int = 0, causal: bool = False
+) -> dict[str, torch.Tensor]:
     """One process, the whole global batch of `samples` samples, loss = mean over samples."""
     model = build_model(causal)
     opt = optimizer_for(model.parameters(), optimizer)
@@ -139,7 +163,9 @@ def dims_of(dims: dict) -> ParallelDims:
     return _BUILT[key]
 
 
-def run_variants(jobs: list[tuple[dict, dict]], *, steps: int = 3, ledger: bool = False) -> list[dict]:
+def run_variants(
+    jobs: list[tuple[dict, dict]], *, steps: int = 3, ledger: bool = False
+) -> list[dict]:
     """One launch, many trainings: `train(ParallelDims(**dims), **variant)` for each (dims, variant).
 
     Returns per job {"params", "records"} (records: this rank's ledger, when asked).
@@ -160,17 +186,25 @@ def compile_report() -> dict:
     return {"graphs": counters["stats"]["unique_graphs"], "breaks": breaks}
 
 
-def local_losses(dims: dict, *, attention: str = "ring", causal: bool = False, seed: int = 0) -> dict:
+def local_losses(
+    dims: dict, *, attention: str = "ring", causal: bool = False, seed: int = 0
+) -> dict:
     """This rank's cp-local loss at step 0, its sample and the global positions of its tokens."""
     pd = dims_of(dims)
     model = parallelize(build_model(causal), pd, attention=attention)
     sample = sample_index(dist.get_rank(), pd)
     with torch.no_grad():
         loss = loss_of(model, *make_sample(seed, 0, sample))
-    return {"sample": sample, "positions": model.shard.positions(SHAPE["tokens"]).tolist(), "loss": loss.item()}
+    return {
+        "sample": sample,
+        "positions": model.shard.positions(SHAPE["tokens"]).tolist(),
+        "loss": loss.item(),
+    }
 
 
-def generate_demo(dims: dict, *, prompt_tokens: int = 4, new_tokens: int = 4, seed: int = 0) -> dict:
+def generate_demo(
+    dims: dict, *, prompt_tokens: int = 4, new_tokens: int = 4, seed: int = 0
+) -> dict:
     """FSDP-sharded `generate`: first unregistered (what happens), then registered with FSDP."""
     pd = dims_of(dims)
     model = parallelize(build_model(causal=True), pd)
@@ -202,11 +236,20 @@ def titan_meshes(world: int, dp_replicate: int, cp: int) -> dict:
     """torchtitan's consuming reading of the same ranks: (dp_replicate, dp_shard = world/(dp_replicate*cp), cp),
     with FSDP on the flattened dp_shard_cp mesh."""
     dp_shard = world // (dp_replicate * cp)
-    mesh = init_device_mesh(device_type(), (dp_replicate, dp_shard, cp), mesh_dim_names=("dp_replicate", "dp_shard", "cp"))
+    mesh = init_device_mesh(
+        device_type(),
+        (dp_replicate, dp_shard, cp),
+        mesh_dim_names=("dp_replicate", "dp_shard", "cp"),
+    )
     mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
     fsdp = mesh[("dp_replicate", "dp_shard_cp")] if dp_replicate > 1 else mesh["dp_shard_cp"]
     coord = mesh.get_coordinate()
-    return {"fsdp": fsdp, "cp": mesh["cp"], "dp_index": coord[0] * dp_shard + coord[1], "dp_shard": dp_shard}
+    return {
+        "fsdp": fsdp,
+        "cp": mesh["cp"],
+        "dp_index": coord[0] * dp_shard + coord[1],
+        "dp_shard": dp_shard,
+    }
 
 
 def run_titan(dp_replicate: int, cp: int, variant: dict, *, steps: int = 3) -> dict:
@@ -222,7 +265,16 @@ def run_titan(dp_replicate: int, cp: int, variant: dict, *, steps: int = 3) -> d
     apply_ac(model, variant.get("ac", "none"))
     apply_compile(model, variant.get("compile", False))
     shard_on(model, t["fsdp"])
-    params = training_loop(model, t["dp_index"], steps=steps, optimizer=variant.get("optimizer", "sgd"),
-                           seed=variant.get("seed", 0))
-    return {"params": params, "dp_shard": t["dp_shard"], "fsdp_mesh": tuple(t["fsdp"].mesh.shape),
-            "fsdp_group": sorted(set(t["fsdp"].mesh.flatten().tolist()))}
+    params = training_loop(
+        model,
+        t["dp_index"],
+        steps=steps,
+        optimizer=variant.get("optimizer", "sgd"),
+        seed=variant.get("seed", 0),
+    )
+    return {
+        "params": params,
+        "dp_shard": t["dp_shard"],
+        "fsdp_mesh": tuple(t["fsdp"].mesh.shape),
+        "fsdp_group": sorted(set(t["fsdp"].mesh.flatten().tolist())),
+    }

@@ -13,19 +13,8 @@ their encoders.
 The algorithm's names are re-exported here. A bug is planted in the module
 whose globals the loop reads: `planted(paralab.vae_lb.planner, closest_fit=bug)`.
 """
+
 from paralab.vae_lb.costs import encode_cost
-from paralab.vae_lb.protocol import (
-    META_BYTES,
-    META_LEN,
-    batched_p2p,
-    empty_from_metadata,
-    exchange,
-    global_rank,
-    metadata,
-    offload_encode,
-    return_latents,
-    share_costs,
-)
 from paralab.vae_lb.planner import (
     Assignment,
     Move,
@@ -37,6 +26,18 @@ from paralab.vae_lb.planner import (
     most_and_least_loaded,
     plan_rebalance,
     shrinks_gap,
+)
+from paralab.vae_lb.protocol import (
+    META_BYTES,
+    META_LEN,
+    batched_p2p,
+    empty_from_metadata,
+    exchange,
+    global_rank,
+    metadata,
+    offload_encode,
+    return_latents,
+    share_costs,
 )
 
 __all__ = [

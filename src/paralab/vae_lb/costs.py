@@ -10,6 +10,7 @@ rank of the group, M = the metadata record's bytes):
   its helper receives them; the helper sends the latent back, M + THW (4 float64
   channels of (T/2)(H/4)(W/4) values: 4 * 8 / 32 = 1 byte per pixel).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,13 +26,16 @@ def encode_cost(video: torch.Tensor) -> float:
     same for every video and only scale all costs alike.
     """
     if video.dim() != 4:
-        raise ValueError(f"a raw video is (channels, frames, height, width), got shape {tuple(video.shape)}")
+        raise ValueError(
+            f"a raw video is (channels, frames, height, width), got shape {tuple(video.shape)}"
+        )
     _, frames, height, width = video.shape
     return float(frames * height * width)
 
 
-def exchange_bytes(batch: list[list[torch.Tensor]], plan: list[tuple[int, int, int]],
-                   groups: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
+def exchange_bytes(
+    batch: list[list[torch.Tensor]], plan: list[tuple[int, int, int]], groups: list[list[int]]
+) -> tuple[list[int], list[int], list[int]]:
     """Per global rank: P2P bytes sent, P2P bytes received, all_gather bytes sent.
 
     `plan` holds (owner, helper, local index) in global ranks; `groups` the global ranks of each lb group.
@@ -56,7 +60,9 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """Least-squares line y = a x + b, and its R^2: how much of the variation in `ys` the cost explains."""
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    a = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    a = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
     b = mean_y - a * mean_x
     residual = sum((y - b - a * x) ** 2 for x, y in zip(xs, ys))
     return a, b, 1 - residual / sum((y - mean_y) ** 2 for y in ys)

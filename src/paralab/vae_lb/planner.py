@@ -5,6 +5,7 @@ least loaded rank of an lb group while that strictly shrinks their gap. The
 assignments and the two baselines (round-robin by size, LPT) let the lab
 compare plans by makespan.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ def _check_costs(costs: dict[int, list[float]]) -> None:
     for rank, values in costs.items():
         for index, cost in enumerate(values):
             if not cost >= 0:  # also rejects NaN
-                raise ValueError(f"lb planner: cost of sample {index} on rank {rank} must be >= 0, got {cost!r}")
+                raise ValueError(
+                    f"lb planner: cost of sample {index} on rank {rank} must be >= 0, got {cost!r}"
+                )
 
 
 def most_and_least_loaded(loads: dict[int, float]) -> tuple[int, int]:

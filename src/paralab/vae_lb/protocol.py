@@ -13,9 +13,10 @@ so every rank ends with the latents of its own videos in its original order
 (`offload_encode`). Every rank of the group makes the same collective calls,
 including ranks with no videos: a rank that skipped one would hang its peers.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,11 +24,18 @@ import torch.distributed as dist
 from paralab.launch import rank_device
 from paralab.vae_lb.planner import Move, plan_rebalance
 
-
 # ------------------------------------------------------------------ communication helpers
 _DTYPES = (
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
 )
 MAX_DIMS = 6
 META_LEN = 2 + MAX_DIMS  # [ndim, dtype code, shape padded with zeros]
@@ -39,7 +47,9 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def share_costs(costs: list[float], group: dist.ProcessGroup | None = None) -> dict[int, list[float]]:
+def share_costs(
+    costs: list[float], group: dist.ProcessGroup | None = None
+) -> dict[int, list[float]]:
     """Every rank of the group learns every rank's costs, keyed by group rank.
 
     gloo cannot all_gather tensors of unequal sizes, so: all_gather the counts,
@@ -63,9 +73,13 @@ def share_costs(costs: list[float], group: dist.ProcessGroup | None = None) -> d
 def metadata(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Fixed-size description (ndim, dtype, shape) so the receiver can allocate before the payload."""
     if tensor.dim() > MAX_DIMS or tensor.dtype not in _DTYPES:
-        raise ValueError(f"lb exchange: cannot describe a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}")
+        raise ValueError(
+            f"lb exchange: cannot describe a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}"
+        )
     shape = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-    return torch.tensor([tensor.dim(), _DTYPES.index(tensor.dtype), *shape], dtype=torch.int64, device=device)
+    return torch.tensor(
+        [tensor.dim(), _DTYPES.index(tensor.dtype), *shape], dtype=torch.int64, device=device
+    )
 
 
 def empty_from_metadata(meta: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -75,7 +89,9 @@ def empty_from_metadata(meta: torch.Tensor, device: torch.device) -> torch.Tenso
 
 
 def batched_p2p(
-    sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]], group: dist.ProcessGroup | None
+    sends: list[tuple[int, torch.Tensor]],
+    recvs: list[tuple[int, torch.Tensor]],
+    group: dist.ProcessGroup | None,
 ) -> None:
     """Post every send and receive of this rank at once and wait for all of them.
 
@@ -101,7 +117,9 @@ def exchange(
     device = rank_device()
     outgoing = [(peer, t.to(device).contiguous()) for peer, t in sends]
     metas = [torch.empty(META_LEN, dtype=torch.int64, device=device) for _ in recv_from]
-    batched_p2p([(peer, metadata(t, device)) for peer, t in outgoing], list(zip(recv_from, metas)), group)
+    batched_p2p(
+        [(peer, metadata(t, device)) for peer, t in outgoing], list(zip(recv_from, metas)), group
+    )
     buffers = [empty_from_metadata(m, device) for m in metas]
     batched_p2p(outgoing, list(zip(recv_from, buffers)), group)
     return buffers
@@ -125,7 +143,11 @@ def offload_encode(
     plan = plan_rebalance(share_costs(costs, group))
     outgoing = [m for m in plan if m.from_rank == me]
     incoming = [m for m in plan if m.to_rank == me]
-    guests = exchange([(m.to_rank, videos[m.local_index]) for m in outgoing], [m.from_rank for m in incoming], group)
+    guests = exchange(
+        [(m.to_rank, videos[m.local_index]) for m in outgoing],
+        [m.from_rank for m in incoming],
+        group,
+    )
     sent_away = {m.local_index for m in outgoing}
     latents = {i: encode_fn(v) for i, v in enumerate(videos) if i not in sent_away}
     guest_latents = [encode_fn(v) for v in guests]
@@ -135,10 +157,17 @@ def offload_encode(
 
 
 def return_latents(
-    guest_latents: list[torch.Tensor], incoming: list[Move], outgoing: list[Move], group: dist.ProcessGroup | None
+    guest_latents: list[torch.Tensor],
+    incoming: list[Move],
+    outgoing: list[Move],
+    group: dist.ProcessGroup | None,
 ) -> dict[int, torch.Tensor]:
     """The latent return path: helpers send latents to owners; owners file them by local index."""
     ### BEGIN SOLUTION
-    back = exchange([(m.from_rank, z) for m, z in zip(incoming, guest_latents)], [m.to_rank for m in outgoing], group)
+    back = exchange(
+        [(m.from_rank, z) for m, z in zip(incoming, guest_latents)],
+        [m.to_rank for m in outgoing],
+        group,
+    )
     return {m.local_index: z for m, z in zip(outgoing, back)}
     ### END SOLUTION
