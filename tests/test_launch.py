@@ -186,11 +186,23 @@ def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
             print([b.value for b in run(gather_ranks, 3, 10)])
         """)
         ),
+        nbformat.v4.new_code_cell(
+            textwrap.dedent("""
+            from paralab.collectives import runs
+
+            def op_input(op, rank, n):  # a reader's edit of the shown function
+                return torch.full((n if op == "reduce_scatter" else 1,), 7.0, dtype=torch.float64)
+
+            edited = run(runs.forward_job, 2, patches={"paralab.collectives.runs": {"op_input": op_input}})
+            print([r["all_reduce"].tolist() for r in edited])
+        """)
+        ),
     ]
     NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     assert nb.cells[0].outputs[0]["text"].strip() == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
+    assert nb.cells[1].outputs[0]["text"].strip() == "[[14.0], [14.0]]"
 
 
 def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
@@ -200,12 +212,21 @@ def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
         import torch.distributed as dist
         from paralab.launch import run
 
+        from paralab.collectives import runs
+
         def who():
             return dist.get_rank() * 10
 
+        def ones(op, rank, n):
+            return torch.ones(n if op == "reduce_scatter" else 1, dtype=torch.float64)
+
         if __name__ == "__main__":
+            import torch
             results = run(who, 2)
             print(f"rank {dist.get_rank()} sees {results}")
+            patched = run(runs.forward_job, 2, patches={"paralab.collectives.runs": {"op_input": ones}})
+            print(f"rank {dist.get_rank()} all_reduce {patched[0]['all_reduce'].tolist()}")
+            assert runs.op_input is not ones, "the patch outlived the run"
             dist.barrier()
             dist.destroy_process_group()
     """)
@@ -222,3 +243,59 @@ def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 0 sees [0, 10]" in done.stdout and "rank 1 sees [0, 10]" in done.stdout
+    assert "rank 0 all_reduce [2.0]" in done.stdout and "rank 1 all_reduce [2.0]" in done.stdout
+
+
+# --------------------------------------------------------------------------- patches=
+def _ones_input(op, rank, n):
+    """An 'edited' op_input: every rank contributes ones, so an all-reduce gives n."""
+    return torch.ones(n if op == "reduce_scatter" else 1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_patches_reach_a_package_worker(start_method):
+    """The package's own worker, imported by the ranks, runs the replacement on every rank."""
+    from paralab.collectives import runs
+
+    plain = run(runs.forward_job, 2, start_method=start_method)
+    edited = run(
+        runs.forward_job,
+        2,
+        start_method=start_method,
+        patches={"paralab.collectives.runs": {"op_input": _ones_input}},
+    )
+    assert [r["all_reduce"].tolist() for r in plain] == [[10.0, 12.0], [10.0, 12.0]]
+    assert [r["all_reduce"].tolist() for r in edited] == [[2.0], [2.0]]
+    assert runs.op_input is not _ones_input  # the caller's process was never patched
+
+
+def test_a_bad_patch_fails_at_once_naming_what_exists():
+    from paralab.collectives import runs
+
+    with pytest.raises(AttributeError, match="paralab has no 'colectives'"):
+        run(runs.forward_job, 2, patches={"paralab.colectives.runs": {"op_input": _ones_input}})
+    with pytest.raises(AttributeError, match=r"no 'op_inptu'.*op_input"):
+        run(runs.forward_job, 2, patches={"paralab.collectives.runs": {"op_inptu": _ones_input}})
+    with pytest.raises(TypeError, match="must map"):
+        run(runs.forward_job, 2, patches=[("paralab.collectives.runs", _ones_input)])
+    assert not _children_alive()
+
+
+def test_patched_restores_even_when_the_block_raises():
+    from paralab import patches
+    from paralab.collectives import runs
+    from paralab.parallel_dims import ParallelDims
+
+    original = runs.op_input
+    with (
+        pytest.raises(RuntimeError),
+        patches.patched({"paralab.collectives.runs": {"op_input": _ones_input}}),
+    ):
+        assert runs.op_input is _ones_input
+        raise RuntimeError("inside")
+    assert runs.op_input is original
+    # A class attribute: a method defined on the class comes back as it was.
+    method = ParallelDims.__dict__["mesh_layouts"]
+    with patches.patched({"paralab.parallel_dims.ParallelDims": {"mesh_layouts": len}}):
+        assert ParallelDims.mesh_layouts is len
+    assert ParallelDims.__dict__["mesh_layouts"] is method

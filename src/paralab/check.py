@@ -25,7 +25,7 @@ from paralab.tables import text_table
 class CheckFailed(AssertionError):
     """A parallel result differs from its reference; `verdicts` holds the details."""
 
-    def __init__(self, message: str, verdicts: list[Verdict]) -> None:
+    def __init__(self, message: str, verdicts: list["Verdict"]) -> None:
         super().__init__(message)
         self.verdicts = verdicts
 

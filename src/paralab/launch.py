@@ -22,6 +22,11 @@ Why it looks the way it does:
   before raising. No hang outlives `timeout`.
 - Under `torchrun` (RANK and WORLD_SIZE set) `fn` runs in this process on this
   rank and all ranks' results are gathered as objects.
+- `patches=` is the one way to hand the ranks other code than the package's (a
+  learner's edit, a planted bug): it travels with `fn` and is applied on every
+  rank around `fn` (`paralab.patches.patched`), under forkserver, spawn and
+  torchrun alike. No lab needs a keyword argument of its own to smuggle a
+  function onto the ranks.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from paralab.patches import Patches, patched, validate
+
 _GRACE_AFTER_ERROR_S = 5.0
 FORKSERVER_PRELOAD = [
     "torch",
@@ -52,7 +59,7 @@ FORKSERVER_PRELOAD = [
 ]
 """What the forkserver imports once, so every rank starts with it loaded. FSDP2 imports
 torch._dynamo lazily at its first fully_shard: seconds per rank, paid once here instead.
-A lab whose ranks import something else heavy appends it before its first `run`."""
+It only saves time: what the ranks run is `fn`, the package, and `patches=`."""
 
 
 class LaunchError(RuntimeError):
@@ -150,9 +157,10 @@ def _worker(
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
+        fn, args, kwargs, patches = cloudpickle.loads(payload)
         _init_rank(rank, world_size, init_method, backend, timeout)
-        result = _to_cpu(fn(*args, **kwargs))
+        with patched(patches):
+            result = _to_cpu(fn(*args, **kwargs))
         conn.send(("ok", cloudpickle.dumps(result)))
         dist.barrier()
         dist.destroy_process_group()
@@ -163,7 +171,7 @@ def _worker(
 
 
 def _run_under_torchrun(
-    fn: Callable, world_size: int, args: tuple, kwargs: dict, timeout: float
+    fn: Callable, world_size: int, args: tuple, kwargs: dict, timeout: float, patches: Patches
 ) -> list:
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
@@ -175,7 +183,8 @@ def _run_under_torchrun(
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
-    result = _to_cpu(fn(*args, **kwargs))
+    with patched(patches):
+        result = _to_cpu(fn(*args, **kwargs))
     gathered: list = [None] * env_world
     dist.all_gather_object(gathered, result)
     return gathered
@@ -219,9 +228,14 @@ def run(
     backend: str | None = None,
     start_method: str | None = None,
     env: dict[str, str] | None = None,
+    patches: Patches | None = None,
     **kwargs: Any,
 ) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` ranks; return the results in rank order.
+
+    `patches`, e.g. `{"paralab.cp.ring": {"ring_pass": my_ring_pass}}`, replaces those
+    package attributes on every rank while `fn` runs (`paralab.patches`): the way to
+    run an edited function or a planted bug on the ranks. It is checked here first.
 
     Raises `LaunchError` naming the failing ranks (with their tracebacks) when
     any rank raises or dies, and `LaunchTimeout` when ranks are still running
@@ -231,13 +245,14 @@ def run(
         raise TypeError(f"run() needs a callable to run on every rank, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    patches = validate(patches) if patches else None
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _run_under_torchrun(fn, world_size, args, kwargs, timeout)
+        return _run_under_torchrun(fn, world_size, args, kwargs, timeout, patches)
     try:
-        payload = cloudpickle.dumps((fn, args, kwargs))
+        payload = cloudpickle.dumps((fn, args, kwargs, patches))
     except Exception as exc:
         raise TypeError(
-            f"run(): the function or an argument cannot be pickled for the ranks: {exc}"
+            f"run(): the function, an argument or a patch cannot be pickled for the ranks: {exc}"
         ) from exc
 
     backend = backend or _pick_backend(world_size)

@@ -221,7 +221,7 @@ class Ledger:
             self._phase = previous
 
     # ---------------------------------------------------------------- patching
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> "Ledger":
         if Ledger._active is not None:
             raise RuntimeError("a Ledger is already recording in this process; nest phases instead")
         Ledger._active = self

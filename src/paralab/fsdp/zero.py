@@ -165,7 +165,7 @@ class ShardedUnitFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, shard: torch.Tensor, unit: FlatUnit, engine: HandFSDP
+        ctx: Any, x: torch.Tensor, shard: torch.Tensor, unit: FlatUnit, engine: "HandFSDP"
     ) -> torch.Tensor:
         full = gather_unit_params(unit, engine.shard_group)
         engine.note_memory()
@@ -211,7 +211,7 @@ class HandFSDP:
         shard_group: dist.ProcessGroup | None,
         replicate_group: dist.ProcessGroup | None = None,
         reshard_after_forward: bool = True,
-    ) -> HandFSDP:
+    ) -> "HandFSDP":
         """Shard each module (an FSDP unit) over `shard_group`; replicate over `replicate_group`."""
         units = [shard_unit(m, shard_group) for m in modules]
         return cls(units, shard_group, replicate_group, reshard_after_forward)
