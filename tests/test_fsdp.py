@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paralab.check import CheckFailed, assert_match, compare
+from paralab.check import CheckFailed, assert_match, compare, fold
 from paralab.fsdp import (
     HandFSDP,
     ShardOptimizer,
@@ -21,7 +21,6 @@ from paralab.fsdp.runs import (
     GLOBAL_BATCH,
     Job,
     check_counts,
-    fold,
     mse,
     train_reference,
     unit_numels,

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.check import claim, compare, verdict_table
+from paralab.check import claim, compare, fold, verdict_table
 from paralab.fsdp import runs as fsdp_runs
 from paralab.fsdp.runs import (
     MEMORY_PARTS,
@@ -47,7 +47,6 @@ from paralab.fsdp.runs import (
     check_memory,
     check_params,
     check_traffic,
-    fold,
     fsdp2_calls,
     fsdp2_mesh_calls,
     reference_first_gradient,

@@ -177,6 +177,39 @@ def claim(name: str, holds: bool, observed: str) -> Verdict:
     )
 
 
+def fold(verdicts: list[Verdict], label: str) -> Verdict:
+    """One tensor-table row for many verdicts (e.g. all ranks of a job): passes only if all pass.
+
+    No verdicts is an error, never a pass.
+    """
+    if not verdicts:
+        raise ValueError(f"fold({label!r}): no verdicts to fold; an empty check proves nothing")
+    failed = [v for v in verdicts if not v.passed]
+    first = failed[0] if failed else verdicts[0]
+    return Verdict(
+        path=label,
+        passed=not failed,
+        exact=all(v.exact for v in verdicts),
+        shape=(len(verdicts),),
+        dtype=verdicts[0].dtype,
+        numel=sum(v.numel for v in verdicts),
+        n_diff=sum(v.n_diff for v in verdicts),
+        max_abs=max(v.max_abs for v in verdicts),
+        first_index=first.first_index,
+        expected_value=first.expected_value,
+        actual_value=first.actual_value,
+        problem=first.problem if failed else None,
+    )
+
+
+def summary(name: str, verdicts: list[Verdict]) -> Verdict:
+    """Many verdicts as one claim row: it holds if every one passes; observed: how many, the worst |diff|."""
+    row = fold(verdicts, name)
+    passed = sum(v.passed for v in verdicts)
+    worst = "0" if row.max_abs == 0 else f"{row.max_abs:.1e}"
+    return claim(name, row.passed, f"{passed}/{len(verdicts)} pass, max |diff| {worst}")
+
+
 def compare(
     actual: Any, expected: Any, *, atol: float = 0.0, rtol: float = 0.0, name: str = ""
 ) -> list[Verdict]:

@@ -77,13 +77,9 @@ def _resolve(dotted: str) -> tuple[types.ModuleType, str, object]:
     raise SystemExit(f"# show: {dotted}: no such module")
 
 
-def _source(qualname: str, obj: object) -> str:
-    """A method is shown as a function and re-attached, so editing the cell patches the class."""
-    code = textwrap.dedent(inspect.getsource(obj)).rstrip()
-    if "." in qualname:
-        owner, name = qualname.rsplit(".", 1)
-        code += f"\n\n\n{owner}.{name} = {name}"
-    return code
+def _source(obj: object) -> str:
+    """A method is shown as a function: the header's patch set hands an edit of it to its class."""
+    return textwrap.dedent(inspect.getsource(obj)).rstrip()
 
 
 def _free_names(source: str) -> list[str]:
@@ -127,6 +123,22 @@ def _import_lines(module: types.ModuleType, names: list[str]) -> list[str]:
     return lines
 
 
+def edit_patches(objects: list[tuple[types.ModuleType, str, object]]) -> str:
+    """The patch set, as source text, that hands this cell's names to the package's callers."""
+    owners: dict[str, list[str]] = {}
+    for module, qualname, _ in objects:
+        owner, _, name = f"{module.__name__}.{qualname}".rpartition(".")
+        owners.setdefault(owner, []).append(name)
+    return (
+        "{"
+        + ", ".join(
+            f'"{owner}": {{' + ", ".join(f'"{n}": {n}' for n in names) + "}"
+            for owner, names in owners.items()
+        )
+        + "}"
+    )
+
+
 def show_cell(spec: str, shown_before: set[str] = frozenset()) -> tuple[str, set[str]]:
     """The code cell that replaces a `# show:` marker, and the names it defines.
 
@@ -138,15 +150,14 @@ def show_cell(spec: str, shown_before: set[str] = frozenset()) -> tuple[str, set
     if len(modules) != 1:
         raise SystemExit(f"# show: {spec} mixes modules; use one marker per module")
     module = next(iter(modules.values()))
-    bodies = [_source(qualname, obj) for _, qualname, obj in objects]
+    bodies = [_source(obj) for _, _, obj in objects]
     code = "\n\n\n".join(bodies)
     rel = Path(inspect.getsourcefile(module)).resolve().relative_to(ROOT)
     header = [
-        f"# From {rel.as_posix()}: the code the package and its tests run. An edit here reaches ranks "
-        "only through a cell that hands it to them; package workers import the file."
+        f"# From {rel.as_posix()}: the code the package and its tests run. To run your edit of it,",
+        "# hand it over: run(..., patches=EDIT) on the ranks, `with patched(EDIT):` in this kernel,",
+        f"# EDIT = {edit_patches(objects)}",
     ]
-    if any("." in qualname for _, qualname, _ in objects):
-        header.append("# Methods are re-attached to their class in this kernel.")
     header += _import_lines(module, [n for n in _free_names(code) if n not in shown_before])
     defined = {qualname for _, qualname, _ in objects if "." not in qualname}
     return "\n".join(header) + "\n\n\n" + code, defined

@@ -6,7 +6,7 @@
 - `costs`: the closed-form bytes each rank sends while sampling.
 
 The sampler's names are re-exported here. A bug is planted in the module whose
-globals the loop reads: `planted(paralab.cfgp.sampling, cfg_combine=bug)`.
+globals the loop reads: `patches={"paralab.cfgp.sampling": {"cfg_combine": bug}}`.
 """
 
 from paralab.cfgp.runs import sample_on_rank, sample_variants

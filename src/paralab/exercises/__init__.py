@@ -1,4 +1,4 @@
-"""The exercises of every lab, by name, and `planted` for their bug variants. Each lab's module lists its own.
+"""The exercises of every lab, by name. Each lab's module lists its own.
 
 An exercise names a package function whose body holds a solution region,
 marked with these comment lines (nbgrader's spelling):
@@ -15,18 +15,16 @@ An exercise's `bugs` are known wrong versions the grader must catch; each
 stands where a learner's function stands. Where the package keeps a decision
 in a small function of its own (`ParallelDims.mesh_layouts`,
 `fsdp.zero.gradient_divide_factors`), a variant is the solution run with that
-one function swapped by `planted`; where the exercise is itself a few lines
+one function swapped by `paralab.patches.patched`; where the exercise is itself a few lines
 (a ring hop, the guidance combine), a variant is a wrong few-line version.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 
@@ -77,27 +75,6 @@ class Exercise:
             return self.solution
         module_name, _, attr = self.target.rpartition(".")
         return getattr(__import__(module_name, fromlist=[attr]), attr)
-
-
-@contextlib.contextmanager
-def planted(module: ModuleType | type, **replacements: Any) -> Iterator[None]:
-    """Plant a bug: swap named attributes of `module` (or of a class, for a method) for the block, then restore them.
-
-    The one way every bug variant and bug clinic is made: the package's real loop
-    runs with one decision replaced, e.g.
-    `with planted(vae_lb, closest_fit=largest): vae_lb.plan_rebalance(costs)`.
-    """
-    missing = [name for name in replacements if not hasattr(module, name)]
-    if missing:
-        raise AttributeError(f"{module.__name__} has no {', '.join(missing)} to replace")
-    saved = {name: getattr(module, name) for name in replacements}
-    for name, replacement in replacements.items():
-        setattr(module, name, replacement)
-    try:
-        yield
-    finally:
-        for name, original in saved.items():
-            setattr(module, name, original)
 
 
 def _collect() -> dict[str, Exercise]:

@@ -6,8 +6,9 @@ import random
 
 import torch
 
-from paralab.exercises import Exercise, planted
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims, predict_groups
+from paralab.patches import patched
 
 CONFIGS = {
     8: [
@@ -77,7 +78,7 @@ def overlay_cp_before_cfgp(
 
 def predict_groups_cfgp_last(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
     """`predict_groups` with one decision swapped: the overlay mesh's dim order (`overlay_cp_before_cfgp`)."""
-    with planted(ParallelDims, mesh_layouts=overlay_cp_before_cfgp):
+    with patched({"paralab.parallel_dims.ParallelDims": {"mesh_layouts": overlay_cp_before_cfgp}}):
         return predict_groups(parallel_dims, rank)
 
 

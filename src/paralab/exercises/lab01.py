@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from paralab.exercises import Exercise, planted
+from paralab.exercises import Exercise
 from paralab.fsdp import zero
 from paralab.fsdp.zero import FlatUnit, padded_size, shard_unit, unflatten
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 
 LAB = "01_fsdp_hsdp"
 WIDTH, HIDDEN = 2, 3  # one MLPBlock of 17 parameters: padded to 18 on 2 ranks, to 20 on 4
@@ -186,7 +187,7 @@ def reduce_sum_not_mean(
     replicate_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Bug, one decision swapped (`divide_by_one`): the step is dp_replicate x dp_shard times too large."""
-    with planted(zero, gradient_divide_factors=divide_by_one):
+    with patched({"paralab.fsdp.zero": {"gradient_divide_factors": divide_by_one}}):
         return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 
@@ -197,7 +198,7 @@ def hsdp_divides_twice(
 ) -> torch.Tensor:
     """Bug, one decision swapped (`replicas_divided_by_world`): averages in the shard group (/ dp_shard), then
     divides the replicas' sum by the world size: HSDP gradients come out dp_shard times too small."""
-    with planted(zero, gradient_divide_factors=replicas_divided_by_world):
+    with patched({"paralab.fsdp.zero": {"gradient_divide_factors": replicas_divided_by_world}}):
         return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
 
 

@@ -12,13 +12,12 @@ from contextlib import AbstractContextManager as ContextManager
 import torch
 import torch.distributed as dist
 
-import paralab.cp.ring as ring_module
-import paralab.cp.ulysses as ulysses_module
 from paralab.cp.blocks import attention_block
 from paralab.cp.ring import KV_TAG, ring_pass
 from paralab.cp.ulysses import take_heads
-from paralab.exercises import Exercise, planted
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 
 LAB = "02_cp_ring_vs_ulysses"
 
@@ -274,7 +273,7 @@ def ring_pass_kv_stays(t, group, tag):
 
 def ring_clinic_bug() -> ContextManager:
     """The bug clinic's ring bug, planted for a block (the clinic wraps the backward in it)."""
-    return planted(ring_module, ring_pass=ring_pass_kv_stays)
+    return patched({"paralab.cp.ring": {"ring_pass": ring_pass_kv_stays}})
 
 
 # --------------------------------------------------------------------------- replicated Ulysses, all-gather backward
@@ -289,7 +288,7 @@ def reduce_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> to
 
 def replicated_clinic_bug() -> ContextManager:
     """The replicated Ulysses backward reduce-scatters dout, planted for a block (the clinic wraps the backward)."""
-    return planted(ulysses_module, take_heads=reduce_scatter_heads)
+    return patched({"paralab.cp.ulysses": {"take_heads": reduce_scatter_heads}})
 
 
 EXERCISES = [

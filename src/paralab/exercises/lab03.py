@@ -12,10 +12,10 @@ from contextlib import AbstractContextManager as ContextManager
 import torch
 import torch.distributed as dist
 
-from paralab.cfgp import sampling
 from paralab.cfgp.sampling import draw_noise, shard_latent
-from paralab.exercises import Exercise, planted
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 
 LAB = "03_cfgp"
 LATENT_SHAPE = (1, 12, 4)  # (batch, tokens, channels): small, tokens divisible by cp = 2
@@ -176,12 +176,12 @@ def noise_per_rank_seed(shape: tuple[int, ...], seed: int, pd: ParallelDims | No
 
 def per_rank_noise() -> ContextManager:
     """The lab's bug clinic, planted into the sampler: `noise_per_rank_seed` instead of `initial_latent`."""
-    return planted(sampling, initial_latent=noise_per_rank_seed)
+    return patched({"paralab.cfgp.sampling": {"initial_latent": noise_per_rank_seed}})
 
 
 def wrong_sign_combine() -> ContextManager:
     """The sampler with `wrong_sign` as its guidance combine."""
-    return planted(sampling, cfg_combine=wrong_sign)
+    return patched({"paralab.cfgp.sampling": {"cfg_combine": wrong_sign}})
 
 
 SAMPLER_BUGS = {

@@ -13,10 +13,10 @@ from contextlib import AbstractContextManager as ContextManager
 import torch
 import torch.distributed as dist
 
-from paralab import models
-from paralab.exercises import Exercise, planted
+from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
-from paralab.vae_lb import planner, protocol, runs
+from paralab.patches import patched
+from paralab.vae_lb import planner, protocol
 from paralab.vae_lb.planner import Move
 from paralab.vae_lb.protocol import exchange
 
@@ -51,7 +51,7 @@ def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
 
 def raw_pixels_clinic() -> ContextManager:
     """The lab's bug clinic, planted for a block: the encoder is handed raw pixels cast to float."""
-    return planted(models, normalize_pixels=raw_pixels_as_float)
+    return patched({"paralab.models": {"normalize_pixels": raw_pixels_as_float}})
 
 
 def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
@@ -63,7 +63,7 @@ def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
 
 def skip_when_empty() -> ContextManager:
     """Plant `offload_encode_skipping_empty` where `vae_lb.runs.lb_worker` looks up `offload_encode`."""
-    return planted(runs, offload_encode=offload_encode_skipping_empty)
+    return patched({"paralab.vae_lb.runs": {"offload_encode": offload_encode_skipping_empty}})
 
 
 def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:
@@ -154,19 +154,19 @@ def _not_wider(cost, gap):
 
 def plan_fit_to_whole_gap(costs, max_iterations=None):
     """Bug: moves the sample closest to the whole gap, which overshoots: it swaps heavy and light."""
-    with planted(planner, closest_fit=_closest_to_whole_gap):
+    with patched({"paralab.vae_lb.planner": {"closest_fit": _closest_to_whole_gap}}):
         return planner.plan_rebalance(costs, max_iterations)
 
 
 def plan_largest_first(costs, max_iterations=None):
     """Bug: moves the heavy rank's largest sample instead of the one closest to half the gap."""
-    with planted(planner, closest_fit=_largest):
+    with patched({"paralab.vae_lb.planner": {"closest_fit": _largest}}):
         return planner.plan_rebalance(costs, max_iterations)
 
 
 def plan_gap_not_strict(costs, max_iterations=None):
     """Bug: also takes a move that leaves the gap as large as before (|g - 2c| <= g)."""
-    with planted(planner, shrinks_gap=_not_wider):
+    with patched({"paralab.vae_lb.planner": {"shrinks_gap": _not_wider}}):
         return planner.plan_rebalance(costs, max_iterations)
 
 

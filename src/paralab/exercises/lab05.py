@@ -1,6 +1,6 @@
 """Lab 05's seeded bug: the data loader picks the sample by global rank instead of `rest`.
 
-Planted into the real loop with `planted(paralab.train.runs, sample_index=sample_by_global_rank)`;
+Planted into the real loop with `patches={"paralab.train.runs": {"sample_index": sample_by_global_rank}}`;
 `loader_clinic_bug()` does that under a name that does not give the bug away before the
 lab's clinic asks about it.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager as ContextManager
 
-from paralab.exercises import planted
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 
 
 def sample_by_global_rank(rank: int, parallel_dims: ParallelDims) -> int:
@@ -20,6 +20,5 @@ def sample_by_global_rank(rank: int, parallel_dims: ParallelDims) -> int:
 
 def loader_clinic_bug() -> ContextManager:
     """The bug clinic's loader bug, planted for a block (lab 05 trains once inside it)."""
-    from paralab.train import runs  # not at the top: paralab.train.runs imports paralab.exercises
 
-    return planted(runs, sample_index=sample_by_global_rank)
+    return patched({"paralab.train.runs": {"sample_index": sample_by_global_rank}})

@@ -7,7 +7,7 @@
 
 The algorithm's names are re-exported here. A bug is planted in the module
 whose globals the real loop reads, one decision at a time:
-`planted(paralab.fsdp.zero, gradient_divide_factors=bug)`.
+`patches={"paralab.fsdp.zero": {"gradient_divide_factors": bug}}`.
 """
 
 from paralab.fsdp.zero import (

@@ -305,26 +305,6 @@ def check_params(
     return compare([r[key] for r in per_rank], expected, atol=atol, name=per_rank[0]["label"])
 
 
-def fold(verdicts: list[Verdict], label: str) -> Verdict:
-    """One table row for many verdicts (e.g. all ranks of a job): passes only if all pass."""
-    failed = [v for v in verdicts if not v.passed]
-    first = failed[0] if failed else verdicts[0]
-    return Verdict(
-        path=label,
-        passed=not failed,
-        exact=all(v.exact for v in verdicts),
-        shape=(len(verdicts),),
-        dtype=verdicts[0].dtype,
-        numel=sum(v.numel for v in verdicts),
-        n_diff=sum(v.n_diff for v in verdicts),
-        max_abs=max(v.max_abs for v in verdicts),
-        first_index=first.first_index,
-        expected_value=first.expected_value,
-        actual_value=first.actual_value,
-        problem=first.problem if failed else None,
-    )
-
-
 def check_counts(label: str, measured: list[list[int]], formula: list[int]) -> Verdict:
     """Integers measured on every rank (rows) against the formula's (one row): one verdict."""
     expected = torch.tensor([formula] * len(measured))

@@ -19,10 +19,10 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from paralab.exercises import planted
 from paralab.ledger import Ledger, Record
 from paralab.models import CondDenoiser
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 from paralab.pipeline import inference
 
 
@@ -105,7 +105,7 @@ def pipeline_job(
         pd.build_meshes("cpu")
         for name, kwargs in variants.items():
             with (
-                planted(inference, **(planted_bugs or {})),
+                patched({"paralab.pipeline.inference": planted_bugs or {}}),
                 Ledger() as ledger,
                 probe_memory() as probe,
             ):

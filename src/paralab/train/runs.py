@@ -19,10 +19,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-import paralab.train.parallelism as parallelism
-from paralab.exercises import planted
 from paralab.ledger import Ledger, in_phase
 from paralab.parallel_dims import ParallelDims
+from paralab.patches import patched
 from paralab.train.model import DTYPE, SHAPE, SequenceShard, build_model, loss_of
 from paralab.train.parallelism import (
     CPAttention,
@@ -226,7 +225,7 @@ def run_in_order(dims: dict, order: tuple[str, ...], variant: dict, *, steps: in
     """`train` with the wrappers installed in another order; the error, if any, comes back as text."""
     pd = dims_of(dims)
     try:
-        with planted(parallelism, ORDER=order):
+        with patched({"paralab.train.parallelism": {"ORDER": order}}):
             return {"params": train(pd, steps=steps, **variant), "error": None}
     except Exception as exc:  # reported to the notebook, which shows what each wrong order does
         return {"params": None, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}

@@ -11,7 +11,7 @@ their encoders.
 - `costs`: the predicted encode cost and the closed-form bytes per rank.
 
 The algorithm's names are re-exported here. A bug is planted in the module
-whose globals the loop reads: `planted(paralab.vae_lb.planner, closest_fit=bug)`.
+whose globals the loop reads: `patches={"paralab.vae_lb.planner": {"closest_fit": bug}}`.
 """
 
 from paralab.vae_lb.costs import encode_cost
