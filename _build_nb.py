@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         print(notebooks.measure_labs(sources))
         return 0
     if args.student:
-        archive = notebooks.write_student(args.out, args.lab)
+        from paralab.release import write_student
+
+        archive = write_student(args.out, args.lab)
         print(f"student release: {args.out}/ and {archive}")
         return 0
     if args.check:

@@ -17,7 +17,9 @@ import pytest
 from paralab.exercises import EXERCISES, for_lab
 from paralab.grade.__main__ import main
 from paralab.grade.submission import definition, screen, statements
-from paralab.notebooks import ROOT, show_cell, stub_package, student_notebook
+from paralab.notebooks import ROOT, show_cell
+from paralab.release import student_notebook
+from paralab.stubs import stub_package
 
 LAB02, LAB04 = "02_cp_ring_vs_ulysses", "04_vae_lb"
 HANG_TIMEOUT_S = 15

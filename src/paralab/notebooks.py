@@ -1,4 +1,4 @@
-"""Build lab notebooks from their sources: `# show:` cells, exercise stubs, execution, staleness.
+"""Build lab notebooks from their sources: `# show:` cells, execution, staleness, measures.
 
 A lab source is a jupytext percent-format file, the only hand-edited form. A
 code cell whose first line is
@@ -20,24 +20,18 @@ import importlib
 import inspect
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
 import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import jupytext
 import nbformat
-import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
-
-from paralab.exercises import EXERCISES, for_lab
-from paralab.grade import reference_world
 
 # The checkout this package is loaded from (src/paralab/notebooks.py -> the repository root).
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,268 +208,6 @@ def volatile_metadata(nb: nbformat.NotebookNode) -> str | None:
     if nb.metadata.get("kernelspec") != KERNELSPEC:
         return f"kernelspec is {nb.metadata.get('kernelspec')}, not {KERNELSPEC}"
     return None
-
-
-SOLUTION_REGION = re.compile(
-    r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION\n", re.DOTALL | re.MULTILINE
-)
-PACKAGE = Path(__file__).resolve().parent
-
-
-def stub_regions(code: str, message: Callable[[str], str]) -> tuple[str, int]:
-    """Each solution region becomes `raise NotImplementedError(message(enclosing function))`."""
-
-    def stub(match: re.Match) -> str:
-        indent = match.group("indent")
-        enclosing = re.findall(r"^[ \t]*def (\w+)\(", code[: match.start()], re.MULTILINE)
-        return f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError({message(enclosing[-1])!r})\n"
-
-    return SOLUTION_REGION.subn(stub, code if code.endswith("\n") else code + "\n")
-
-
-def contract_docstrings(code: str, contracts: dict[str, str]) -> str:
-    """The docstring of each named function becomes its contract: what it returns, never how."""
-    lines = code.splitlines()
-    tree = ast.parse(code)
-    for node in sorted(
-        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in contracts),
-        key=lambda n: -n.lineno,
-    ):
-        first = node.body[0]
-        if (
-            isinstance(first, ast.Expr)
-            and isinstance(first.value, ast.Constant)
-            and isinstance(first.value.value, str)
-        ):
-            indent = lines[first.lineno - 1][: first.col_offset]
-            text = textwrap.fill(contracts[node.name], 96 - len(indent), subsequent_indent=indent)
-            lines[first.lineno - 1 : first.end_lineno] = [f'{indent}"""{text}"""']
-    return "\n".join(lines) + ("\n" if code.endswith("\n") else "")
-
-
-def _contracts() -> dict[str, str]:
-    return {
-        e.target.rsplit(".", 1)[1]: e.hint[0].upper() + e.hint[1:] + "." for e in EXERCISES.values()
-    }
-
-
-def withhold_bugs(code: str, names: set[str]) -> str:
-    """The bodies of the named functions (known-wrong versions, often one decision from the answer) raise."""
-    lines = code.splitlines()
-    for node in sorted(
-        (n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef) and n.name in names),
-        key=lambda n: -n.lineno,
-    ):
-        first = node.body[0]
-        has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-        start = first.end_lineno if has_doc else first.lineno - 1
-        indent = " " * node.body[-1].col_offset
-        lines[start : node.end_lineno] = [
-            f'{indent}raise NotImplementedError("a known-wrong version, not in the student copy")'
-        ]
-    return "\n".join(lines) + ("\n" if code.endswith("\n") else "")
-
-
-def _bugs_no_lab_uses() -> dict[Path, set[str]]:
-    """Per exercise module, the bug variants that no lab source imports (the labs' bug clinics keep theirs)."""
-    imported = {
-        alias.name
-        for path in LABS.glob("*/*_lab.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("paralab.exercises")
-        for alias in node.names
-    }
-    found: dict[Path, set[str]] = {}
-    for exercise in EXERCISES.values():
-        for _, bug, _ in exercise.bugs:
-            if bug.__name__ not in imported:
-                found.setdefault(Path(inspect.getsourcefile(bug)).resolve(), set()).add(
-                    bug.__name__
-                )
-    return found
-
-
-def _target_files() -> set[Path]:
-    """The package files holding an exercise's solution region."""
-    files = set()
-    for exercise in EXERCISES.values():
-        module_name, _, attr = exercise.target.rpartition(".")
-        files.add(Path(inspect.getsourcefile(importlib.import_module(module_name))).resolve())
-    return files
-
-
-def stub_package(destination: Path, message: Callable[[str], str], contracts: bool = False) -> Path:
-    """Copy this package to `destination` with every exercise's solution region stubbed. With
-    `contracts` (the students' copy) each exercise function's docstring becomes its contract and
-    the known-wrong versions no lab uses are withheld too."""
-    shutil.copytree(PACKAGE, destination, ignore=shutil.ignore_patterns("__pycache__", "expected"))
-    for source in _target_files():
-        copy = destination / source.relative_to(PACKAGE)
-        stubbed, count = stub_regions(copy.read_text(), message)
-        if count == 0:
-            raise SystemExit(
-                f"{source}: an exercise's target has no ### BEGIN SOLUTION / ### END SOLUTION region"
-            )
-        copy.write_text(contract_docstrings(stubbed, _contracts()) if contracts else stubbed)
-    if contracts:
-        for source, names in _bugs_no_lab_uses().items():
-            copy = destination / source.relative_to(PACKAGE)
-            copy.write_text(withhold_bugs(copy.read_text(), names))
-    return destination
-
-
-def release_stub_message(function: str) -> str:
-    """The student release's stub message: the exercise and its contract (never the formula)."""
-    exercise = next(e for e in EXERCISES.values() if e.target.rsplit(".", 1)[1] == function)
-    return f"{exercise.name}: {exercise.hint}"
-
-
-def _names(node: ast.AST) -> set[str]:
-    """Every name and attribute a piece of code reads."""
-    return {
-        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    } | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-
-
-def package_needs(targets: set[str]) -> dict[str, set[str]]:
-    """Top-level package functions and classes -> the exercise functions they end up calling."""
-    reads: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                reads.setdefault(node.name, set()).update(_names(node) - {node.name})
-    needs = {t: {t} for t in targets}
-    changed = True
-    while changed:
-        changed = False
-        for name, used in reads.items():
-            found = set().union(*(needs.get(u, set()) for u in used)) | needs.get(name, set())
-            if found != needs.get(name, set()):
-                needs[name], changed = found, True
-    return needs
-
-
-def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNode:
-    """The lab itself for a student: solution regions stubbed in place, a check cell after each exercise,
-    and every cell that runs a student's function saying so (its output, the reference's, removed)."""
-    exercises = {e.target.rsplit(".", 1)[1]: e for e in for_lab(lab)}
-    needs = package_needs(set(exercises))
-    cells = []
-    for cell in nbformat.from_dict(nb).cells:
-        if cell.cell_type != "code":
-            cells.append(cell)
-            continue
-        tree = ast.parse(
-            "\n".join(
-                "" if line.lstrip().startswith(("%", "!")) else line
-                for line in cell.source.splitlines()
-            )
-        )
-        defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        mine = [fn for fn in exercises if fn in defined and "### BEGIN SOLUTION" in cell.source]
-        bound = {
-            t.id
-            for n in tree.body
-            for t in ast.walk(n)
-            if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
-        }
-        for name, node in defined.items():  # a cell's definitions need what their bodies call
-            needs[name] = set().union(*(needs.get(u, set()) for u in _names(node) - {name})) | (
-                {name} if name in exercises else set()
-            )
-        if mine:
-            cell.source = contract_docstrings(
-                stub_regions(cell.source, release_stub_message)[0], _contracts()
-            ).rstrip()
-            cell.outputs, cell.execution_count = [], None
-            for fn in mine:
-                e = exercises[fn]
-                cells.append(
-                    nbformat.v4.new_markdown_cell(
-                        f"**Exercise `{fn}`** ({e.points} point{'s' if e.points != 1 else ''}, about {e.minutes} min). "
-                        f"{e.prompt}\n\nWrite it where it raises `NotImplementedError` in the next cell, run the cell, "
-                        "then run the check under it."
-                    )
-                )
-            cells.append(cell)
-            cells += [
-                nbformat.v4.new_code_cell(
-                    f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})'
-                )
-                for fn in mine
-            ]
-            continue
-        runs = [
-            n
-            for n in tree.body
-            if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))
-        ]
-        wanted = (
-            set().union(*(needs.get(u, set()) for n in runs for u in _names(n))) if runs else set()
-        )
-        for name in bound:
-            needs[name] = set().union(*(needs.get(u, set()) for n in tree.body for u in _names(n)))
-        if wanted:
-            names = ", ".join(f"`{fn}`" for fn in sorted(wanted))
-            until = "they are" if len(wanted) > 1 else "it is"
-            note = f"# Runs your {names}: it raises NotImplementedError until {until} written."
-            lines = cell.source.splitlines()
-            keep = 1 if lines and lines[0].startswith("# NBVAL") else 0
-            cell.source = "\n".join(lines[:keep] + [note] + lines[keep:])
-            cell.outputs, cell.execution_count = [], None
-        cells.append(cell)
-    student = nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata)
-    stable_cell_ids(student)
-    return student
-
-
-STUDENT_README = """# paralab labs: student copy
-
-Install (Python 3.10+, a CPU is enough):
-
-    pip install -r requirements.txt
-
-then open the labs with `pip install jupyterlab && jupyter lab labs/`.
-
-Each lab notebook is the full lesson. Where it asks you to write a function, the
-function raises `NotImplementedError`: fill it in, run its cell, then run the
-`check(...)` cell under it. The check runs your function on real ranks (gloo
-processes on this machine) and compares it, element by element, with the
-reference outputs shipped in `src/paralab/exercises/expected/`. Cells that run
-your function say so on their first line. Hand in the lab notebook file itself;
-the instructor's grader re-runs your functions on further cases.
-"""
-
-
-def write_student(out: Path, only: str | None = None) -> Path:
-    """The hand-out: `out/` (labs, the package with solution regions stubbed, reference outputs of the
-    visible checks, requirements) and `out.zip` with the same content. Returns the archive."""
-    if out.exists():
-        if not (out / ".paralab-student").exists():
-            raise SystemExit(f"{out} exists and is not a student release; choose another --out")
-        shutil.rmtree(out)
-    labs = [source.parent.name for source in lab_sources(only) if for_lab(source.parent.name)]
-    stub_package(out / "src" / "paralab", release_stub_message, contracts=True)
-    expected_dir = out / "src" / "paralab" / "exercises" / "expected"
-    expected_dir.mkdir()
-    for lab in labs:
-        for exercise in for_lab(lab):
-            torch.save(
-                {w: reference_world(exercise, w) for w in exercise.world_sizes},
-                expected_dir / f"{exercise.name}.pt",
-            )
-        source = next(s for s in lab_sources(lab))
-        (out / "labs" / lab).mkdir(parents=True)
-        committed = nbformat.read(notebook_path(source), as_version=4)
-        nbformat.write(
-            student_notebook(committed, lab), out / "labs" / lab / notebook_path(source).name
-        )
-        shutil.copy(source.parent / "README.md", out / "labs" / lab / "README.md")
-    for name in ("pyproject.toml", "requirements.txt"):
-        shutil.copy(ROOT / name, out / name)
-    (out / "README.md").write_text(STUDENT_README)
-    (out / ".paralab-student").write_text("written by python _build_nb.py --student\n")
-    return Path(shutil.make_archive(str(out), "zip", out.parent, out.name))
 
 
 def notebook_path(source: Path) -> Path:

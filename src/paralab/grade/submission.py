@@ -59,7 +59,7 @@ from paralab.grade import (
     report,
     score,
 )
-from paralab.notebooks import release_stub_message, stub_package, stub_regions
+from paralab.stubs import release_stub_message, stub_package, stub_regions
 
 ALLOWED_IMPORTS = {
     "torch",

@@ -1,0 +1,176 @@
+"""The student release: each lab with its solution regions stubbed in place, a check after each exercise.
+
+`python _build_nb.py --student` writes it (`write_student`): the labs' committed
+notebooks turned into hand-outs (`student_notebook`), the package with every
+solution region stubbed (`paralab.stubs`), and the reference outputs of the
+visible checks, computed by the grader's own `reference_world`.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import nbformat
+import torch
+
+from paralab.exercises import for_lab
+from paralab.grade import reference_world
+from paralab.notebooks import ROOT, lab_sources, notebook_path, stable_cell_ids
+from paralab.stubs import (
+    PACKAGE,
+    contract_docstrings,
+    exercise_contracts,
+    release_stub_message,
+    stub_package,
+    stub_regions,
+)
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name and attribute a piece of code reads."""
+    return {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    } | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def package_needs(targets: set[str]) -> dict[str, set[str]]:
+    """Top-level package functions and classes -> the exercise functions they end up calling."""
+    reads: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                reads.setdefault(node.name, set()).update(_names(node) - {node.name})
+    needs = {t: {t} for t in targets}
+    changed = True
+    while changed:
+        changed = False
+        for name, used in reads.items():
+            found = set().union(*(needs.get(u, set()) for u in used)) | needs.get(name, set())
+            if found != needs.get(name, set()):
+                needs[name], changed = found, True
+    return needs
+
+
+def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNode:
+    """The lab itself for a student: solution regions stubbed in place, a check cell after each exercise,
+    and every cell that runs a student's function saying so (its output, the reference's, removed)."""
+    exercises = {e.target.rsplit(".", 1)[1]: e for e in for_lab(lab)}
+    needs = package_needs(set(exercises))
+    cells = []
+    for cell in nbformat.from_dict(nb).cells:
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        tree = ast.parse(
+            "\n".join(
+                "" if line.lstrip().startswith(("%", "!")) else line
+                for line in cell.source.splitlines()
+            )
+        )
+        defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        mine = [fn for fn in exercises if fn in defined and "### BEGIN SOLUTION" in cell.source]
+        bound = {
+            t.id
+            for n in tree.body
+            for t in ast.walk(n)
+            if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+        }
+        for name, node in defined.items():  # a cell's definitions need what their bodies call
+            needs[name] = set().union(*(needs.get(u, set()) for u in _names(node) - {name})) | (
+                {name} if name in exercises else set()
+            )
+        if mine:
+            cell.source = contract_docstrings(
+                stub_regions(cell.source, release_stub_message)[0], exercise_contracts()
+            ).rstrip()
+            cell.outputs, cell.execution_count = [], None
+            for fn in mine:
+                e = exercises[fn]
+                cells.append(
+                    nbformat.v4.new_markdown_cell(
+                        f"**Exercise `{fn}`** ({e.points} point{'s' if e.points != 1 else ''}, about {e.minutes} min). "
+                        f"{e.prompt}\n\nWrite it where it raises `NotImplementedError` in the next cell, run the cell, "
+                        "then run the check under it."
+                    )
+                )
+            cells.append(cell)
+            cells += [
+                nbformat.v4.new_code_cell(
+                    f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})'
+                )
+                for fn in mine
+            ]
+            continue
+        runs = [
+            n
+            for n in tree.body
+            if not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom))
+        ]
+        wanted = (
+            set().union(*(needs.get(u, set()) for n in runs for u in _names(n))) if runs else set()
+        )
+        for name in bound:
+            needs[name] = set().union(*(needs.get(u, set()) for n in tree.body for u in _names(n)))
+        if wanted:
+            names = ", ".join(f"`{fn}`" for fn in sorted(wanted))
+            until = "they are" if len(wanted) > 1 else "it is"
+            note = f"# Runs your {names}: it raises NotImplementedError until {until} written."
+            lines = cell.source.splitlines()
+            keep = 1 if lines and lines[0].startswith("# NBVAL") else 0
+            cell.source = "\n".join(lines[:keep] + [note] + lines[keep:])
+            cell.outputs, cell.execution_count = [], None
+        cells.append(cell)
+    student = nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata)
+    stable_cell_ids(student)
+    return student
+
+
+STUDENT_README = """# paralab labs: student copy
+
+Install (Python 3.10+, a CPU is enough):
+
+    pip install -r requirements.txt
+
+then open the labs with `pip install jupyterlab && jupyter lab labs/`.
+
+Each lab notebook is the full lesson. Where it asks you to write a function, the
+function raises `NotImplementedError`: fill it in, run its cell, then run the
+`check(...)` cell under it. The check runs your function on real ranks (gloo
+processes on this machine) and compares it, element by element, with the
+reference outputs shipped in `src/paralab/exercises/expected/`. Cells that run
+your function say so on their first line. Hand in the lab notebook file itself;
+the instructor's grader re-runs your functions on further cases.
+"""
+
+
+def write_student(out: Path, only: str | None = None) -> Path:
+    """The hand-out: `out/` (labs, the package with solution regions stubbed, reference outputs of the
+    visible checks, requirements) and `out.zip` with the same content. Returns the archive."""
+    if out.exists():
+        if not (out / ".paralab-student").exists():
+            raise SystemExit(f"{out} exists and is not a student release; choose another --out")
+        shutil.rmtree(out)
+    labs = [source.parent.name for source in lab_sources(only) if for_lab(source.parent.name)]
+    stub_package(out / "src" / "paralab", release_stub_message, contracts=True)
+    expected_dir = out / "src" / "paralab" / "exercises" / "expected"
+    expected_dir.mkdir()
+    for lab in labs:
+        for exercise in for_lab(lab):
+            torch.save(
+                {w: reference_world(exercise, w) for w in exercise.world_sizes},
+                expected_dir / f"{exercise.name}.pt",
+            )
+        source = next(s for s in lab_sources(lab))
+        (out / "labs" / lab).mkdir(parents=True)
+        committed = nbformat.read(notebook_path(source), as_version=4)
+        nbformat.write(
+            student_notebook(committed, lab), out / "labs" / lab / notebook_path(source).name
+        )
+        shutil.copy(source.parent / "README.md", out / "labs" / lab / "README.md")
+    for name in ("pyproject.toml", "requirements.txt"):
+        shutil.copy(ROOT / name, out / name)
+    (out / "README.md").write_text(STUDENT_README)
+    (out / ".paralab-student").write_text("written by python _build_nb.py --student\n")
+    return Path(shutil.make_archive(str(out), "zip", out.parent, out.name))
