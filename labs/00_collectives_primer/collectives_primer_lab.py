@@ -100,13 +100,15 @@ print(
 
 # %% [markdown]
 # One launch runs all six on 4 ranks (plus two other spellings of the all-gather the
-# suite also uses, `dist.all_gather` into a list and `dist.all_gather_single`). The
-# results come back to this notebook, which computes what each rank *should* hold from
+# suite also uses, `dist.all_gather` into a list and `dist.all_gather_single`). It hands
+# the ranks this kernel's `apply_collective` with `patches=`, so an edit of the cell
+# above is what they run. The results come back to this notebook, which computes what each rank *should* hold from
 # the definitions alone (`runs.expected_forward`, one process) and compares every
 # element:
 
 # %%
-after = run(runs.forward_job, WORLD, apply_collective)
+FORWARD_EDIT = {"paralab.collectives.runs": {"apply_collective": apply_collective}}
+after = run(runs.forward_job, WORLD, patches=FORWARD_EDIT)
 before = {op: [op_input(op, r, WORLD) for r in range(WORLD)] for op in OPS}
 expected = {op: runs.expected_forward(op, WORLD) for op in OPS}
 forward_verdicts = compare(
@@ -273,7 +275,8 @@ show_collective("send_recv", "send_recv (ring: to rank+1)")
 # differentiable versions, and for send/recv our own `ring_shift`, whose backward is
 # written by hand — with `L = Σ g·y` where the upstream gradient `g` on rank `r` is
 # again `10·r + c`. Next to it, the **mirror**: the transposed collective called by
-# hand on `g`.
+# hand on `g`. The backward cell hands the ranks this kernel's `mirror` with `patches=`,
+# so an edit of the cell below is what they run.
 
 # %%
 # show: paralab.collectives.runs.mirror
@@ -298,7 +301,8 @@ show_collective("send_recv", "send_recv (ring: to rank+1)")
 # </details>
 
 # %%
-backward = run(runs.backward_job, WORLD, mirror)
+MIRROR_EDIT = {"paralab.collectives.runs": {"mirror": mirror}}
+backward = run(runs.backward_job, WORLD, patches=MIRROR_EDIT)
 for op in OPS:
     want = runs.expected_backward(op, WORLD)
     autograd_ok = compare([b[op]["autograd"] for b in backward], want, name=op)
@@ -446,16 +450,16 @@ print(f"ran in {time.perf_counter() - lab_start:.1f} s")
 # %% [markdown]
 # ## What to try
 #
-# 1. **Eight ranks.** Run `run(runs.forward_job, 8, apply_collective)` and predict rank
+# 1. **Eight ranks.** Run `run(runs.forward_job, 8, patches=FORWARD_EDIT)` and predict rank
 #    5's all-to-all output first.
 #    <details><summary>Hint</summary>Rank 5 receives slot 5 of every rank:
 #    `[5 15 25 ... 75]`.</details>
 # 2. **Break a mirror.** In the `mirror` cell, make the all-gather's backward an
 #    `all_reduce` of `g` keeping rank `r`'s slot (`grad_in = grad_out.clone()`,
 #    `dist.all_reduce(grad_in)`, `grad_in = grad_in[rank:rank + 1]`), re-run that cell and
-#    the backward cell. The edit reaches the ranks: the backward cell passes this kernel's
-#    `mirror` to `runs.backward_job`, and a function defined in the notebook travels by
-#    value. Does the check notice? Why could it not?
+#    the backward cell. The edit reaches the ranks: the backward cell hands this kernel's
+#    `mirror` over with `patches=MIRROR_EDIT`, and a function defined in the notebook
+#    travels by value. Does the check notice? Why could it not?
 #    <details><summary>Hint</summary>It does not: the all_gather row still passes.
 #    All-reduce then "keep slot `r`" is a reduce-scatter that sends twice the bytes
 #    (section 4: `2(n-1)/n·S` against `(n-1)/n·S`). Same numbers, more traffic: a check of
@@ -474,9 +478,9 @@ print(f"ran in {time.perf_counter() - lab_start:.1f} s")
 #    saturates at `2S`; what grows with `n` is the number of steps (latency).</details>
 # 5. **A ring of blocking sends.** In the `mirror` cell, drop the even/odd split so that
 #    every rank calls `dist.send` first (as in item 2, the backward cell hands this kernel's
-#    `mirror` to the ranks), re-run that cell, then the backward cell with
-#    `run(runs.backward_job, WORLD, mirror, timeout=10)`. What happens, and why does the
-#    suite post its point-to-point ops with `batch_isend_irecv`?
+#    `mirror` to the ranks with `patches=`), re-run that cell, then the backward cell with
+#    `run(runs.backward_job, WORLD, patches=MIRROR_EDIT, timeout=10)`. What happens, and
+#    why does the suite post its point-to-point ops with `batch_isend_irecv`?
 #    <details><summary>Hint</summary>Every rank waits in its `send` for a matching
 #    `recv` that nobody has posted yet: the launch stops with `LaunchTimeout` naming all
 #    4 ranks (on gloo this happens even for a 4-element tensor). Posting the send and the

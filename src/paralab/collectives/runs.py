@@ -19,7 +19,6 @@ The collectives are the ones the suite calls, by their torch names:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -83,15 +82,14 @@ def apply_collective(op: str, x: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def forward_job(
-    collective: Callable = apply_collective, ops: tuple[str, ...] = OPS
-) -> dict[str, torch.Tensor]:
+def forward_job(ops: tuple[str, ...] = OPS) -> dict[str, torch.Tensor]:
     """On every rank: each collective applied to this rank's input; also the two other all-gather spellings.
 
-    `collective` is `apply_collective` unless a reader passes an edited copy.
+    A reader's edited `apply_collective` runs here when handed over with
+    `run(forward_job, n, patches={"paralab.collectives.runs": {"apply_collective": edit}})`.
     """
     n, rank = dist.get_world_size(), dist.get_rank()
-    after = {op: collective(op, op_input(op, rank, n), n) for op in ops}
+    after = {op: apply_collective(op, op_input(op, rank, n), n) for op in ops}
     shard = op_input("all_gather", rank, n)
     pieces = [torch.empty_like(shard) for _ in range(n)]
     dist.all_gather(pieces, shard)
@@ -170,11 +168,12 @@ def mirror(op: str, grad_out: torch.Tensor, n: int) -> torch.Tensor:
     return grad_in
 
 
-def backward_job(mirror: Callable = mirror, ops: tuple[str, ...] = OPS) -> dict[str, dict]:
+def backward_job(ops: tuple[str, ...] = OPS) -> dict[str, dict]:
     """On every rank, per op: autograd's input gradient, the mirror's, and the calls each backward made.
 
     One op per graph and one `.backward()` at a time, so every rank issues the
-    backward collectives in the same order. `mirror` can be a reader's edited copy.
+    backward collectives in the same order. A reader's edited `mirror` runs here
+    when handed over with `patches={"paralab.collectives.runs": {"mirror": edit}}`.
     """
     n, rank = dist.get_world_size(), dist.get_rank()
     out = {}
