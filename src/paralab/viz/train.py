@@ -1,0 +1,79 @@
+"""Training composition: who loads which tokens, bytes per group and phase."""
+
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from paralab.viz.common import PALETTE
+
+
+def plot_token_ownership(
+    samples: list[int], positions: list[list[int]], tokens: int, title: str = ""
+) -> Figure:
+    """Rows = ranks, columns = global token positions; a cell is coloured by the sample the rank holds there."""
+    grid = np.full((len(samples), tokens), np.nan)
+    for rank, (sample, held) in enumerate(zip(samples, positions)):
+        grid[rank, held] = sample
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.35 * len(samples)))
+    n_colors = max(samples) + 1
+    cmap = plt.matplotlib.colors.ListedColormap([PALETTE[2 * (i % 10)] for i in range(n_colors)])
+    ax.imshow(
+        grid, cmap=cmap, vmin=-0.5, vmax=n_colors - 0.5, aspect="auto", interpolation="nearest"
+    )
+    for rank, sample in enumerate(samples):
+        ax.text(
+            positions[rank][len(positions[rank]) // 2],
+            rank,
+            f"sample {sample}",
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(range(len(samples)), [f"rank {r}" for r in range(len(samples))])
+    ax.set_xlabel("global token position")
+    ax.set_title(title or "which sample and which tokens each rank holds", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int]]]) -> Figure:
+    """Per configuration, one bar per group stacked by phase (ledger); black ticks = the formula's running total.
+
+    table: {configuration: {(group, phase): (measured, formula)}}. A group that sends nothing
+    in a configuration (no replicas, cp 1) gets no bar; long configuration names wrap.
+    """
+    order = ["dp_shard", "dp_replicate", "cp"]
+    phases = ["forward", "backward", "recompute"]
+    colors = {"forward": PALETTE[0], "backward": PALETTE[2], "recompute": PALETTE[6]}
+    width = 0.8 / len(order)
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    top = 1
+    for c, cells in enumerate(table.values()):
+        groups = [g for g in order if any(sum(cells.get((g, p), (0, 0))) for p in phases)]
+        for g, group in enumerate(groups):
+            x = c + (g - (len(groups) - 1) / 2) * width
+            bottom, formula_top = 0, 0
+            for p in phases:
+                measured, formula = cells.get((group, p), (0, 0))
+                ax.bar(x, measured, width * 0.9, bottom=bottom, color=colors[p], edgecolor="white")
+                bottom += measured
+                formula_top += formula
+                if formula:
+                    ax.plot([x - width * 0.4, x + width * 0.4], [formula_top] * 2, "k-", lw=1.5)
+            ax.text(x, bottom, group.replace("dp_", ""), ha="center", va="bottom", fontsize=8)
+            top = max(top, bottom)
+    handles = [plt.matplotlib.patches.Patch(color=colors[p], label=p) for p in phases]
+    handles.append(plt.matplotlib.lines.Line2D([], [], color="k", label="formula (running total)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xticks(range(len(table)), [textwrap.fill(name, 14) for name in table], fontsize=8)
+    ax.set_ylabel("bytes sent per rank per step")
+    ax.set_title(
+        "One training step: bytes per group and phase (ledger) vs the closed form", fontsize=10
+    )
+    fig.tight_layout()
+    return fig
