@@ -46,6 +46,7 @@ from paralab import ParallelDims
 from paralab.check import claim, compare, verdict_table
 from paralab.launch import run
 from paralab.parallel_dims import predict_groups
+from paralab.patches import patched
 from paralab.viz import plot_dp_grid, plot_rank_groups, plot_rank_strip, show
 
 WORLD = 8
@@ -346,20 +347,23 @@ verdicts.append(
 #
 # ## 6. Bug clinic: a prediction that looks right on half the ranks
 #
-# Below, `predict_groups` runs with one decision swapped (a seeded variant from
-# `paralab.exercises.lab00`, where the grader uses it to prove its check can fail; do not
-# read it yet) next to the real `DeviceMesh` groups of section 1. The picture shows, per
+# Below, `predict_groups` runs with one decision swapped next to the real `DeviceMesh`
+# groups of section 1. The bug is a patch set, `one_decision_swapped()` from
+# `paralab.exercises.lab00` (the grader plants the same one to prove its check can fail;
+# do not read it yet), planted in this kernel for one block with `with patched(BUG):`, the
+# same way `run(..., patches=BUG)` would plant it on the ranks. The picture shows, per
 # rank (rows) and per member slot of each axis' group (columns, axes side by side), how
 # far the predicted rank number is from the true one.
 
 # %%
-from paralab.exercises.lab00 import predict_groups_cfgp_last as buggy_predict_groups
+from paralab.exercises.lab00 import one_decision_swapped
 
+BUG = one_decision_swapped()
 AXES = ["dp_shard", "dp_replicate", "cfgp", "cp", "lb"]
 truth = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in groups])
-buggy = torch.stack(
-    [torch.cat([torch.tensor(buggy_predict_groups(pd, r)[a]) for a in AXES]) for r in range(WORLD)]
-)
+with patched(BUG):
+    buggy_groups = [predict_groups(pd, r) for r in range(WORLD)]
+buggy = torch.stack([torch.cat([torch.tensor(g[a]) for a in AXES]) for g in buggy_groups])
 clinic = compare(buggy, truth, name="buggy predict_groups")
 show(
     plot_rank_strip(
@@ -385,7 +389,7 @@ print(verdicts[-1].describe())
 #
 # <details><summary>Answer</summary>
 #
-# The variant plants `overlay_cp_before_cfgp` for `ParallelDims.mesh_layouts`: the
+# The patch set replaces `ParallelDims.mesh_layouts` with `overlay_cp_before_cfgp`: the
 # overlay mesh in the other order, `(rest, cp, cfgp)` instead of `(rest, cfgp, cp)`.
 # Now `cfgp` is the last, fastest-varying dimension and pairs neighbours (`0,1`,
 # `2,3`, …), while one step along `cp` skips a whole cfgp pair, so cp partners are
@@ -422,3 +426,20 @@ print(verdict_table(verdicts, "Lab 00 claims"))
 #    ranks as `groups_on_this_rank`'s argument). Which ranks share a sample now?
 #    <details><summary>Hint</summary>Only the cfgp pairs: `rest = 4`, so sample groups are
 #    `0,1`, `2,3`, … (cfgp becomes the last mesh dimension).</details>
+# 5. **Edit the layout table itself.** In the `mesh_layouts` cell, make the overlay mesh
+#    `((world // (self.cfgp * self.cp), self.cp, self.cfgp), ("rest", "cp", "cfgp"))` (the
+#    clinic's bug, by hand) and re-run that cell. The class keeps the package's method:
+#    the edit runs only where it is handed over, on the ranks with `patches=` and in this
+#    kernel with `patched`:
+#    ```python
+#    EDIT = {"paralab.parallel_dims.ParallelDims": {"mesh_layouts": mesh_layouts}}
+#    edited = [g for g, _ in run(groups_on_this_rank, WORLD, CONFIG, patches=EDIT)]
+#    with patched(EDIT):
+#        edited_predicted = [predict_groups(pd, r) for r in range(WORLD)]
+#    print(edited[5], edited_predicted[5], edited == edited_predicted)
+#    ```
+#    Do the real meshes and `predict_groups` still agree? Which of rank 5's groups moved?
+#    <details><summary>Hint</summary>They agree (`True`): both read the same table, so on
+#    both sides rank 5's cfgp group is now `4,5` and its cp group `5,7`. The check compares
+#    the arithmetic with the meshes, not with the layout you meant; the clinic caught its
+#    bug only because its truth came from meshes built without the patch.</details>

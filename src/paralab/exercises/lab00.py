@@ -8,7 +8,7 @@ import torch
 
 from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims, predict_groups
-from paralab.patches import patched
+from paralab.patches import Patches, patched
 
 CONFIGS = {
     8: [
@@ -76,9 +76,18 @@ def overlay_cp_before_cfgp(
     return layouts
 
 
+def one_decision_swapped() -> Patches:
+    """The bug clinic's patch set: one layout decision swapped (`overlay_cp_before_cfgp`).
+
+    Named so the clinic can plant it, `with patched(one_decision_swapped()):`,
+    before the reader is asked what it is.
+    """
+    return {"paralab.parallel_dims.ParallelDims": {"mesh_layouts": overlay_cp_before_cfgp}}
+
+
 def predict_groups_cfgp_last(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int]]:
-    """`predict_groups` with one decision swapped: the overlay mesh's dim order (`overlay_cp_before_cfgp`)."""
-    with patched({"paralab.parallel_dims.ParallelDims": {"mesh_layouts": overlay_cp_before_cfgp}}):
+    """`predict_groups` with the clinic's patch set planted: the grader's proof its check can fail."""
+    with patched(one_decision_swapped()):
         return predict_groups(parallel_dims, rank)
 
 
