@@ -12,7 +12,6 @@ from paralab.launch import LaunchTimeout, run
 from paralab.models import TinyVideoEncoder, random_raw_videos
 from paralab.vae_lb import encode_cost, offload_encode
 from paralab.vae_lb.runs import (
-    LBRun,
     fingerprint,
     groups_of,
     lb_worker,
@@ -25,10 +24,10 @@ cloudpickle.register_pickle_by_value(
 )  # ranks need this file's workers by value
 
 
-def check_run(batches, costs, lb, bug=None):
+def check_run(batches, costs, lb):
     """Launch, then check latents, encode counts and places, plans and bytes (`run_checks`); return the reports."""
     world = len(batches)
-    reports = [r[0] for r in run(lb_worker, world, batches, [LBRun(lb, bug)], costs, timeout=60)]
+    reports = [r[0] for r in run(lb_worker, world, batches, [lb], costs, timeout=60)]
     assert [r["group"] for r in reports] == [g for g in groups_of(world, lb) for _ in g]
     failed = [v.describe() for v in run_checks(reports, batches, lb, costs) if not v.passed]
     assert not failed, "\n".join(failed)
@@ -89,7 +88,7 @@ def test_the_checks_catch_raw_uint8_and_a_wrong_order():
     batches = [random_raw_videos(n, seed=50 + r) for r, n in enumerate([3, 1])]
     costs = [[encode_cost(v) for v in b] for b in batches]
     reference = reference_latents(batches)
-    trapped = [r[0] for r in run(lb_worker, 2, batches, [LBRun(2, raw_pixels_clinic)], costs)]
+    trapped = [r[0] for r in run(lb_worker, 2, batches, [2], costs, patches=raw_pixels_clinic())]
     with pytest.raises(CheckFailed, match="do not match"):
         assert_match([r["latents"] for r in trapped], reference)
     good = check_run(batches, costs, lb=2)
@@ -108,7 +107,7 @@ def test_costs_and_videos_must_match():
 def test_a_rank_that_skips_the_collectives_hangs_its_peer():
     batches = [random_raw_videos(n, seed=60 + r) for r, n in enumerate([2, 1, 0, 2])]
     with pytest.raises(LaunchTimeout) as caught:
-        run(lb_worker, 4, batches, [LBRun(2, skip_when_empty)], timeout=3)
+        run(lb_worker, 4, batches, [2], patches=skip_when_empty(), timeout=3)
     assert caught.value.hung_ranks == [3]  # rank 2's only lb peer; group [0, 1] finished
 
 

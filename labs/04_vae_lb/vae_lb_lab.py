@@ -87,7 +87,6 @@ from paralab.tables import text_table
 from paralab.vae_lb import encode_cost, offload_encode, plan_rebalance
 from paralab.vae_lb.costs import exchange_bytes, fit_line
 from paralab.vae_lb.runs import (
-    LBRun,
     compare_strategies,
     global_plan,
     group_loads,
@@ -411,24 +410,19 @@ show(plot_lb_protocol(plan_rebalance({r: COSTS[r] for r in range(4)}), 4))
 # World 2 and 4 use the first 2 and 4 ranks' videos of the batch. One launch
 # per world size runs several lb sizes in a row (world 8: lb 8, one group;
 # lb 4, two groups; lb 2, four groups). The job each rank runs is
-# `paralab.vae_lb.runs.lb_worker`; `LBRun(4, clinic_bug)` is the run of
-# the bug clinic (section 9): one decision of the encode path swapped.
+# `paralab.vae_lb.runs.lb_worker`, which calls `paralab.vae_lb.protocol.offload_encode`;
+# `patches=EDIT` hands the ranks this kernel's `offload_encode` in its place
+# (the shown cell of section 5, with the planner and protocol cells it calls).
 
 # %%
-JOBS = {
-    2: [LBRun(2)],
-    4: [LBRun(4), LBRun(2), LBRun(4, clinic_bug)],
-    8: [LBRun(8), LBRun(4), LBRun(2)],
-}
-RESULTS = {}  # (world, lb, bug clinic?) -> every rank's report
-for world, jobs in JOBS.items():
-    reports = run(lb_worker, world, BATCH[:world], jobs, offload=offload_encode, timeout=60)
-    for k, job in enumerate(jobs):
-        RESULTS[(world, job.lb, job.bug is not None)] = [reports[rank][k] for rank in range(world)]
-print(
-    "runs:",
-    ", ".join(f"world {w} lb {lb}" + (" (bug clinic)" if bug else "") for w, lb, bug in RESULTS),
-)
+EDIT = {"paralab.vae_lb.protocol": {"offload_encode": offload_encode}}
+LB_SIZES = {2: [2], 4: [4, 2], 8: [8, 4, 2]}  # world -> the lb sizes one launch runs
+RESULTS = {}  # (world, lb) -> every rank's report
+for world, lb_sizes in LB_SIZES.items():
+    reports = run(lb_worker, world, BATCH[:world], lb_sizes, patches=EDIT, timeout=60)
+    for k, lb in enumerate(lb_sizes):
+        RESULTS[(world, lb)] = [reports[rank][k] for rank in range(world)]
+print("runs:", ", ".join(f"world {w} lb {lb}" for w, lb in RESULTS))
 
 # %% [markdown]
 # ### The checks
@@ -447,9 +441,8 @@ print(
 
 # %%
 ALL_VERDICTS = []
-for (world, lb, clinic), reports in RESULTS.items():
-    if not clinic:
-        ALL_VERDICTS += run_checks(reports, BATCH[:world], lb)
+for (world, lb), reports in RESULTS.items():
+    ALL_VERDICTS += run_checks(reports, BATCH[:world], lb)
 PROPERTIES = {
     "latents, owner order": "latents bitwise",
     "latent shapes": "shapes",
@@ -482,7 +475,7 @@ print(
 
 # %% jupyter={"outputs_hidden": true} collapsed=true
 print(verdict_table(ALL_VERDICTS, "every run: latents, encodes, placement, plan, bytes"))
-reports = RESULTS[(4, 4, False)]
+reports = RESULTS[(4, 4)]
 per_tensor = compare(
     [rep["latents"] for rep in reports], reference_latents(BATCH[:4], encoder), name="latents"
 )
@@ -541,8 +534,7 @@ rows = [
         f"{spread(before):,.0f}",
         f"{spread(after):,.0f}",
     )
-    for world, lb, clinic in RESULTS
-    if not clinic
+    for world, lb in RESULTS
     for ranks, moves, before, after in group_loads(RANK_COSTS[:world], lb)
 ]
 print(
@@ -578,7 +570,7 @@ print(moves_table(COSTS, plan_rebalance(COSTS), SHAPES))
 # (64 B), a raw video (`3THW`) or a latent (`THW`).
 
 # %%
-reports = RESULTS[(8, 8, False)]
+reports = RESULTS[(8, 8)]
 print(format_table([rep["records"] for rep in reports], by=("op",)))
 sent, received, gathered = exchange_bytes(BATCH, global_plan(RANK_COSTS, 8), groups_of(8, 8))
 have_sent, have_received, have_gathered = measured_bytes(reports)
@@ -598,7 +590,7 @@ print(
         align_right=range(7),
     )
 )
-reports = RESULTS[(8, 2, False)]
+reports = RESULTS[(8, 2)]
 no_move = [
     rank for rank in (4, 5) if not any(r.op in ("isend", "irecv") for r in reports[rank]["records"])
 ]
@@ -614,7 +606,8 @@ print(
 # returns, but its peers are inside `share_costs`, waiting in an `all_gather`
 # for a contribution that never comes. Here world 4, lb 2: rank 2 has no
 # videos and returns at once. (The shortcut is `offload_encode_skipping_empty`
-# in `paralab.exercises.lab04`, planted into the run by `skip_when_empty`.)
+# in `paralab.exercises.lab04`; `skip_when_empty()` is the patch set that puts it
+# in place of `offload_encode`, handed to the ranks with `run(..., patches=...)`.)
 #
 # **Predict before you run.** Which ranks hang: rank 3 only, ranks 0, 1 and 3,
 # or none?
@@ -630,7 +623,7 @@ print(
 # %%
 hung = []
 try:
-    run(lb_worker, 4, BATCH[:4], [LBRun(2, skip_when_empty)], timeout=3)
+    run(lb_worker, 4, BATCH[:4], [2], patches=skip_when_empty(), timeout=3)
     print("no hang?!")
 except (
     LaunchError
@@ -659,13 +652,17 @@ CLAIMS.append(
 # ## 9. Bug clinic: everything arrives, in order, and is wrong
 #
 # A real-world failure of video pipelines, seeded in one line of the encode
-# path. It already ran in section 6, in the same launch as the correct code:
-# the world-4, lb-4 job `LBRun(4, raw_pixels_clinic)`, on the same 4 ranks and the
-# same videos. The checks of section 6, applied to that run. The bug is
-# planted, so here a check that fails is doing its job: it has caught the bug.
+# path. The bug is a patch set, `clinic_bug()` (one function of
+# `paralab.models` replaced), handed to the ranks with `patches=` together with
+# section 6's `EDIT`: the world-4, lb-4 job of section 6 again, on the same 4
+# ranks and the same videos, then the checks of section 6 applied to that run.
+# The bug is planted, so here a check that fails is doing its job: it has
+# caught the bug.
 
 # %%
-CLINIC = RESULTS[(4, 4, True)]
+CLINIC = [
+    r[0] for r in run(lb_worker, 4, BATCH[:4], [4], patches={**EDIT, **clinic_bug()}, timeout=60)
+]
 clinic_rows = run_checks(CLINIC, BATCH[:4], 4)
 for v in clinic_rows:
     print(
@@ -810,11 +807,13 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 # %% [markdown]
 # ## What to try
 #
-# Shown cells are this kernel's copies; ranks import the package's file. What
-# reaches the ranks here: section 6 hands this kernel's `offload_encode` to them
-# (`run(lb_worker, ..., offload=offload_encode)`, with the planner it calls),
-# and an `LBRun`'s bug (a zero-argument callable returning `planted(...)`) is
-# planted on each rank. To change anything else the ranks run, edit
+# Shown cells are this kernel's copies; ranks import the package's file. An
+# edit reaches the ranks only as a patch set passed to `run(..., patches=...)`:
+# section 6 hands them this kernel's `offload_encode` with `patches=EDIT`
+# (`{"paralab.vae_lb.protocol": {"offload_encode": offload_encode}}`; it calls
+# this kernel's planner and protocol cells), section 8's and 9's bugs travel
+# the same way. To hand them another function, add it to a patch set under
+# the module it comes from (each shown cell's header names it), or edit
 # `src/paralab/vae_lb/` and restart the kernel.
 #
 # 1. Give rank 0 a single 16 × 64 × 64 video and everyone else nothing
@@ -862,11 +861,10 @@ print(f"lab run time: {time.perf_counter() - LAB_START:.1f} s")
 #    explain little of the cost (section 2), so the plan lands well above the
 #    bound the `T·H·W` plan reaches.</details>
 # 7. In the bug clinic, seed the other normalization bug instead: in section
-#    6's `JOBS`, replace `clinic_bug` by
-#    `lambda: planted(paralab.models, normalize_pixels=pixels_to_unit_interval)`
-#    (after `import paralab.models`, `from paralab.exercises import planted` and
-#    `from paralab.exercises.lab04 import pixels_to_unit_interval`: it scales to
-#    `[0, 1]`, the image-classifier habit) and re-run sections 6 to 9. Do the
-#    bands stay? Which relation replaces `buggy = 127.5 (correct + M 1)`?
+#    9's launch, replace `clinic_bug()` by
+#    `{"paralab.models": {"normalize_pixels": pixels_to_unit_interval}}`
+#    (after `from paralab.exercises.lab04 import pixels_to_unit_interval`: it
+#    scales to `[0, 1]`, the image-classifier habit) and re-run section 9. Do
+#    the bands stay? Which relation replaces `buggy = 127.5 (correct + M 1)`?
 #    <details><summary>Hint</summary>`x / 255 = (n + 1) / 2` for the normalized
 #    `n`, and the encoder is linear.</details>

@@ -8,17 +8,17 @@ here, so the bug is written once.
 from __future__ import annotations
 
 import random
-from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
 
 from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
-from paralab.vae_lb import planner, protocol
+from paralab.patches import Patches, patched
+from paralab.vae_lb import planner
 from paralab.vae_lb.planner import Move
 from paralab.vae_lb.protocol import exchange
+from paralab.vae_lb.protocol import offload_encode as package_offload_encode
 
 
 # ------------------------------------------------------------------ exercise 1: normalize the pixels
@@ -49,21 +49,24 @@ def raw_pixels_as_float(video: torch.Tensor) -> torch.Tensor:
     return video.to(torch.float64)
 
 
-def raw_pixels_clinic() -> ContextManager:
-    """The lab's bug clinic, planted for a block: the encoder is handed raw pixels cast to float."""
-    return patched({"paralab.models": {"normalize_pixels": raw_pixels_as_float}})
+def raw_pixels_clinic() -> Patches:
+    """The lab's bug clinic, a patch set for `run(..., patches=)`: the encoder gets raw pixels cast to float."""
+    return {"paralab.models": {"normalize_pixels": raw_pixels_as_float}}
 
 
 def offload_encode_skipping_empty(videos, costs, encode_fn, group=None):
     """Bug (the lab's section 8): a rank with nothing to encode skips the collectives, and its peers hang."""
     if not videos:
         return []
-    return protocol.offload_encode(videos, costs, encode_fn, group)
+    return package_offload_encode(videos, costs, encode_fn, group)
 
 
-def skip_when_empty() -> ContextManager:
-    """Plant `offload_encode_skipping_empty` where `vae_lb.runs.lb_worker` looks up `offload_encode`."""
-    return patched({"paralab.vae_lb.runs": {"offload_encode": offload_encode_skipping_empty}})
+def skip_when_empty() -> Patches:
+    """A patch set: `offload_encode_skipping_empty` in place of the package's `offload_encode`.
+
+    The replacement calls the package's function as imported here, not through the patched name.
+    """
+    return {"paralab.vae_lb.protocol": {"offload_encode": offload_encode_skipping_empty}}
 
 
 def pixels_to_unit_interval(video: torch.Tensor) -> torch.Tensor:

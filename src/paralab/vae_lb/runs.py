@@ -5,20 +5,20 @@ Single process: the planner against the baselines (`compare_strategies`,
 
 On ranks: `lb_worker` runs `offload_encode` for several lb sizes in one launch
 and reports the latents, a fingerprint of every video the rank encoded (to see
-*where* compute ran), its ledger and the plan it computed. The notebook and the
-tests check those reports with `run_checks` against what one process computes
-here: the latents, the plan and the bytes of `costs.exchange_bytes`.
+*where* compute ran), its ledger and the plan it computed. It calls
+`protocol.offload_encode`, looked up when it runs, so `run(..., patches=
+{"paralab.vae_lb.protocol": {"offload_encode": f}})` hands the ranks another one.
+The notebook and the tests check those reports with `run_checks` against what
+one process computes here: the latents, the plan and the bytes of
+`costs.exchange_bytes`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import random
 from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from paralab.ledger import Ledger, received, sent
 from paralab.models import TinyVideoEncoder, random_video_shapes
 from paralab.parallel_dims import ParallelDims
 from paralab.tables import text_table
+from paralab.vae_lb import protocol
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
 from paralab.vae_lb.planner import (
     Move,
@@ -37,17 +38,8 @@ from paralab.vae_lb.planner import (
     loads_of,
     plan_rebalance,
 )
-from paralab.vae_lb.protocol import offload_encode, share_costs
 
 Costs = list[list[float]]  # per global rank, the cost of each of its videos
-
-
-@dataclass(frozen=True)
-class LBRun:
-    """One offload_encode over lb groups of `lb` ranks; `bug()`, if given, is planted around it (a bug clinic)."""
-
-    lb: int
-    bug: Callable[[], ContextManager] | None = None
 
 
 # ------------------------------------------------------------------ the planner against the baselines, one process
@@ -166,21 +158,19 @@ def video_costs(batch: list[list[torch.Tensor]]) -> Costs:
 
 
 def lb_worker(
-    batch: list[list[torch.Tensor]],
-    lb_runs: list[LBRun],
-    costs: Costs | None = None,
-    offload: Callable | None = None,
+    batch: list[list[torch.Tensor]], lb_sizes: list[int], costs: Costs | None = None
 ) -> list[dict]:
-    """On every rank: for each run, offload_encode this rank's videos and report what happened.
+    """On every rank: for each lb size, offload_encode this rank's videos and report what happened.
 
-    `costs` defaults to `encode_cost` of each video (a test may force a plan with others);
-    `offload` may replace `offload_encode` (a notebook passes the version its cell defines).
+    `costs` defaults to `encode_cost` of each video (a test may force a plan with others).
+    It calls `protocol.offload_encode` as that module holds it when it runs, so a patch of
+    `paralab.vae_lb.protocol` reaches it.
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     costs = video_costs(batch) if costs is None else costs
     encoder, reports = TinyVideoEncoder(), []
-    for lb_run in lb_runs:
-        pd = ParallelDims(world, lb=lb_run.lb)
+    for lb in lb_sizes:
+        pd = ParallelDims(world, lb=lb)
         pd.build_meshes("cpu")
         group = pd.lb_mesh.get_group()
         encoded: list[str] = []
@@ -190,10 +180,10 @@ def lb_worker(
             return encoder(video)
 
         plan = plan_rebalance(
-            share_costs(costs[rank], group)
+            protocol.share_costs(costs[rank], group)
         )  # what every rank of the group should agree on
-        with Ledger() as ledger, (lb_run.bug or contextlib.nullcontext)():
-            latents = (offload or offload_encode)(batch[rank], costs[rank], encode_fn, group)
+        with Ledger() as ledger:
+            latents = protocol.offload_encode(batch[rank], costs[rank], encode_fn, group)
         reports.append(
             {
                 "latents": latents,
