@@ -16,11 +16,11 @@ from paralab.fsdp import (
     shard_unit,
     unflatten,
 )
+from paralab.fsdp.checks import check_counts
 from paralab.fsdp.costs import ITEMSIZE, memory_formula, traffic_formula
 from paralab.fsdp.runs import (
     GLOBAL_BATCH,
     Job,
-    check_counts,
     mse,
     train_reference,
     unit_numels,

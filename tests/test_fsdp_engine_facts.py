@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from paralab.fsdp.runs import checkpoint_round_trip, fsdp2_step_facts
+from paralab.fsdp.engine_facts import checkpoint_round_trip, fsdp2_step_facts
 from paralab.launch import run
 
 WORLD = 4

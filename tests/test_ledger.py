@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from paralab.fsdp.runs import fsdp2_mesh_calls
+from paralab.fsdp.engine_facts import fsdp2_mesh_calls
 from paralab.launch import run
 from paralab.ledger import Ledger, format_table, merge
 

@@ -37,18 +37,20 @@ import torch.distributed as dist
 from IPython.display import Markdown, display
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.check import claim, compare, fold, verdict_table
+from paralab.check import claim, compare, fold, summary, verdict_table
 from paralab.fsdp import runs as fsdp_runs
-from paralab.fsdp.runs import (
+from paralab.fsdp.checks import (
     MEMORY_PARTS,
-    STEPS,
-    Job,
     check_fsdp2_calls,
     check_memory,
     check_params,
     check_traffic,
     fsdp2_calls,
-    fsdp2_mesh_calls,
+)
+from paralab.fsdp.engine_facts import fsdp2_mesh_calls
+from paralab.fsdp.runs import (
+    STEPS,
+    Job,
     reference_first_gradient,
     reference_first_loss,
     train_reference,
@@ -69,15 +71,6 @@ from paralab.viz import (
 
 LAB_START = time.monotonic()
 CLAIMS = []  # the closing table: one row per claim; each claim's detail table is printed (folded) where it is checked
-
-
-def summary(name, rows):
-    """One claim for a table of checks: holds if every row passes; observed = rows passed and the largest |diff|."""
-    passed = sum(v.passed for v in rows)
-    worst = max(v.max_abs for v in rows)
-    return claim(
-        name, passed == len(rows), f"{passed} of {len(rows)} rows pass, max |diff| {worst:.1e}"
-    )
 
 
 # %% [markdown]
@@ -246,8 +239,9 @@ torch.set_printoptions(profile="default")
 # Each launch runs several jobs in a row on the same ranks (a launch costs more than a
 # few tiny steps). Every job trains for 3 optimizer steps on its rank's slice of one
 # global batch of 16 and returns what its rank holds, the ledger records and the memory.
-# The notebook's own definitions above are handed to the ranks, so editing a cell and
-# re-running takes effect. FSDP2 (`fully_shard`, the real engine) runs in the same launches.
+# The notebook's own definitions above are handed to the ranks as a patch set,
+# `run(..., patches=LAB_ENGINE)`, so editing a cell of sections 1–4 and re-running it and
+# this cell takes effect on the ranks. FSDP2 (`fully_shard`, the real engine) runs in the same launches.
 
 # %%
 PLAN = {
@@ -278,12 +272,16 @@ PLAN = {
         Job("fsdp2", 2),
     ],
 }
-IMPL = dict(
-    HandFSDP=HandFSDP, ShardOptimizer=ShardOptimizer, all_reduce_gradients=all_reduce_gradients
-)
+LAB_ENGINE = {  # this kernel's engine, sent by value: it calls this kernel's cells above
+    "paralab.fsdp.zero": {
+        "HandFSDP": HandFSDP,
+        "ShardOptimizer": ShardOptimizer,
+        "all_reduce_gradients": all_reduce_gradients,
+    }
+}
 RESULTS = {}  # label -> list of per-rank results
 for world, jobs in PLAN.items():
-    per_rank = run(fsdp_runs.run_jobs, world, jobs, timeout=120, **IMPL)
+    per_rank = run(fsdp_runs.run_jobs, world, jobs, timeout=120, patches=LAB_ENGINE)
     for j in range(len(jobs)):
         RESULTS[per_rank[0][j]["label"]] = [per_rank[r][j] for r in range(world)]
 print(len(RESULTS), "jobs:", ", ".join(RESULTS))
@@ -510,7 +508,7 @@ for name, (ndim, shape, names) in run(mesh_shapes, 4)[0].items():
 
 # %% [markdown]
 # **A tiny run of the trap.** Two `Linear(8, 8)` layers, each its own FSDP2 unit, one
-# forward and backward on 4 ranks, once per mesh (`fsdp.runs.fsdp2_mesh_calls`, which
+# forward and backward on 4 ranks, once per mesh (`fsdp.engine_facts.fsdp2_mesh_calls`, which
 # `tests/test_ledger.py` runs too).
 #
 # **Predict before you run:** how many all-gathers, reduce-scatters and all-reduces
@@ -849,31 +847,25 @@ display(
 # ## 10. Bug clinic: an HSDP run that trains, but not the model it should
 #
 # A bug seen in real HSDP code. Below, HSDP 2×2 (replicas {0, 2} and {1, 3}, shard
-# groups {0, 1} and {2, 3}) trains for 3 steps twice on the same 4 real ranks: once with
-# the package's `reduce_scatter_grads`, once with one decision of it swapped
-# (`paralab.exercises.lab01.hsdp_divides_twice`; do not read it yet). Nothing crashes, the
+# groups {0, 1} and {2, 3}) trains for 3 steps in two launches on 4 real ranks: once with
+# the package's code, once with one decision of its gradient reduction swapped. The bug
+# is a patch set (`paralab.exercises.lab01.one_reduction_decision_swapped()`; do not read
+# it yet) handed to the second launch with `run(..., patches=BUG)`. Nothing crashes, the
 # collectives and their bytes are the same, the first loss is the same. The picture is
 # `|buggy - correct|` of every parameter every rank holds after 3 SGD steps: one row per
 # rank, its four unit shards side by side (41 + 41 + 41 + 3 elements, drawn apart).
 
 # %%
-from paralab.exercises import planted
-from paralab.exercises.lab01 import hsdp_divides_twice
-from paralab.fsdp import zero
+from paralab.exercises.lab01 import one_reduction_decision_swapped
 
-
-def clinic_worker(jobs, bug):
-    """The same jobs twice on the same ranks: the package's gradient reduction, then `bug` in its place."""
-    correct = fsdp_runs.run_jobs(jobs)
-    with planted(zero, reduce_scatter_grads=bug):  # the engine's backward looks it up at call time
-        buggy = fsdp_runs.run_jobs(jobs)
-    return correct, buggy
-
-
+BUG = one_reduction_decision_swapped()
 CLINIC_WORLD, CLINIC_JOBS = 4, [Job("hand", 2, optimizer="sgd"), Job("hand", 2)]
-clinic = run(clinic_worker, CLINIC_WORLD, CLINIC_JOBS, hsdp_divides_twice, timeout=120)
+launches = [  # the same jobs launched twice: the package's code, then with the bug planted
+    run(fsdp_runs.run_jobs, CLINIC_WORLD, CLINIC_JOBS, timeout=120, patches=patches)
+    for patches in (None, BUG)
+]
 correct, buggy = (
-    [[rank[i][j] for rank in clinic] for j in range(len(CLINIC_JOBS))] for i in (0, 1)
+    [[rank[j] for rank in per_rank] for j in range(len(CLINIC_JOBS))] for per_rank in launches
 )
 shard_sizes = [p.numel() for p in correct[0][0]["params"]]
 show(
@@ -942,12 +934,11 @@ CLAIMS.append(summary("bug clinic: package passes, seeded HSDP bug caught (SGD a
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# The gradient is averaged twice. `hsdp_divides_twice` runs the package's
-# `reduce_scatter_grads` with `replicas_divided_by_world` planted for
-# `gradient_divide_factors`: it averages inside the shard group (sum, then ÷ `dp_shard` = 2)
-# as it should, but then divides the replica all-reduce's sum by the **world size** (4)
-# instead of by `dp_replicate` (2). Each rank's contribution is
-# divided by `dp_shard · world` = 8 instead of by `world` = 4: every gradient element is
+# The gradient is averaged twice. The patch set replaces the package's
+# `gradient_divide_factors` with `replicas_divided_by_world`, so `reduce_scatter_grads`
+# averages inside the shard group (sum, then ÷ `dp_shard` = 2) as it should, but then
+# divides the replica all-reduce's sum by the **world size** (4) instead of by
+# `dp_replicate` (2). Each rank's contribution is divided by `dp_shard · world` = 8 instead of by `world` = 4: every gradient element is
 # exactly `1/dp_shard` = 0.5 of the right value (the ratio above; exact because the
 # factors are powers of two). The replicas still agree with each other (the all-reduce ran),
 # the forward and the first loss are untouched, and the bytes on the wire are the same, so
@@ -984,13 +975,12 @@ print(verdict_table(CLAIMS, "Lab 01 claims"))
 # %% [markdown]
 # ## What to try
 #
-# 1. **Sum instead of mean.** The ranks run the package's engine, so an edit to section 2's
-#    `gradient_divide_factors` cell changes this kernel's copy only; the bug clinic plants
-#    a change on the ranks instead. In section 10's first cell, import
-#    `reduce_sum_not_mean` from `paralab.exercises.lab01` (the package's
-#    `reduce_scatter_grads` with `gradient_divide_factors` planted to return `1, 1`), pass
-#    it to `run(clinic_worker, ...)` in place of `hsdp_divides_twice`, and re-run the two
-#    clinic cells. Predict the printed gradient ratio first. Why is the parameter
+# 1. **Sum instead of mean.** The clinic's ranks run the package's engine, so an edit
+#    reaches them only as a patch set. Make section 2's `gradient_divide_factors` cell
+#    `return 1, 1` and re-run it; then in section 10's first cell hand it over in place of
+#    the clinic's bug, `BUG = {"paralab.fsdp.zero": {"gradient_divide_factors":
+#    gradient_divide_factors}}`, and re-run the two clinic cells. Predict the printed
+#    gradient ratio first. Why is the parameter
 #    difference of order 1 for SGD but about 1e-6 for Adam? Would the DDP and FSDP2 rows
 #    of section 6 change?
 #    <details><summary>Hint</summary>The ratio is 4 = `dp_replicate · dp_shard`: neither
@@ -1035,22 +1025,17 @@ print(verdict_table(CLAIMS, "Lab 01 claims"))
 #    row. Turning cp off changes the consuming mesh (its `dp_shard` or `dp_replicate` must
 #    grow to fill the world), not how the overlay shards the model.</details>
 # 9. **Three units in the trap.** The trap model is built on the ranks by the package
-#    (`fsdp.runs._two_unit_model`), so give it three layers by planting a builder inside a
-#    worker defined here, and predict the counts before running:
+#    (`fsdp.engine_facts._two_unit_model`), so give it three layers by handing the ranks a
+#    builder defined here with `patches=`, and predict the counts before running:
 #
 #    ```python
-#    from paralab.exercises import planted
-#
 #    def three_layers():
 #        torch.manual_seed(0)
 #        return torch.nn.Sequential(*(torch.nn.Linear(8, 8, bias=False) for _ in range(3)))
 #
-#    def three_layer_calls(on_dp_mesh):
-#        with planted(fsdp_runs, _two_unit_model=three_layers):
-#            return fsdp_runs.fsdp2_mesh_calls(on_dp_mesh)
-#
+#    THREE = {"paralab.fsdp.engine_facts": {"_two_unit_model": three_layers}}
 #    for on_dp_mesh in (False, True):
-#        ops = [(op, size) for _, op, size in run(three_layer_calls, 4, on_dp_mesh)[0]]
+#        ops = [(op, size) for _, op, size in run(fsdp2_mesh_calls, 4, on_dp_mesh, patches=THREE)[0]]
 #        print("pd.dp_mesh" if on_dp_mesh else "fsdp_mesh(pd)", {op: ops.count(op) for op in set(ops)})
 #    ```
 #    <details><summary>Hint</summary>`U = 3`: 6 all-gathers, 3 reduce-scatters, and on the

@@ -15,7 +15,7 @@ from paralab.fsdp import zero
 from paralab.fsdp.zero import FlatUnit, padded_size, shard_unit, unflatten
 from paralab.models import MLPBlock
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
+from paralab.patches import Patches, patched
 
 LAB = "01_fsdp_hsdp"
 WIDTH, HIDDEN = 2, 3  # one MLPBlock of 17 parameters: padded to 18 on 2 ranks, to 20 on 4
@@ -198,8 +198,17 @@ def hsdp_divides_twice(
 ) -> torch.Tensor:
     """Bug, one decision swapped (`replicas_divided_by_world`): averages in the shard group (/ dp_shard), then
     divides the replicas' sum by the world size: HSDP gradients come out dp_shard times too small."""
-    with patched({"paralab.fsdp.zero": {"gradient_divide_factors": replicas_divided_by_world}}):
+    with patched(one_reduction_decision_swapped()):
         return _REDUCE_SCATTER_GRADS(full_grad, shard_group, replicate_group)
+
+
+def one_reduction_decision_swapped() -> Patches:
+    """The bug clinic's patch set: one decision of the gradient reduction swapped (`replicas_divided_by_world`).
+
+    Named so the clinic can launch it, `run(run_jobs, n, jobs, patches=...)`,
+    before the reader is asked what it is.
+    """
+    return {"paralab.fsdp.zero": {"gradient_divide_factors": replicas_divided_by_world}}
 
 
 def no_replica_all_reduce(

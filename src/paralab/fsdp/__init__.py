@@ -2,8 +2,11 @@
 
 - `zero`: the algorithm (flat shards, gather / free / reduce-scatter, the sharded
   unit's forward and backward, the sharded optimizer, DDP for contrast);
-- `runs`: lab 01's per-rank training jobs, the single-process references and checks;
-- `costs`: the closed-form bytes sent and held per rank.
+- `runs`: lab 01's per-rank training jobs and the single-process references;
+- `checks`: every rank's tensors, bytes and calls against those references and the formulas;
+- `costs`: the closed-form bytes sent and held per rank;
+- `engine_facts`: what torch's FSDP2 does (calls per mesh, mixed precision, checkpoints),
+  measured for the chapters.
 
 The algorithm's names are re-exported here. A bug is planted in the module
 whose globals the real loop reads, one decision at a time:
