@@ -37,7 +37,7 @@ import time
 import torch
 
 from paralab import launch, viz
-from paralab.check import claim, compare, verdict_table
+from paralab.check import claim, compare, summary, verdict_table
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
 from paralab.tables import text_table
@@ -289,8 +289,8 @@ fsdp_verdicts = [
 print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 
 # %% [markdown]
-# **`parallelize`** is the four steps in the order `ORDER` names (section 6 plants other
-# orders through it):
+# **`parallelize`** is the four steps in the order `ORDER` names (section 6 runs it with
+# other orders):
 
 # %%
 # show: paralab.train.parallelism.parallelize
@@ -316,11 +316,10 @@ print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 # Each launch runs every training of this lab in sequence inside the ranks (each one a
 # fresh model, the meshes built once): the 6 checks (AC none/full/selective × SGD/Adam) per
 # configuration under the ledger, a compiled causal run, torchtitan's reading, the wrong orders
-# of section 6, the FSDP `generate` of section 7 and the bug clinic of section 8.
+# of section 6 and the FSDP `generate` of section 7. (The bug clinic of section 8 is a launch
+# of its own.)
 
 # %% jupyter={"source_hidden": true}
-from paralab.exercises.lab05 import loader_clinic_bug
-
 AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
 CONFIGS = {
     "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
@@ -369,8 +368,6 @@ def world_job(world):
             name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()
         }
         out["generate"] = generate_demo(dict(dp_shard=4))
-        with loader_clinic_bug():  # section 8's seeded bug
-            out["clinic"] = run_variants([(DIMS4, {})])[0]["params"]
     else:
         out["titan"] = run_titan(2, 2, dict(attention="ring"))
     return out
@@ -437,15 +434,6 @@ def reference_for(samples, variant):
     return REFERENCES[key]
 
 
-def folded(name, verdicts):
-    """Many tensor verdicts as one row: all pass, and the largest difference."""
-    worst = max(v.max_abs for v in verdicts)
-    diff = "0 (bitwise)" if worst == 0 else f"{worst:.1e}"
-    return claim(
-        name, all(v.passed for v in verdicts), f"max |diff| {diff} over {len(verdicts)} tensors"
-    )
-
-
 def param_verdicts(per_rank_params, dims, variant):
     """Every rank's full parameters vs one process on the world/cp samples of the global batch."""
     world = len(per_rank_params)
@@ -470,7 +458,7 @@ for world in (4, 8):
             param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant)
         )
 param_rows = [
-    folded(label + ("" if "compiled" in label else ", sgd+adam"), verdicts)
+    summary(label + ("" if "compiled" in label else ", sgd+adam"), verdicts)
     for label, verdicts in by_row.items()
 ]
 print(verdict_table(param_rows, "parameters after 3 steps vs one process (float64, within 1e-12)"))
@@ -508,7 +496,7 @@ for world, job in ((4, 0), (8, 0)):
         f"{world} ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}"
     )
     titan_verdicts.append(
-        folded(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same)
+        summary(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same)
     )
 print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 
@@ -682,8 +670,10 @@ print(verdict_table(compile_verdicts, "what torch.compile captured"))
 # %% [markdown]
 # ## 6. Why the order: each wrong order, run for real
 #
-# Each wrong order moves one step in front of CP (`planted(parallelism, ORDER=...)` swaps the
-# order `parallelize` follows) and trains with the wrapper that moved switched on.
+# Each wrong order moves one step in front of CP and trains with the wrapper that moved
+# switched on. The order is a parameter of the experiment: `run_in_order` (section 3's
+# launch) trains inside `patched({"paralab.train.parallelism": {"ORDER": order}})` on each
+# rank, so `parallelize` follows that order there.
 #
 # **Predict.** Which of these break this model, and how: an error, a silently wrong result, or
 # nothing?
@@ -793,7 +783,7 @@ generate_verdicts = [
         all(g["before"] != "ran" for g in gen),
         gen[0]["before"].split(",")[0],
     ),
-    folded(
+    summary(
         "registered generate = one process (every rank)",
         compare([g["after"] for g in gen], expected, atol=1e-12),
     ),
@@ -803,13 +793,19 @@ print(verdict_table(generate_verdicts, "register_fsdp_forward_method"))
 # %% [markdown]
 # ## 8. Bug clinic: a data loader that looks right
 #
-# Below, the same 4-rank training (dp_shard 4, cp 2) ran once more inside the launch, with a
-# seeded bug in *which sample a rank loads* (`paralab.exercises.lab05`; do not read it yet).
+# Below, the same 4-rank training (dp_shard 4, cp 2) runs once more, in a launch of its own,
+# with a seeded bug in *which sample a rank loads*: `loader_clinic_bug()` is a patch set
+# (`paralab.exercises.lab05`; do not read it yet), handed to the ranks with `patches=`.
 # Training runs without a complaint. The picture is `|buggy - reference|` for the first MLP
 # weight after 3 steps.
 
 # %%
-clinic = [r["clinic"] for r in RESULTS[4]]
+from paralab.exercises.lab05 import loader_clinic_bug
+
+clinic = [
+    r[0]["params"]
+    for r in run(run_variants, 4, [(DIMS4, {})], patches=loader_clinic_bug(), timeout=300)
+]
 ref = reference_for(2, {})
 name = "blocks.0.mlp.up.weight"
 show(
@@ -888,26 +884,23 @@ print(
 # ## What to try
 #
 # The ranks import `paralab.train` from the file: an edit to a shown package cell changes
-# this kernel's copy only. Each item says how its change reaches the ranks.
+# this kernel's copy only. A change reaches the ranks as a patch set passed to
+# `run(..., patches=...)` (module path -> {name: replacement}), or as a worker defined here
+# (it travels by value); each item says which.
 #
 # 1. **Normalize by the whole sample.** Divide the squared error by the *whole* sample's
 #    element count instead of taking the local mean, and train one SGD step on 4 ranks with
-#    it. `training_loop` looks `loss_of` up in `paralab.train.runs`, so plant yours there
-#    inside a worker defined here (the kernel's `loss_of`, which the reference uses, stays
-#    as it is):
+#    it. `training_loop` looks `loss_of` up in `paralab.train.runs`, so hand yours to the
+#    ranks under that name with `patches=` (the kernel's `loss_of`, which the reference uses,
+#    stays as it is):
 #
 #    ```python
-#    from paralab.exercises import planted
-#
 #    def whole_sample_mse(model, noisy, sigma, noise):
 #        target = model.shard.tokens(noise)
 #        return ((model(noisy, sigma) - target) ** 2).sum() / noise.numel()  # the whole sample's count
 #
-#    def one_step_with(loss):
-#        with planted(runs, loss_of=loss):
-#            return run_variants([(DIMS4, {})], steps=1)[0]["params"]
-#
-#    buggy = run(one_step_with, 4, whole_sample_mse, timeout=300)[0]
+#    EDIT = {"paralab.train.runs": {"loss_of": whole_sample_mse}}
+#    buggy = run(run_variants, 4, [(DIMS4, {})], steps=1, patches=EDIT, timeout=300)[0][0]["params"]
 #    p0 = {k: p.detach() for k, p in build_model().named_parameters()}
 #    right = reference(samples=2, steps=1)
 #    name = "blocks.0.mlp.up.weight"

@@ -1,16 +1,15 @@
 """Lab 05's seeded bug: the data loader picks the sample by global rank instead of `rest`.
 
-Planted into the real loop with `patches={"paralab.train.runs": {"sample_index": sample_by_global_rank}}`;
-`loader_clinic_bug()` does that under a name that does not give the bug away before the
-lab's clinic asks about it.
+`loader_clinic_bug()` is the patch set that plants it in the real loop,
+`{"paralab.train.runs": {"sample_index": sample_by_global_rank}}`, under a name
+that does not give the bug away before the lab's clinic asks about it; the lab
+passes it to `run(..., patches=...)`.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager as ContextManager
-
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
+from paralab.patches import Patches
 
 
 def sample_by_global_rank(rank: int, parallel_dims: ParallelDims) -> int:
@@ -18,7 +17,6 @@ def sample_by_global_rank(rank: int, parallel_dims: ParallelDims) -> int:
     return rank
 
 
-def loader_clinic_bug() -> ContextManager:
-    """The bug clinic's loader bug, planted for a block (lab 05 trains once inside it)."""
-
-    return patched({"paralab.train.runs": {"sample_index": sample_by_global_rank}})
+def loader_clinic_bug() -> Patches:
+    """The bug clinic's loader bug as a patch set, for `run(..., patches=...)` or `patched`."""
+    return {"paralab.train.runs": {"sample_index": sample_by_global_rank}}
