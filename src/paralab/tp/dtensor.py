@@ -1,0 +1,116 @@
+"""The same model and data under torch's DTensor tensor parallelism, for a parity check.
+
+`parallelize_module` with `ColwiseParallel`, `RowwiseParallel`, `SequenceParallel` and
+`loss_parallel`, as torchtitan plans a Llama, and optionally FSDP2's `fully_shard` over
+a dp mesh around it (TP inside each dp replica). All of them run on gloo on the CPU in
+torch 2.13 (`tests/test_tp_dtensor.py` pins it).
+
+Two adaptations, both outside torch:
+- the fused q/k/v weight is permuted first so that torch's contiguous row shard r is
+  [q_r; k_r; v_r], the heads of rank r (torchtitan keeps wq, wk, wv apart instead);
+  `params_in_model_order` undoes it;
+- under SP the position table is added to this rank's tokens outside any DTensor plan,
+  so its gradient is partial and summed over tp by hand, as the package's SP does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+from paralab.tp.layout import Split, owned_range, shard, unshard
+from paralab.tp.model import TinyLM, build_model
+from paralab.tp.runs import LR, build_mesh, global_batch, sample_rows
+
+QKV = Split(0, parts=3)
+
+
+def head_aligned_qkv(model: TinyLM, tp: int) -> None:
+    """Permute each fused q/k/v weight and bias so that contiguous shard r holds rank r's heads."""
+    for block in model.blocks:
+        for p in block.attn.qkv.parameters():
+            p.data = torch.cat([shard(p.data, QKV, r, tp) for r in range(tp)])
+
+
+def params_in_model_order(params: dict[str, torch.Tensor], tp: int) -> dict[str, torch.Tensor]:
+    """Undo `head_aligned_qkv` on full parameters."""
+    out = dict(params)
+    for name, p in params.items():
+        if ".attn.qkv." in name:
+            out[name] = unshard(list(p.chunk(tp)), QKV)
+    return out
+
+
+def tp_plan(model: TinyLM, sequence_parallel: bool) -> dict:
+    """torchtitan's plan for this model: which style each module gets."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "head": ColwiseParallel(
+            input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
+        ),
+    }
+    if sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    for i in range(len(model.blocks)):
+        plan |= {
+            f"blocks.{i}.attn.qkv": ColwiseParallel(input_layouts=seq),
+            f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
+            f"blocks.{i}.mlp.up": ColwiseParallel(input_layouts=seq),
+            f"blocks.{i}.mlp.down": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan |= {
+                f"blocks.{i}.norm1": SequenceParallel(),
+                f"blocks.{i}.norm2": SequenceParallel(),
+            }
+    return plan
+
+
+def dtensor_train(
+    tp: int, dp_shard: int = 1, *, sequence_parallel: bool = False, steps: int = 2, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """`runs.train` with torch's TP (and FSDP2 over dp when dp_shard > 1): the full parameters."""
+    mesh = build_mesh(tp, dp_shard)
+    tp_mesh = mesh["tp"]
+    model = build_model(seed)
+    head_aligned_qkv(model, tp)
+    parallelize_module(model, tp_mesh, tp_plan(model, sequence_parallel))
+    for block in model.blocks:
+        block.attn.heads //= tp
+    if sequence_parallel:
+        model.pos_offset = owned_range(model.config.seq, tp_mesh.get_local_rank(), tp)[0]
+    if dp_shard > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp_shard"])
+        fully_shard(model, mesh=mesh["dp_shard"])
+    ids, targets = global_batch(dp_shard, seed)
+    rows = sample_rows(mesh.get_local_rank("dp_shard"))
+    ids, targets = ids[rows], targets[rows]
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        with loss_parallel():
+            logits = model(ids).flatten(0, 1)
+            F.cross_entropy(logits, targets.flatten()).backward()
+        if sequence_parallel:
+            grad = model.pos.grad
+            dist.all_reduce(
+                grad.to_local() if hasattr(grad, "to_local") else grad, group=tp_mesh.get_group()
+            )
+        optimizer.step()
+    full = {}
+    for name, p in model.named_parameters():
+        full[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+    return params_in_model_order(full, tp)

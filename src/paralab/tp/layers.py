@@ -1,0 +1,104 @@
+"""Tensor-parallel layers, each cut from a one-process layer so that results compare element by element.
+
+- `ColumnParallelLinear`: weight cut on the output features; f (or SP's all-gather) in front.
+  Its output stays split: each rank holds out/tp features (for attention, its heads).
+- `RowParallelLinear`: weight cut on the input features; g (or SP's reduce-scatter) behind.
+  Each rank's product is a partial sum over its input features; the bias is added once,
+  after the sum.
+- `VocabParallelEmbedding`: rank r holds the rows of tokens [r·V/tp, (r+1)·V/tp); tokens
+  it does not own look up zeros, and g (or a reduce-scatter) adds the ranks' rows up.
+
+A column linear followed by a row linear needs no collective in between: the split
+output of the first is exactly the split input the second wants. That is why an MLP
+(up column, down row) and attention (q, k, v column, output row) each cost one f and
+one g.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed import ProcessGroup
+
+from paralab.tp.layout import Split, owned_range, shard
+from paralab.tp.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+
+
+def _group_rank_size(group: ProcessGroup) -> tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x W_rᵀ + b_r with W_r this rank's rows of W: a full input in, a split output out."""
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        group: ProcessGroup,
+        sequence_parallel: bool = False,
+        parts: int = 1,
+    ) -> None:
+        super().__init__()
+        rank, tp = _group_rank_size(group)
+        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(0, parts)
+        self.weight = nn.Parameter(shard(linear.weight, self.split, rank, tp))
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(shard(linear.bias, self.split, rank, tp))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = Σ_r x_r W_rᵀ + b with W_r this rank's columns of W: a split input in, a full sum out."""
+
+    def __init__(
+        self, linear: nn.Linear, group: ProcessGroup, sequence_parallel: bool = False
+    ) -> None:
+        super().__init__()
+        rank, tp = _group_rank_size(group)
+        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(1)
+        self.weight = nn.Parameter(shard(linear.weight, self.split, rank, tp))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sp(partial, self.group)
+        else:
+            y = reduce_from_tp(partial, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token rows [start, end) on this rank; the others look up zeros; the ranks' rows are summed."""
+
+    def __init__(
+        self, embedding: nn.Embedding, group: ProcessGroup, sequence_parallel: bool = False
+    ) -> None:
+        super().__init__()
+        rank, tp = _group_rank_size(group)
+        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(0)
+        self.start, self.end = owned_range(embedding.num_embeddings, rank, tp)
+        self.weight = nn.Parameter(shard(embedding.weight, self.split, rank, tp))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        foreign = (ids < self.start) | (ids >= self.end)
+        local = torch.where(foreign, torch.zeros_like(ids), ids - self.start)
+        rows = F.embedding(local, self.weight).masked_fill(foreign.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_to_sp(rows, self.group)
+        return reduce_from_tp(rows, self.group)
+
+
+def split_of(module: nn.Module, name: str) -> Split | None:
+    """How parameter `name` of `module` is split over the tp ranks (None: replicated)."""
+    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        return module.split
+    if isinstance(module, RowParallelLinear) and name == "weight":
+        return module.split
+    return None

@@ -1,0 +1,126 @@
+"""The four region crossings of tensor and sequence parallelism, each an autograd Function.
+
+Megatron names them by what they do to a tensor entering or leaving a
+tensor-parallel region. Each backward is written by hand, and each is its
+forward's mirror:
+
+| function | forward | backward | where it sits |
+|---|---|---|---|
+| `copy_to_tp` (f) | identity | all-reduce | in front of a column-parallel linear |
+| `reduce_from_tp` (g) | all-reduce | identity | behind a row-parallel linear |
+| `gather_from_sp` | all-gather (sequence) | reduce-scatter | in front of a column linear, under SP |
+| `reduce_scatter_to_sp` | reduce-scatter (sequence) | all-gather | behind a row linear, under SP |
+
+f's backward sums: every rank's column shard of the next linear took the same
+input, and each contributes a partial gradient of it. g's backward is the
+identity: every rank needs the same full gradient of a sum it holds in full.
+The SP pair is the same pair with the sum cut in two: an all-reduce is a
+reduce-scatter followed by an all-gather, and SP keeps the tensor scattered in
+between, across the norms and residuals.
+
+The collectives go through `torch.distributed` by name at call time, so the
+ledger counts them and a patch set can replace them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+SEQ_DIM = 1
+"""Activations are (batch, seq, hidden): sequence parallelism cuts dim 1."""
+
+
+def all_reduce_sum(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """The sum over the group's ranks, on every rank (a new tensor; `x` is left as it is)."""
+    out = x.contiguous().clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def all_gather_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Every rank's sequence shard, concatenated in rank order along the sequence."""
+    n = dist.get_world_size(group)
+    shard = x.movedim(SEQ_DIM, 0).contiguous()
+    out = shard.new_empty((n * shard.shape[0], *shard.shape[1:]))
+    dist.all_gather_single(out, shard, group=group)
+    return out.movedim(0, SEQ_DIM)
+
+
+def reduce_scatter_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """The sum over the group of this rank's sequence shard (shard r of `seq / n` tokens)."""
+    n = dist.get_world_size(group)
+    full = x.movedim(SEQ_DIM, 0).contiguous()
+    if full.shape[0] % n:
+        raise ValueError(f"reduce_scatter_seq: sequence of {full.shape[0]} does not divide by {n}")
+    out = full.new_empty((full.shape[0] // n, *full.shape[1:]))
+    dist.reduce_scatter_single(out, full, group=group)
+    return out.movedim(0, SEQ_DIM)
+
+
+class CopyToTP(torch.autograd.Function):
+    """f: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return all_reduce_sum(grad, ctx.group), None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        return all_reduce_sum(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class GatherFromSP(torch.autograd.Function):
+    """All-gather of the sequence forward, reduce-scatter backward (SP's f)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return reduce_scatter_seq(grad, ctx.group), None
+
+
+class ReduceScatterToSP(torch.autograd.Function):
+    """Reduce-scatter of the sequence forward, all-gather backward (SP's g)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return all_gather_seq(grad, ctx.group), None
+
+
+def copy_to_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return ReduceFromTP.apply(x, group)
+
+
+def gather_from_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return GatherFromSP.apply(x, group)
+
+
+def reduce_scatter_to_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return ReduceScatterToSP.apply(x, group)
