@@ -618,8 +618,10 @@ print(
 # wasted work. A tempting patch answers `should_skip_uncond` (called in
 # `predict`, section 1) from the guidance scale alone. Only the uncond branch
 # acts on the answer (the cond branch has nothing to skip). The patch below
-# is that one decision, planted into the real loop on every rank
-# (`paralab.exercises.planted`, applied by `runs.pipeline_job` on each rank).
+# is that one decision, planted into the real loop on every rank: the patch set
+# `{"paralab.pipeline.inference": {"should_skip_uncond": ...}}` passed to
+# `run(..., patches=...)` replaces the function `predict` looks up there, on
+# each rank, for this launch only.
 #
 # **Predict:** at 4 ranks (cfgp 2, cp 2, dp_shard 4) and `w = 1`, which ranks
 # finish, and with what output?
@@ -636,7 +638,11 @@ try:
         4,
         {"w4": dict(cfgp=2, cp=2)},
         {"w=1": VARIANTS_4["ulysses, w=1"]},
-        planted_bugs={"should_skip_uncond": skip_uncond_whenever_guidance_is_one},
+        patches={
+            "paralab.pipeline.inference": {
+                "should_skip_uncond": skip_uncond_whenever_guidance_is_one
+            }
+        },
         timeout=10,
     )
     clinic_error = None
@@ -843,16 +849,17 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #
 # The ranks import `paralab.pipeline` from its file: an edit to a shown cell
 # changes only this kernel's copy (the reference). To change what the ranks
-# run, hand a replacement to `runs.pipeline_job(..., planted_bugs={name:
-# function})`, which plants it into `paralab.pipeline.inference` on every
-# rank (as the bug clinic does), or edit `src/paralab/pipeline/` and restart
-# the kernel.
+# run, pass the replacement to `run` as a patch set,
+# `run(runs.pipeline_job, ..., patches={"paralab.pipeline.inference": {name:
+# function}})`, which puts it into `paralab.pipeline.inference` on every rank
+# for that launch (as the bug clinic does), or edit `src/paralab/pipeline/`
+# and restart the kernel.
 #
 # 1. Re-run the bug clinic with the parameters kept gathered:
 #    `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"w=1, keep":
 #    dict(VARIANTS_4["ulysses, w=1"], reshard_after_forward=False)},
-#    planted_bugs={"should_skip_uncond": skip_uncond_whenever_guidance_is_one},
-#    timeout=10)`. Does it still hang? Why does keeping the parameters
+#    patches={"paralab.pipeline.inference": {"should_skip_uncond":
+#    skip_uncond_whenever_guidance_is_one}}, timeout=10)`. Does it still hang? Why does keeping the parameters
 #    gathered not save the uncond ranks?
 #    <details><summary>Answer</summary>It still hangs (`LaunchTimeout`, ranks
 #    0–3). With `False` FSDP2 keeps the units gathered *after* the first
@@ -864,7 +871,8 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    steps, keep `with in_phase(f"step {step}"):` around each `predict`, and
 #    run it on the ranks: `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)},
 #    {name: VARIANTS_4[name] for name in ("ulysses, reshard", "ulysses, keep")},
-#    planted_bugs={"denoise": denoise_samples_outside}, timeout=120)`. Do the
+#    patches={"paralab.pipeline.inference": {"denoise": denoise_samples_outside}},
+#    timeout=120)`. Do the
 #    outputs change? The ledger per step (`runs.sent_by_group(r, "step 2")`)?
 #    The all-gather count with `reshard_after_forward=False`
 #    (`calls(r["records"], op="all_gather_single")`)?
@@ -880,8 +888,8 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    `costs.step_bytes(three_blocks(), pd4, "ulysses", True, 2)` and
 #    `costs.memory(three_blocks(), 4, True)`, then check on the ranks:
 #    `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"v":
-#    VARIANTS_4["ulysses, reshard"]}, planted_bugs={"make_denoiser":
-#    three_blocks}, timeout=120)`, reading `runs.sent_by_group(r, "step 2")`
+#    VARIANTS_4["ulysses, reshard"]}, patches={"paralab.pipeline.inference":
+#    {"make_denoiser": three_blocks}}, timeout=120)`, reading `runs.sent_by_group(r, "step 2")`
 #    and `r["memory"].peak`.
 #    <details><summary>Answer</summary>The all-gathers grow by one block's
 #    shard × `k·b·(n−1)`, and cp attention by half (a third layer); the
@@ -899,8 +907,9 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    (`6·Sq` vs `3·Sq`); in general `cp/2` times.</details>
 # 5. Put the raw videos on every rank of a sample group instead of its
 #    loader: `run(runs.pipeline_job, 8, {"w8 lb2": dict(cfgp=2, cp=2, lb=2)},
-#    {"v": VARIANTS_4["ulysses, reshard"]}, planted_bugs={"videos_held": lambda
-#    pd, rank: inference.samples_of_rank(pd, rank)}, timeout=120)`. What does lb
+#    {"v": VARIANTS_4["ulysses, reshard"]}, patches={"paralab.pipeline.inference":
+#    {"videos_held": lambda pd, rank: inference.samples_of_rank(pd, rank)}},
+#    timeout=120)`. What does lb
 #    do then (`runs.sent_by_group(r, "encode")` on each rank's result `r`), and
 #    what is wasted?
 #    <details><summary>Answer</summary>The output is unchanged. Every lb

@@ -2,8 +2,11 @@
 
 `pipeline_job` runs `generate` for every (layout, variant) on the ranks of one
 launch and returns, per run, the output, the ledger records and what the
-memory probe saw. `classify` sorts ledger records into the groups the lab
-talks about; `replicated_denoiser_job` is the dp_replicate > 1 experiment.
+memory probe saw. It calls `paralab.pipeline.inference` as that module holds
+it when it runs, so `run(pipeline_job, ..., patches={"paralab.pipeline.inference":
+{...}})` hands the ranks other pipeline code (the lab's bug clinic). `classify`
+sorts ledger records into the groups the lab talks about; `replicated_denoiser_job`
+is the dp_replicate > 1 experiment.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from paralab.ledger import Ledger, Record
 from paralab.models import CondDenoiser
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
 from paralab.pipeline import inference
 
 
@@ -89,26 +91,18 @@ def probe_memory() -> Iterator[MemoryProbe]:
 
 
 # ------------------------------------------------------------------ the job
-def pipeline_job(
-    layouts: dict[str, dict], variants: dict[str, dict], planted_bugs: dict | None = None
-) -> dict:
+def pipeline_job(layouts: dict[str, dict], variants: dict[str, dict]) -> dict:
     """Run `generate` for every layout x variant on this rank; {(layout, variant): result}.
 
     `layouts`: name -> ParallelDims keyword arguments (inference mode is
-    added). `variants`: name -> `generate` keyword arguments. `planted_bugs`:
-    replacements for `paralab.pipeline.inference` (the bug clinic), planted
-    here, on the rank, where the pipeline runs.
+    added). `variants`: name -> `generate` keyword arguments.
     """
     out = {}
     for layout, dims in layouts.items():
         pd = ParallelDims(dist.get_world_size(), enable_inference_mode=True, **dims)
         pd.build_meshes("cpu")
         for name, kwargs in variants.items():
-            with (
-                patched({"paralab.pipeline.inference": planted_bugs or {}}),
-                Ledger() as ledger,
-                probe_memory() as probe,
-            ):
+            with Ledger() as ledger, probe_memory() as probe:
                 output = inference.generate(pd, **kwargs)
             out[(layout, name)] = {
                 "output": output,
