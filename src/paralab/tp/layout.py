@@ -34,8 +34,10 @@ def shard(full: torch.Tensor, split: Split | None, rank: int, tp: int) -> torch.
             f"shard: dim {split.dim} of size {full.shape[split.dim]} does not divide into "
             f"{split.parts} parts x tp={tp}"
         )
+    ### BEGIN SOLUTION
     blocks = full.detach().chunk(split.parts, split.dim)
     return torch.cat([b.chunk(tp, split.dim)[rank] for b in blocks], split.dim).clone()
+    ### END SOLUTION
 
 
 def unshard(pieces: list[torch.Tensor], split: Split | None) -> torch.Tensor:

@@ -59,6 +59,20 @@ def reduce_scatter_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return out.movedim(0, SEQ_DIM)
 
 
+def f_backward(grad: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """f's backward: every rank's partial gradient of f's input, summed, on every rank."""
+    ### BEGIN SOLUTION
+    return all_reduce_sum(grad, group)
+    ### END SOLUTION
+
+
+def g_backward(grad: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """g's backward: the gradient of g's input, which every rank holds in full and alike."""
+    ### BEGIN SOLUTION
+    return grad
+    ### END SOLUTION
+
+
 class CopyToTP(torch.autograd.Function):
     """f: identity forward, all-reduce backward."""
 
@@ -69,7 +83,7 @@ class CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return all_reduce_sum(grad, ctx.group), None
+        return f_backward(grad, ctx.group), None
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -77,11 +91,12 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
         return all_reduce_sum(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+        return g_backward(grad, ctx.group), None
 
 
 class GatherFromSP(torch.autograd.Function):
