@@ -4,17 +4,13 @@ One launch per cp runs every configuration (causal or not, contiguous or zigzag,
 both Ulysses layouts) and returns results plus ledger records for each.
 """
 
-import functools
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import paralab.cp as cp
-import paralab.cp.ring as ring_module
-import paralab.cp.ulysses as ulysses_module
 from paralab import ParallelDims
-from paralab.check import assert_match
+from paralab.check import assert_match, compare
 from paralab.cp.runs import (
     CONFIGS,
     CPConfig,
@@ -22,12 +18,10 @@ from paralab.cp.runs import (
     attend,
     check_bytes,
     check_config,
-    correct_and_buggy,
     cp_worker,
     rank_inputs,
     sdpa_reference,
 )
-from paralab.exercises import planted
 from paralab.exercises.lab02 import (
     merge_without_rescaling,
     pack_heads_without_transpose,
@@ -83,17 +77,32 @@ def test_bytes_per_rank_equal_formula(launched, index):
     assert not _failed(check_bytes(per_config[index], CONFIGS[index], _shape(world)))
 
 
-def _merge_bug():
-    return planted(ring_module, merge_partials=merge_without_rescaling)
+MERGE_BUG = {"paralab.cp.ring": {"merge_partials": merge_without_rescaling}}
 
 
-@pytest.mark.parametrize("bug, backward_only", [(_merge_bug, False), (ring_clinic_bug, True)])
-def test_broken_variants_are_caught(bug, backward_only):
+def _correct_and_buggy(world, full, config, patches):
+    """The package's cp_worker on one config, launched as it is and then with `patches`."""
+    return tuple(
+        [r["results"][0] for r in run(cp_worker, world, full, [config], patches=bug)]
+        for bug in (None, patches)
+    )
+
+
+@pytest.mark.parametrize(
+    "patches, forward_right",
+    [(MERGE_BUG, False), (ring_clinic_bug(), True)],
+    ids=["merge-without-rescaling", "ring-clinic-bug"],
+)
+def test_broken_variants_are_caught(patches, forward_right):
+    """Both bugs fail the check; the clinic's ring bug is in the backward only, so `out` still matches."""
     world, config = 2, CPConfig("ring", causal=True, zigzag=True)
     full = _tensors(world, seed=1)
-    good, bad = zip(*run(correct_and_buggy, world, full, config, bug, backward_only))
-    assert not _failed(check_config(list(good), config, full))
-    assert _failed(check_config(list(bad), config, full))
+    good, bad = _correct_and_buggy(world, full, config, patches)
+    assert not _failed(check_config(good, config, full))
+    assert _failed(check_config(bad, config, full))
+    ref = sdpa_reference(full, causal=True)["out"]
+    out = compare(assemble(bad, config)["out"], ref, atol=1e-12 * ref.abs().max().item())
+    assert (not _failed(out)) == forward_right
 
 
 @pytest.mark.parametrize(
@@ -109,26 +118,16 @@ def test_each_ulysses_step_bug_breaks_the_real_attention(step, bug):
     """Each exercise's bug variant, planted as one step of the real Ulysses loop, fails the same check."""
     world, config = 2, CPConfig("ulysses", causal=True)
     full = _tensors(world, seed=3)
-    _, bad = zip(
-        *run(
-            correct_and_buggy,
-            world,
-            full,
-            config,
-            functools.partial(planted, ulysses_module, **{step: bug}),
-            False,
-        )
-    )
-    assert _failed(check_config(list(bad), config, full))
+    bad = run(cp_worker, world, full, [config], patches={"paralab.cp.ulysses": {step: bug}})
+    assert _failed(check_config([r["results"][0] for r in bad], config, full))
 
 
 def test_replicated_backward_by_reduce_scatter_gives_cp_times_the_gradient():
     """The bug clinic's second case: the backward of the output all-gather must slice dout, not sum it."""
     world, config = 2, CPConfig("ulysses", causal=False, layout="replicated")
-    good, bad = zip(
-        *run(correct_and_buggy, world, _tensors(world, seed=2), config, replicated_clinic_bug)
-    )
+    good, bad = _correct_and_buggy(world, _tensors(world, seed=2), config, replicated_clinic_bug())
     for rank in range(world):
+        assert torch.equal(bad[rank]["out"], good[rank]["out"])  # the bug is in the backward only
         for name in ("dq", "dk", "dv"):
             assert torch.equal(bad[rank][name], world * good[rank][name])
 

@@ -71,7 +71,8 @@ import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from paralab import viz
-from paralab.check import CheckFailed, assert_match, claim, compare, verdict_table
+from paralab.check import CheckFailed, assert_match, claim, compare, summary, verdict_table
+from paralab.cp import runs as cp_runs
 from paralab.cp import shard_bytes
 from paralab.cp.costs import ring_bytes, ulysses_bytes
 from paralab.cp.runs import (
@@ -82,10 +83,13 @@ from paralab.cp.runs import (
     bytes_sent,
     check_bytes,
     check_config,
-    correct_and_buggy,
     sdpa_reference,
 )
-from paralab.exercises.lab02 import merge_without_rescaling, replicated_clinic_bug, ring_clinic_bug
+from paralab.exercises.lab02 import (
+    merge_without_rescaling,
+    replicated_clinic_bug,
+    ring_clinic_bug,
+)
 from paralab.launch import run
 from paralab.ledger import format_table, sent
 from paralab.tables import text_table
@@ -388,7 +392,11 @@ print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
 # `ParallelDims(world, cp=world).cp_mesh`, under the ledger, forward and backward
 # (`out.backward(dout)` with a fixed random `dout`). The reference is the full
 # single-process `scaled_dot_product_attention` and its autograd gradients, here.
-# The configurations and the job each rank runs:
+# The ranks import `paralab.cp` from its file and run the package's worker,
+# `cp_runs.cp_worker`; an edit of a shown cell reaches them only when the launch passes
+# it with `patches=`. This launch hands them this kernel's merge, hop and packs
+# (`KERNEL_EDIT`), each keyed by the module whose code calls it. The configurations and
+# the job each rank runs:
 
 # %%
 # show: paralab.cp.runs.cp_worker
@@ -402,13 +410,25 @@ g = torch.Generator().manual_seed(1)
 FULL = [
     torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)
 ]  # q, k, v, dout
-runs = {cp: run(cp_worker, cp, FULL, CONFIGS, probe_heads=20, timeout=120) for cp in CPS}
+KERNEL_EDIT = {  # ring.py imported merge_partials: its own global is what ring_forward reads
+    "paralab.cp.ring": {"merge_partials": merge_partials, "ring_pass": ring_pass},
+    "paralab.cp.ulysses": {
+        "pack_heads": pack_heads,
+        "unpack_heads": unpack_heads,
+        "pack_seq": pack_seq,
+        "unpack_seq": unpack_seq,
+    },
+}
+runs = {
+    cp: run(cp_runs.cp_worker, cp, FULL, CONFIGS, probe_heads=20, patches=KERNEL_EDIT, timeout=120)
+    for cp in CPS
+}
 print("heads error at cp = 8:", runs[8][0]["heads_error"])
 print("heads error at cp = 4:", runs[4][0]["heads_error"])
 
 # %% [markdown]
 # The claims first, one per configuration over cp = 2, 4, 8; the per-cp rows they
-# summarize are in the folded output below. Each row stacks out, dq, dk, dv of one
+# stand on are in the folded output below. Each row stacks out, dq, dk, dv of one
 # configuration into one tensor, each divided by the largest magnitude of its reference,
 # so the `max |diff|` column is the error *relative to the reference* and the bound is `1e-12`. Sequence-sharded
 # results are reassembled with `unshard_sequence`; replicated ones are checked on every
@@ -424,27 +444,16 @@ def results(cp, config):
     return [r["results"][CONFIGS.index(config)] for r in runs[cp]]
 
 
-def summarize(name, found):
-    """One claim over many verdict rows: does every row pass, and the worst difference."""
-    worst = max(v.max_abs for v in found)
-    return claim(
-        name,
-        all(v.passed for v in found),
-        f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| "
-        + (f"{worst:.1e}" if worst else "0"),
-    )
-
-
 by_config = {
     config.name: [v for cp in CPS for v in check_config(results(cp, config), config, FULL)]
     for config in CONFIGS
 }
 claims = [
-    summarize(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
+    summary(f"{name} = SDPA at cp 2, 4, 8", [v for v in found if "vs SDPA" in v.path])
     for name, found in by_config.items()
 ]
 claims.append(
-    summarize(
+    summary(
         "every Ulysses layout = attention_block, bitwise",
         [v for found in by_config.values() for v in found if "bitwise" in v.path],
     )
@@ -508,7 +517,7 @@ for cp in CPS:
         )
         byte_verdicts[family] += check_bytes(results(cp, config), config, (B, H, N, D))
 byte_claims = [
-    summarize(f"{name}: ledger = formula, every rank, fwd and bwd", found)
+    summary(f"{name}: ledger = formula, every rank, fwd and bwd", found)
     for name, found in byte_verdicts.items()
 ]
 print(
@@ -602,15 +611,21 @@ display(Markdown("\n".join(ratio_rows)))
 # A bug seen in real ring-attention code: the forward is right, so the loss matches a
 # single-device run to the last digit, training runs, and only the gradients are wrong.
 # Below, the same zigzag causal ring runs twice on 4 real ranks, once as in the package and
-# once with a seeded bug planted in the backward only
-# (`paralab.exercises.lab02.ring_clinic_bug`; do not read it yet). The picture is, per
+# once with a seeded bug handed to the ranks as a patch set, `run(..., patches=ring_clinic_bug())`
+# (`paralab.exercises.lab02`; do not read it yet). The patch replaces a function of the
+# backward only, so the forward is the package's own. The picture is, per
 # token (in sequence order), the largest `|buggy dK - correct dK|` over batch, heads and
 # head_dim, on a log scale; lines mark the 8 zigzag chunks and the rank that owns each,
 # and a dot marks a token whose dK is bitwise right.
 
 # %%
-clinic = run(correct_and_buggy, 4, FULL, CONFIGS[2], ring_clinic_bug)
-correct, buggy = (assemble([r[i] for r in clinic], CONFIGS[2]) for i in (0, 1))
+correct, buggy = (
+    assemble(
+        [r["results"][0] for r in run(cp_runs.cp_worker, 4, FULL, [CONFIGS[2]], patches=bug)],
+        CONFIGS[2],
+    )
+    for bug in (None, ring_clinic_bug())
+)
 show(
     viz.plot_error_by_token(
         (buggy["dk"] - correct["dk"]).transpose(-1, -2),
@@ -648,12 +663,15 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # %% [markdown]
 # <details><summary>Answer</summary>
 #
-# The backward's ring does not rotate K/V: `ring_pass` returns the rank's own block for the
-# K/V tag (`ring_pass_kv_stays` in `src/paralab/exercises/lab02.py`), so at every step each
-# rank attends its queries to **its own step-0 K/V** again, while the dK/dV accumulators
-# still travel home correctly. Step 0 (a rank's own block) is the only correct step. So
+# The backward's ring does not rotate K/V. The patch set replaces `ring_backward` by
+# `ring_backward_kv_stays` (`src/paralab/exercises/lab02.py`): the package's backward whose
+# hop, `ring_pass_kv_stays`, returns the rank's own block for the K/V tag. So at every step
+# each rank attends its queries to **its own step-0 K/V** again, while the dK/dV
+# accumulators still travel home correctly. Step 0 (a rank's own block) is the only
+# correct step. So
 #
-# - the forward, which used its own correct ring, is untouched: `out` matches;
+# - the forward, which runs the package's `ring_forward` and its real hop, is untouched:
+#   `out` matches (What to try 8 freezes the hop for the whole run instead);
 # - dQ is wrong: it sums contributions of the same own block, with the masks meant for
 #   other blocks, instead of one per block (except tokens 0-5, whose queries see only their
 #   own chunk);
@@ -675,21 +693,26 @@ print(verdict_table(clinic_verdicts, "bug clinic: the check sees the bug"))
 # In the replicated Ulysses layout (section 4) the output's heads are all-gathered, and the
 # backward of that all-gather is a *slice* of `dout`. Textbooks say "the backward of an
 # all-gather is a reduce-scatter", and a reduce-scatter is what the seeded bug below uses
-# (`replicated_clinic_bug`). Which of the two is right here, and by how much is the
-# other off? The picture puts every element of rank 1's dQ, buggy against correct.
+# (`patches=replicated_clinic_bug()`: it replaces `UlyssesAttention.backward` by the same
+# backward with a reduce-scatter where the slice was; the forward is untouched). Which of
+# the two is right here, and by how much is the other off? The picture puts every element
+# of rank 1's dQ, buggy against correct.
 
 # %%
 cp = 4
-replicated = run(correct_and_buggy, cp, FULL, CONFIGS[6], replicated_clinic_bug)
+correct_dq, buggy_dq = (
+    [r["results"][0]["dq"] for r in run(cp_runs.cp_worker, cp, FULL, [CONFIGS[6]], patches=bug)]
+    for bug in (None, replicated_clinic_bug())
+)
 show(
     viz.plot_scale_scatter(
-        replicated[1][0]["dq"],
-        replicated[1][1]["dq"],
+        correct_dq[1],
+        buggy_dq[1],
         cp,
         "Ulysses replicated, cp = 4, rank 1: dQ,\nreduce-scatter (buggy) vs slice (correct)",
     )
 )
-ratio = torch.stack([r[1]["dq"] / r[0]["dq"] for r in replicated])
+ratio = torch.stack([bad / good for good, bad in zip(correct_dq, buggy_dq)])
 print(
     "buggy dQ / correct dQ on every rank and element: min",
     f"{ratio.min().item():.6g}",
@@ -697,7 +720,7 @@ print(
     f"{ratio.max().item():.6g}",
 )
 ref = sdpa_reference(FULL, causal=False)["dq"]
-verdict = compare(replicated[1][1]["dq"], ref, atol=1e-12 * ref.abs().max().item())[0]
+verdict = compare(buggy_dq[1], ref, atol=1e-12 * ref.abs().max().item())[0]
 print(
     verdict_table(
         [
@@ -775,12 +798,14 @@ display(
 #
 #    <details><summary>Hint</summary>`check_heads_divisible` raises on every rank before any
 #    all-to-all (20 % 8 ≠ 0); the launcher reports it per rank. 20 divides by 2 and 4.</details>
-# 3. In the `merge_partials` cell of section 2, drop the rescaling: replace the line that
-#    computes `out` by `out = out + block_out`. Re-run that cell, then section 5's launch
-#    and its claims cell. The edit reaches the ranks: section 5 launches this kernel's
-#    `cp_worker`, which calls the kernel's ring cells and so your `merge_partials`
-#    (functions defined in the notebook travel to the ranks by value). Which rows fail,
-#    and why does Ulysses still pass?
+# 3. In the `merge_partials` cell of section 2, drop the rescaling: replace the statement
+#    `out = (...)` (four lines) by `out = out + block_out`. Re-run that cell, then section 5's launch
+#    and its claims cell. The edit reaches the ranks because that launch hands this
+#    kernel's `merge_partials` over, `patches=KERNEL_EDIT`, under `paralab.cp.ring`: not
+#    under the `paralab.cp.blocks` the cell's header names, because `ring.py` imported the
+#    name into its own globals, and those are what `ring_forward` looks up (with the
+#    header's `EDIT` as the patch set, every row still passes). Which rows fail, and why
+#    does Ulysses still pass?
 #
 #    <details><summary>Hint</summary>Every ring row fails, every Ulysses row passes. Only
 #    the ring merges partials; Ulysses attends over the whole sequence per head in one
@@ -805,6 +830,26 @@ display(
 #    it off the plot, then from the formulas.
 #
 #    <details><summary>Hint</summary>`2(cp-1)S = 8(cp-1)S/cp` gives cp = 4.</details>
+
+# 8. Plant the clinic's frozen K/V hop for the whole run instead of the backward only, in a
+#    new cell:
+#
+#    ```python
+#    from paralab.exercises.lab02 import ring_pass_kv_stays
+#
+#    frozen = run(cp_runs.cp_worker, 4, FULL, [CONFIGS[2]],
+#                 patches={"paralab.cp.ring": {"ring_pass": ring_pass_kv_stays}})
+#    out = assemble([r["results"][0] for r in frozen], CONFIGS[2])["out"]
+#    ref = sdpa_reference(FULL, causal=True)["out"]
+#    print(compare(out, ref, atol=1e-12 * ref.abs().max().item())[0].describe())
+#    ```
+#
+#    Does the forward still match? Why does the clinic replace `ring_backward`, not `ring_pass`?
+#
+#    <details><summary>Hint</summary>No: `ring_forward` calls the same `ring_pass`, so its
+#    K/V stay home too and `out` is wrong on every token but chunk 0's (tokens 0-5), whose
+#    queries see only their own keys. The loss would show that bug at once; the field bug
+#    the clinic copies hides in the backward alone, which only a gradient check sees.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -10,9 +10,6 @@ and returns what the checks need; `sdpa_reference` and `one_process_blocks`
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 
 import torch
@@ -110,13 +107,12 @@ def cp_worker(
     full: list[torch.Tensor],
     configs: list[CPConfig],
     probe_heads: int | None = None,
-    during_backward: Callable[[], ContextManager] | None = None,
 ) -> dict:
     """On every rank (cp = world): each config forward and backward under the ledger.
 
     Returns per config this rank's out, dq, dk, dv and ledger records; with
     `probe_heads`, also the error Ulysses raises for that many heads (None if it runs).
-    `during_backward()`, if given, wraps each backward (a bug clinic plants a bug there).
+    A bug clinic launches it twice, once as it is and once with `run(..., patches=...)`.
     """
     world = dist.get_world_size()
     pd = ParallelDims(world, cp=world)
@@ -129,7 +125,7 @@ def cp_worker(
         with Ledger() as led:
             with led.phase("forward"):
                 out = attend(config, q, k, v, group)
-            with led.phase("backward"), (during_backward or contextlib.nullcontext)():
+            with led.phase("backward"):
                 out.backward(dout)
         results.append(
             {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "records": led.records}
@@ -142,21 +138,6 @@ def cp_worker(
         except ValueError as exc:
             heads_error = str(exc)
     return {"results": results, "heads_error": heads_error}
-
-
-def correct_and_buggy(
-    full: list[torch.Tensor],
-    config: CPConfig,
-    bug: Callable[[], ContextManager],
-    backward_only: bool = True,
-) -> tuple[dict, dict]:
-    """On every rank: one config twice on the same inputs, the package's code, then with `bug()` planted
-    (around the backward only, or around the whole run). Returns this rank's two results."""
-    correct = cp_worker(full, [config])["results"][0]
-    if backward_only:
-        return correct, cp_worker(full, [config], during_backward=bug)["results"][0]
-    with bug():
-        return correct, cp_worker(full, [config])["results"][0]
 
 
 def sdpa_reference(full: list[torch.Tensor], causal: bool) -> dict[str, torch.Tensor]:

@@ -7,17 +7,16 @@ clinic and tests/test_cp_dist.py import them from here, so each bug is written o
 from __future__ import annotations
 
 import random
-from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
 
 from paralab.cp.blocks import attention_block
-from paralab.cp.ring import KV_TAG, ring_pass
-from paralab.cp.ulysses import take_heads
+from paralab.cp.ring import KV_TAG, ring_backward, ring_pass
+from paralab.cp.ulysses import UlyssesAttention, take_heads
 from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
+from paralab.patches import Patches, patched
 
 LAB = "02_cp_ring_vs_ulysses"
 
@@ -271,9 +270,16 @@ def ring_pass_kv_stays(t, group, tag):
     return ring_pass(t, group, tag)
 
 
-def ring_clinic_bug() -> ContextManager:
-    """The bug clinic's ring bug, planted for a block (the clinic wraps the backward in it)."""
-    return patched({"paralab.cp.ring": {"ring_pass": ring_pass_kv_stays}})
+def ring_backward_kv_stays(*args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bug: the package's `ring_backward` whose K/V hop moves nothing (`ring_pass_kv_stays`);
+    the forward keeps the real ring, so only the gradients go wrong."""
+    with patched({"paralab.cp.ring": {"ring_pass": ring_pass_kv_stays}}):
+        return ring_backward(*args)
+
+
+def ring_clinic_bug() -> Patches:
+    """The bug clinic's ring bug, for `run(..., patches=...)`: its wrong decision is in the backward only."""
+    return {"paralab.cp.ring": {"ring_backward": ring_backward_kv_stays}}
 
 
 # --------------------------------------------------------------------------- replicated Ulysses, all-gather backward
@@ -286,9 +292,19 @@ def reduce_scatter_heads(x: torch.Tensor, group: dist.ProcessGroup | None) -> to
     return mine
 
 
-def replicated_clinic_bug() -> ContextManager:
-    """The replicated Ulysses backward reduce-scatters dout, planted for a block (the clinic wraps the backward)."""
-    return patched({"paralab.cp.ulysses": {"take_heads": reduce_scatter_heads}})
+_ULYSSES_BACKWARD = UlyssesAttention.backward
+
+
+def backward_reduce_scatter(ctx: object, dout: torch.Tensor) -> tuple:
+    """Bug: the package's Ulysses backward with `reduce_scatter_heads` for `take_heads`, so in the
+    replicated layout the backward of the output all-gather sums dout; the forward is untouched."""
+    with patched({"paralab.cp.ulysses": {"take_heads": reduce_scatter_heads}}):
+        return _ULYSSES_BACKWARD(ctx, dout)
+
+
+def replicated_clinic_bug() -> Patches:
+    """The clinic's second bug, for `run(..., patches=...)`: its wrong decision is in the backward only."""
+    return {"paralab.cp.ulysses.UlyssesAttention": {"backward": backward_reduce_scatter}}
 
 
 EXERCISES = [
