@@ -120,20 +120,15 @@ def test_noise_is_broadcast_over_the_cfgp_group():
 
 @pytest.fixture(scope="module")
 def cfgp_runs(setup):
+    """Per rank: the two exchanges in one launch, then each sampler bug in a launch of its own."""
     model, cond, uncond, _ = setup
-    return run(
-        sample_variants,
-        2,
-        model,
-        cond,
-        uncond,
-        {"cfgp": 2},
-        EXCHANGE_VARIANTS,
-        SAMPLER_BUGS,
-        steps=STEPS,
-        guidance_scale=W,
-        seed=SEED,
-    )
+    kw = dict(steps=STEPS, guidance_scale=W, seed=SEED)
+    per_rank = run(sample_variants, 2, model, cond, uncond, {"cfgp": 2}, EXCHANGE_VARIANTS, **kw)
+    for name, bug in SAMPLER_BUGS.items():
+        buggy = run(sample_on_rank, 2, model, cond, uncond, {"cfgp": 2}, patches=bug, **kw)
+        for rank, result in zip(per_rank, buggy):
+            rank[name] = result
+    return per_rank
 
 
 @pytest.mark.parametrize("exchange", ["p2p", "all_gather"])

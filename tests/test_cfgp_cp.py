@@ -39,20 +39,12 @@ def setup():
 def runs(setup):
     model, cond, uncond, _ = setup
     variants = {"ring": {"cp_attention": "ring"}, "ulysses": {}}
-    return run(
-        sample_variants,
-        4,
-        model,
-        cond,
-        uncond,
-        DIMS,
-        variants,
-        {"per_rank_seed": per_rank_noise},
-        cp_attention="ulysses",
-        steps=STEPS,
-        guidance_scale=W,
-        seed=SEED,
-    )
+    kw = dict(cp_attention="ulysses", steps=STEPS, guidance_scale=W, seed=SEED)
+    per_rank = run(sample_variants, 4, model, cond, uncond, DIMS, variants, **kw)
+    buggy = run(sample_on_rank, 4, model, cond, uncond, DIMS, patches=per_rank_noise(), **kw)
+    for rank, result in zip(per_rank, buggy):
+        rank["per_rank_seed"] = result
+    return per_rank
 
 
 def test_mesh_places_branches_and_shards(runs):

@@ -58,9 +58,10 @@ LAB_START = time.perf_counter()
 import torch
 
 from paralab import ParallelDims
+from paralab.cfgp import runs as cfgp_runs
 from paralab.cfgp.costs import cfgp_bytes, cp_attention_bytes, latent_shard_bytes
 from paralab.cfgp.runs import EXCHANGE_VARIANTS, sample_variants
-from paralab.check import claim, closing_table, compare, verdict_table
+from paralab.check import claim, closing_table, compare, summary, verdict_table
 from paralab.exercises.lab03 import SAMPLER_BUGS
 from paralab.launch import run
 from paralab.ledger import format_table, received, sent
@@ -76,17 +77,6 @@ from paralab.viz import (
 
 torch.set_num_threads(1)  # the ranks run one thread each; the reference does too
 print("torch", torch.__version__)
-
-
-def summarize(name, found):
-    """One claim over many verdict rows: does every row pass, and the worst difference."""
-    worst = max(v.max_abs for v in found)
-    return claim(
-        name,
-        all(v.passed for v in found),
-        f"{sum(v.passed for v in found)}/{len(found)} rows, max |diff| "
-        + (f"{worst:.1e}" if worst else "0"),
-    )
 
 
 # %% [markdown]
@@ -286,11 +276,12 @@ print(f"accepted: {pd_ok}")
 show(plot_cfgp_timeline(steps=2, latent_bytes=B * S * C * 8))
 
 # %% [markdown]
-# One launch runs the sampler several ways (launches cost time): with the
-# point-to-point swap, with the all_gather alternative, and a broken variant
-# used in section 6, planted into the package's sampler for its run
-# (`SAMPLER_BUGS` in `paralab.exercises.lab03`; `paralab.cfgp.runs.sample_variants`).
-# Every rank returns its final latent and its ledger records.
+# One launch runs the package's sampler two ways (launches cost time): with the
+# point-to-point swap and with the all_gather alternative
+# (`paralab.cfgp.runs.sample_variants`). It hands the ranks this kernel's swap,
+# combine and noise with `patches=SAMPLER_EDIT`, so an edit of their cells is what
+# the ranks run (sections 8 and 9 pass it too). Every rank returns its final latent
+# and its ledger records.
 #
 # **Predict before you run.** Will the final latent of the cfgp pair equal the
 # single-process batch-1 reference *bitwise*, or only to ~1e-15?
@@ -303,6 +294,13 @@ show(plot_cfgp_timeline(steps=2, latent_bytes=B * S * C * 8))
 # </details>
 
 # %%
+SAMPLER_EDIT = {
+    "paralab.cfgp.sampling": {
+        "exchange_prediction": exchange_prediction,
+        "cfg_combine": cfg_combine,
+        "initial_latent": initial_latent,
+    }
+}
 cfgp_out = run(
     sample_variants,
     2,
@@ -311,7 +309,7 @@ cfgp_out = run(
     uncond,
     {"cfgp": 2},
     EXCHANGE_VARIANTS,
-    {"wrong_sign": SAMPLER_BUGS["wrong_sign"]},
+    patches=SAMPLER_EDIT,
     steps=STEPS,
     guidance_scale=W,
     seed=SEED,
@@ -324,8 +322,8 @@ for exchange in ("p2p", "all_gather"):
     agree = compare(latents[1], latents[0], name=f"cfgp=2 {exchange}: rank 1 vs rank 0")
     cfgp_verdicts += vs_reference + agree
     cfgp_claims += [
-        summarize(f"{exchange}: both ranks = one process, bitwise", vs_reference),
-        summarize(f"{exchange}: rank 1 = rank 0, bitwise", agree),
+        summary(f"{exchange}: both ranks = one process, bitwise", vs_reference),
+        summary(f"{exchange}: rank 1 = rank 0, bitwise", agree),
     ]
 print(
     verdict_table(
@@ -349,13 +347,29 @@ print(verdict_table(cfgp_verdicts, "the detail: one row per rank"))
 # ## 6. What goes wrong: a flipped sign
 #
 # *A flipped sign* in the combine (`u − w(c − u)`) runs without any error:
-# only the comparison with the reference notices. (Section 10 is a second,
+# only the comparison with the reference notices. The broken combine reaches
+# the ranks as a patch set, `run(..., patches=BROKEN[name])`, which replaces
+# `cfg_combine` in `paralab.cfgp.sampling` on every rank for that launch
+# (`SAMPLER_BUGS` in `paralab.exercises.lab03`). (Section 10 is a second,
 # subtler way to go wrong.)
 
 # %%
+BROKEN = {"wrong_sign": SAMPLER_BUGS["wrong_sign"]}
 broken_verdicts = []
-for name in ("wrong_sign",):
-    latents = [r[name]["latent"] for r in cfgp_out]
+for name, patches in BROKEN.items():
+    broken_run = run(
+        cfgp_runs.sample_on_rank,
+        2,
+        model,
+        cond,
+        uncond,
+        {"cfgp": 2},
+        patches=patches,
+        steps=STEPS,
+        guidance_scale=W,
+        seed=SEED,
+    )
+    latents = [r["latent"] for r in broken_run]
     found = compare(latents, [reference, reference], atol=1e-12)
     disagree = float((latents[0] - latents[1]).abs().max())
     print(
@@ -437,8 +451,7 @@ print(
 
 # %%
 ledger_claims = [
-    summarize(f"{key}: ledger = formula on both ranks", found)
-    for key, found in ledger_by_key.items()
+    summary(f"{key}: ledger = formula on both ranks", found) for key, found in ledger_by_key.items()
 ]
 print(
     verdict_table(
@@ -480,12 +493,13 @@ for _ in range(
 ):  # alternate the two layouts, so a burst of other work does not hit only one of them
     for label, world, dims in layouts:
         out = run(
-            sample_on_rank,
+            cfgp_runs.sample_on_rank,
             world,
             big,
             cond,
             uncond,
             dims,
+            patches=SAMPLER_EDIT,
             repeats=4,
             steps=4,
             guidance_scale=W,
@@ -574,6 +588,7 @@ cp_out = {
         uncond,
         {"cfgp": 2, "cp": world // 2},
         {"ring": {"cp_attention": "ring"}, "ulysses": {"cp_attention": "ulysses"}},
+        patches=SAMPLER_EDIT,
         steps=STEPS,
         guidance_scale=W,
         seed=SEED,
@@ -616,7 +631,7 @@ for world, out in cp_out.items():
     for key, rows in found.items():
         cp_verdicts += rows
         cp_groups.setdefault(key, []).extend(rows)
-cp_claims = [summarize(f"cp = 2 and 4, every rank: {key}", rows) for key, rows in cp_groups.items()]
+cp_claims = [summary(f"cp = 2 and 4, every rank: {key}", rows) for key, rows in cp_groups.items()]
 print(verdict_table(cp_claims, "cfgp x cp: the final latent on every rank of worlds 4 and 8"))
 ring_bitwise = [torch.equal(r["ring"]["latent"], reference_block) for r in cp_out[4]]
 print("ring bitwise equal to the attention_block reference on ranks 0-3:", ring_bitwise)
@@ -680,7 +695,7 @@ print(verdict_table(cp_ledger, "the detail: one row per rank and kind of traffic
 
 # %%
 cp_ledger_claims = [
-    summarize(f"{key}: ledger = formula on all 4 ranks", rows)
+    summary(f"{key}: ledger = formula on all 4 ranks", rows)
     for key, rows in cp_ledger_by_key.items()
 ]
 print(
@@ -724,8 +739,9 @@ show(plot_step_traffic(per_step))
 # A report from the field: *"with cfgp = 2 the videos look plausible, but
 # they are not the ones the single-GPU pipeline makes for the same seed;
 # with cfgp = 1 they match."* No error, no hang, no NaN. The folded cell
-# below runs the reported code on two ranks next to the correct code (its
-# source names the bug: open it after answering). Below, first each rank's
+# below runs the reported code on two ranks next to the correct code: the
+# reported sampler is the package's, launched with the bug as a patch set,
+# `run(..., patches=...)` (its source names the bug: open it after answering). Below, first each rank's
 # **initial** latent, buggy vs correct, then each rank's **final** latent
 # after 8 steps against the single-process reference. Rows are
 # rank · channel, columns the 144 latent tokens; white means equal.
@@ -736,24 +752,13 @@ from paralab.exercises.lab03 import noise_per_rank_seed
 from paralab.grade import grade, report
 
 
-def clinic_noise(model, cond, uncond, seed, **kw):
-    """The start (correct and buggy noise) and the whole buggy sampler, on one launch."""
+def clinic_noise(shape, seed):
+    """Each rank's start, drawn the correct way and the reported way."""
     pd = ParallelDims(dist.get_world_size(), cfgp=2, enable_inference_mode=True)
     pd.build_meshes("cpu")
-    shape = model.latent_shape
     return {
         "correct": initial_latent(shape, seed, pd),
         "buggy": noise_per_rank_seed(shape, seed, pd),
-        **sample_variants(
-            model,
-            cond,
-            uncond,
-            {"cfgp": 2},
-            {},
-            {"per_rank_seed": SAMPLER_BUGS["per_rank_seed"]},
-            seed=seed,
-            **kw,
-        ),
     }
 
 
@@ -762,11 +767,23 @@ def by_rank_and_channel(latents):
     return torch.cat([latent[0].T for latent in latents])
 
 
-clinic = run(clinic_noise, 2, model, cond, uncond, SEED, steps=STEPS, guidance_scale=W)
+clinic = run(clinic_noise, 2, model.latent_shape, SEED)
+reported = run(
+    cfgp_runs.sample_on_rank,
+    2,
+    model,
+    cond,
+    uncond,
+    {"cfgp": 2},
+    patches=SAMPLER_BUGS["per_rank_seed"],
+    steps=STEPS,
+    guidance_scale=W,
+    seed=SEED,
+)
 start_ok = by_rank_and_channel([r["correct"] for r in clinic])
 start_bug = by_rank_and_channel([r["buggy"] for r in clinic])
 end_ok = by_rank_and_channel([reference, reference])
-end_bug = by_rank_and_channel([r["per_rank_seed"]["latent"] for r in clinic])
+end_bug = by_rank_and_channel([r["latent"] for r in reported])
 for label, ok, bug in [("initial latent", start_ok, start_bug), ("final latent", end_ok, end_bug)]:
     print(
         f"{label:<15} "
@@ -819,7 +836,7 @@ for title, ok, bug in [
 # %%
 outcome = grade(EXERCISES["initial_latent"], noise_per_rank_seed)
 print(report(EXERCISES["initial_latent"], outcome))
-latents = [r["per_rank_seed"]["latent"] for r in clinic]
+latents = [r["latent"] for r in reported]
 found = compare(latents, [reference, reference], atol=1e-12)
 print(
     "per_rank_seed  "
@@ -882,12 +899,14 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 # %% [markdown]
 # ## 11. What to try
 #
-# The ranks import `paralab.cfgp` from its file: editing a shown cell changes
-# only this kernel's copy. What reaches the ranks here: the `model`, `W` and
-# the other arguments of `run(...)`, and replacements planted on each rank by
-# the bug list of `sample_variants` (a zero-argument callable returning
-# `planted(...)`, like `SAMPLER_BUGS`). To change anything else the ranks run,
-# edit `src/paralab/cfgp/` and restart the kernel.
+# The ranks import `paralab.cfgp` from its file and run the package's
+# `sample_on_rank`: editing a shown cell changes only this kernel's copy. What
+# reaches the ranks: the `model`, `W` and the other arguments of `run(...)`, and
+# the patch set passed with `run(..., patches={module path: {name: replacement}})`,
+# which replaces those names on every rank for that launch (the shown cell's
+# header prints the `EDIT` that hands it over; section 5's `SAMPLER_EDIT`,
+# section 6's `BROKEN` and `SAMPLER_BUGS` are patch sets too). A function defined
+# or edited in this kernel travels in it by value.
 #
 # 1. Change `W` to 1.0 and re-run the notebook. Is the cfgp result still
 #    bitwise equal to the reference? What does `cfg_combine` compute at
@@ -905,12 +924,10 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    that shape, so try it: the cell runs in this kernel, no ranks
 #    involved.</details>
 # 3. Write a `predict_no_swap`: a copy of the shown `predict_cfgp` that returns
-#    `(mine, theirs)` on both ranks (forget to swap the roles on rank 1). Plant
-#    it on the ranks next to `wrong_sign` in section 5's run: add
-#    `"no_swap": lambda: planted(paralab.cfgp.sampling, predict_cfgp=predict_no_swap)`
-#    to its bug dict (after `import paralab.cfgp.sampling` and
-#    `from paralab.exercises import planted`), and `"no_swap"` to section 6's
-#    `for name in ("wrong_sign",)`. Which ranks fail, and do they agree?
+#    `(mine, theirs)` on both ranks (forget to swap the roles on rank 1). Hand it
+#    to the ranks next to `wrong_sign`: add
+#    `"no_swap": {"paralab.cfgp.sampling": {"predict_cfgp": predict_no_swap}}` to
+#    section 6's `BROKEN` and re-run that cell. Which ranks fail, and do they agree?
 #
 #    <details><summary>Hint</summary>Both ranks fail against the reference and
 #    they disagree. Rank 1 applies guidance with the roles swapped from step 1;
@@ -943,16 +960,18 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    <details><summary>Hint</summary>Every rank raises `ValueError: ulysses_attention:
 #    heads = 2 (dim 1) is not divisible by cp = 4`, and the launcher reports it
 #    per rank: Ulysses splits heads, so cp may not exceed them.</details>
-# 8. Plant a combine that computes `(1 - w)·uncond + w·cond` on cfgp rank 1
-#    only (`torch.distributed.get_rank() == 1`), the way item 3 plants its
-#    bug: `lambda: planted(paralab.cfgp.sampling, cfg_combine=...)` in section
-#    5's bug dict. Do the two ranks still agree bit for bit? With the
+# 8. Write a combine that computes `(1 - w)·uncond + w·cond` on cfgp rank 1
+#    only (`torch.distributed.get_rank() == 1`) and `cfg_combine`'s own formula on
+#    rank 0, and hand it over the way item 3 does: add
+#    `"rank1_combine": {"paralab.cfgp.sampling": {"cfg_combine": your_combine}}` to
+#    section 6's `BROKEN`. Do the two ranks still agree bit for bit? With the
 #    reference?
 #
 #    <details><summary>Hint</summary>Neither: rank 1 rounds differently, its
 #    latent drifts by a few ulps, and rank 0, which combines rank 1's
 #    predictions, drifts too. Both stay within ~1e-15 of the reference, so
-#    only an exact check sees it.</details>
+#    only an exact check sees it: section 6's row for it, at `atol=1e-12`,
+#    says FAIL (not caught), while its rank 0 vs rank 1 column is not 0.</details>
 # 9. Section 9 compares the cp runs with both references. Why is Ulysses only
 #    close to section 2's reference (`full_attention`, SDPA), although no sum
 #    was split?

@@ -2,15 +2,14 @@
 
 The sampler itself is `paralab.cfgp.sampling.sample`; this module runs it on
 a rank of a launch (`sample_on_rank`), several ways in one launch
-(`sample_variants`, bugs planted included), and returns what the notebook and
-the tests check.
+(`sample_variants`), and returns what the notebook and the tests check. A bug
+variant is a patch set handed to the launch, `run(sample_on_rank, ...,
+patches=...)`, next to a plain launch on the same inputs.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
 
 import torch.distributed as dist
 
@@ -58,16 +57,11 @@ def sample_variants(
     uncond,
     dims: dict | None,
     variants: dict[str, dict],
-    bugs: dict[str, Callable[[], ContextManager]] | None = None,
     **sample_kwargs,
 ) -> dict[str, dict]:
-    """On every rank: `sample_on_rank` once per variant (its keyword arguments over `sample_kwargs`), then once per
-    bug with `bugs[name]()` planted around the run (e.g. `planted(paralab.cfgp.sampling, cfg_combine=...)`)."""
-    out = {
+    """On every rank: `sample_on_rank` once per variant, its keyword arguments over `sample_kwargs`
+    (one launch for several samplers: launches cost time)."""
+    return {
         name: sample_on_rank(model, cond, uncond, dims, **{**sample_kwargs, **extra})
         for name, extra in variants.items()
     }
-    for name, bug in (bugs or {}).items():
-        with bug():
-            out[name] = sample_on_rank(model, cond, uncond, dims, **sample_kwargs)
-    return out

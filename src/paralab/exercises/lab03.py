@@ -7,7 +7,6 @@ tests prove the grader fails it and that its report points at the place.
 from __future__ import annotations
 
 import random
-from contextlib import AbstractContextManager as ContextManager
 
 import torch
 import torch.distributed as dist
@@ -15,7 +14,7 @@ import torch.distributed as dist
 from paralab.cfgp.sampling import draw_noise, shard_latent
 from paralab.exercises import Exercise
 from paralab.parallel_dims import ParallelDims
-from paralab.patches import patched
+from paralab.patches import Patches
 
 LAB = "03_cfgp"
 LATENT_SHAPE = (1, 12, 4)  # (batch, tokens, channels): small, tokens divisible by cp = 2
@@ -174,20 +173,20 @@ def noise_per_rank_seed(shape: tuple[int, ...], seed: int, pd: ParallelDims | No
     return shard_latent(draw_noise(shape, seed + dist.get_rank()), pd)
 
 
-def per_rank_noise() -> ContextManager:
-    """The lab's bug clinic, planted into the sampler: `noise_per_rank_seed` instead of `initial_latent`."""
-    return patched({"paralab.cfgp.sampling": {"initial_latent": noise_per_rank_seed}})
+def per_rank_noise() -> Patches:
+    """The lab's bug clinic, for `run(..., patches=...)`: `noise_per_rank_seed` instead of `initial_latent`."""
+    return {"paralab.cfgp.sampling": {"initial_latent": noise_per_rank_seed}}
 
 
-def wrong_sign_combine() -> ContextManager:
-    """The sampler with `wrong_sign` as its guidance combine."""
-    return patched({"paralab.cfgp.sampling": {"cfg_combine": wrong_sign}})
+def wrong_sign_combine() -> Patches:
+    """The sampler with `wrong_sign` as its guidance combine, for `run(..., patches=...)`."""
+    return {"paralab.cfgp.sampling": {"cfg_combine": wrong_sign}}
 
 
 SAMPLER_BUGS = {
-    "per_rank_seed": per_rank_noise,
-    "wrong_sign": wrong_sign_combine,
-}  # the lab's section 6
+    "per_rank_seed": per_rank_noise(),
+    "wrong_sign": wrong_sign_combine(),
+}  # patch sets: the lab's sections 6 and 10
 
 
 EXERCISES = [
