@@ -1,6 +1,10 @@
 """ParallelDims: every rule of docs/parallel_dims.md, pure logic first, then real meshes."""
 
 import logging
+import multiprocessing
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -9,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paralab import ParallelDims, fsdp_mesh
-from paralab.launch import run
+from paralab.launch import LaunchError, run
 from paralab.parallel_dims import predict_groups
 
 
@@ -30,7 +34,8 @@ from paralab.parallel_dims import predict_groups
         (dict(world_size=8, dp_replicate=-2), "dp_replicate=-2"),
         (dict(world_size=6, cp=4), "cfgp=1, cp=4"),
         (dict(world_size=4, cp=2, cfgp=2, enable_inference_mode=True, dp_shard=4, lb=1), None),
-        (dict(world_size=8, dp_shard=3), "dp_replicate=2 * dp_shard=3"),
+        (dict(world_size=8, dp_shard=3), "dp_shard=3 does not divide world_size=8"),
+        (dict(world_size=8, dp_shard=3, dp_replicate=2), "dp_replicate=2 * dp_shard=3"),
         (dict(world_size=8, dp_shard=4, dp_replicate=4), "dp_replicate=4 * dp_shard=4"),
     ],
 )
@@ -40,6 +45,65 @@ def test_each_rule_names_its_axis(kwargs, axis_text):
         return
     with pytest.raises(ValueError, match=axis_text.replace("*", r"\*")):
         ParallelDims(**kwargs)
+
+
+@pytest.mark.parametrize("axis", ["world_size", "dp_shard", "dp_replicate", "cp", "cfgp", "lb"])
+@pytest.mark.parametrize(
+    "value, shown",
+    [(2.0, "2.0 (float)"), (2.5, "2.5 (float)"), ("2", "'2' (str)"), (None, "None (NoneType)")]
+    + [(True, "True (bool)")],
+)
+def test_every_axis_must_be_an_int_naming_axis_and_value(axis, value, shown):
+    kwargs = {"world_size": 8, "enable_inference_mode": True, axis: value}
+    with pytest.raises(ValueError) as info:
+        ParallelDims(**kwargs)
+    message = str(info.value)
+    assert f"{axis}={shown.split(' ')[0]}" in message
+    assert shown in message or axis == "world_size"  # world_size keeps its range message
+
+
+@pytest.mark.parametrize("value", ["no", 1, None, 0.0])
+def test_enable_inference_mode_must_be_a_bool(value):
+    with pytest.raises(ValueError, match=f"enable_inference_mode={value!r}"):
+        ParallelDims(8, enable_inference_mode=value)
+
+
+def test_a_dp_shard_that_does_not_divide_blames_dp_shard_not_an_inferred_replicate():
+    with pytest.raises(ValueError) as info:
+        ParallelDims(8, dp_shard=3)
+    assert "dp_shard=3 does not divide world_size=8" in str(info.value)
+    assert "dp_replicate=2" not in str(info.value)
+
+
+def test_validation_does_not_depend_on_asserts():
+    """`python -O` strips asserts: every bad value must still be refused."""
+    probe = textwrap.dedent("""
+        from paralab import ParallelDims
+        for kwargs in (dict(cp=2.0), dict(cp=True), dict(dp_shard=3), dict(lb=3), dict(cp=0),
+                       dict(enable_inference_mode="no"), dict(cfgp=2)):
+            try:
+                ParallelDims(8, **kwargs)
+                print("ACCEPTED", kwargs)
+            except ValueError as exc:
+                print("refused:", exc)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-O", "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ACCEPTED" not in done.stdout
+    assert done.stdout.count("refused:") == 7
+
+
+def _two_rank_descriptor_on_this_group():
+    ParallelDims(2).build_meshes("cpu")
+
+
+def test_a_descriptor_used_on_a_group_of_another_size_names_both_sizes():
+    with pytest.raises(LaunchError) as info:
+        run(_two_rank_descriptor_on_this_group, 4)
+    assert "ParallelDims(world_size=2) is used on a process group of 4 ranks" in str(info.value)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("paralab-rank")]
 
 
 def test_rules_fire_in_spec_order():

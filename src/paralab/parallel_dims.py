@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 logger = logging.getLogger(__name__)
 
 MAX_CP = 32
+AXES = ("world_size", "dp_shard", "dp_replicate", "cp", "cfgp", "lb")
+"""The integer fields: each must be a real int (not a float, a string, None or a bool)."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,27 @@ class ParallelDims:
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # the frozen dataclass's own fields, while validating
 
+    def _check_types(self) -> None:
+        """Sizes are ints and the mode a bool, named with the value: `cp=2.0` or `cp=True`
+        would pass the range checks and fail later, deep in torch."""
+        for axis in AXES:
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(
+                    f"{axis} must be an int, got {axis}={value!r} ({type(value).__name__})"
+                )
+            self._set(axis, int(value))
+        if not isinstance(self.enable_inference_mode, bool):
+            raise ValueError(
+                "enable_inference_mode must be True or False, got "
+                f"enable_inference_mode={self.enable_inference_mode!r}"
+            )
+
     def _validate(self) -> None:
         world = self.world_size
-        self._set("enable_inference_mode", bool(self.enable_inference_mode))
-        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        if isinstance(world, bool) or not isinstance(world, numbers.Integral) or world < 1:
             raise ValueError(f"world_size must be an int >= 1, got world_size={world!r}")
+        self._check_types()
         if not 1 <= self.cp <= MAX_CP:
             raise ValueError(f"cp must be in [1, {MAX_CP}], got cp={self.cp}")
         if self.cfgp not in (1, 2):
@@ -84,13 +104,19 @@ class ParallelDims:
             raise ValueError(
                 f"dp_replicate must be -1 (infer) or >= 1, got dp_replicate={self.dp_replicate}"
             )
-        if self.dp_replicate == -1:
+        replicate_inferred = self.dp_replicate == -1
+        if replicate_inferred:
             self._set("dp_replicate", world // self.dp_shard)
         if world % (self.cfgp * self.cp) != 0:
             raise ValueError(
                 f"world_size={world} is not divisible by cfgp*cp={self.cfgp * self.cp} "
                 f"(cfgp={self.cfgp}, cp={self.cp}); the overlay mesh (rest, cfgp, cp) "
                 "would not tile the world"
+            )
+        if replicate_inferred and world % self.dp_shard != 0:
+            raise ValueError(
+                f"dp_shard={self.dp_shard} does not divide world_size={world}: dp_replicate "
+                "(not given) is inferred as world_size / dp_shard"
             )
         if self.dp_replicate * self.dp_shard != world:
             raise ValueError(
@@ -133,6 +159,12 @@ class ParallelDims:
         as "dp" (HSDP hands it to FSDP2). `device_type` defaults to "cuda" when CUDA is there."""
         if device_type is None:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        if dist.is_initialized() and dist.get_world_size() != self.world_size:
+            raise ValueError(
+                f"ParallelDims(world_size={self.world_size}) is used on a process group of "
+                f"{dist.get_world_size()} ranks: build it with "
+                "world_size=dist.get_world_size(), or launch that many ranks"
+            )
         enabled = self.axes_enabled()
         meshes: dict[str, DeviceMesh] = {}
         for family, (dims, names) in self.mesh_layouts().items():
