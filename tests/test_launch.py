@@ -5,17 +5,25 @@ module: keep its top-level imports light (nbformat pulls in a jsonschema format
 checker that is slow to import), or every launch pays for them.
 """
 
+import multiprocessing.util
 import os
+import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from paralab.launch import LaunchError, LaunchTimeout, run
+
+MESSAGE_BYTES_AT_MOST = 30_000
 
 
 def _rank_and_sum():
@@ -46,6 +54,39 @@ def _children_alive() -> list[str]:
     import multiprocessing
 
     return [p.name for p in multiprocessing.active_children() if p.name.startswith("paralab-rank")]
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path, monkeypatch) -> Path:
+    """Every test's temp files go to a folder of its own, which must be empty afterwards:
+    no launch may leave a rendezvous dir, a rank's `pymp-*` or anything else behind."""
+    multiprocessing.util.get_temp_dir()  # this process's own, made once, removed at its exit
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    monkeypatch.setenv("TMPDIR", str(root))
+    yield root
+    assert not _children_alive()
+    # torch's per-user compile cache is shared by every process and kept on purpose
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("torchinductor_")) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _script(tmp_path: Path, source: str) -> Path:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(source))
+    return script
+
+
+def _python_env(private_tmp: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(private_tmp)}
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])
@@ -205,7 +246,7 @@ def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
     assert nb.cells[1].outputs[0]["text"].strip() == "[[14.0], [14.0]]"
 
 
-def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
+def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path, private_tmp):
     script = tmp_path / "job.py"
     script.write_text(
         textwrap.dedent("""
@@ -237,9 +278,10 @@ def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path):
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
+        f"--log-dir={tmp_path / 'torchrun-logs'}",  # else torchrun leaves a torchelastic_* dir
         str(script),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = _python_env(private_tmp)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 0 sees [0, 10]" in done.stdout and "rank 1 sees [0, 10]" in done.stdout
@@ -299,3 +341,238 @@ def test_patched_restores_even_when_the_block_raises():
     with patches.patched({"paralab.parallel_dims.ParallelDims": {"mesh_layouts": len}}):
         assert ParallelDims.mesh_layouts is len
     assert ParallelDims.__dict__["mesh_layouts"] is method
+
+
+# --------------------------------------------------------------------------- bad input, faults
+def _print_then_skip_collective_on(skipping_rank):
+    print(f"rank {dist.get_rank()} waits in all_reduce")
+    if dist.get_rank() != skipping_rank:
+        dist.all_reduce(torch.zeros(1))
+
+
+def test_a_timeout_quotes_what_each_hung_rank_printed_last():
+    with pytest.raises(LaunchTimeout) as info:
+        run(_print_then_skip_collective_on, 3, 1, timeout=4)
+    message = str(info.value)
+    assert "ranks [0, 2] of 3 did not finish within 4 s" in message
+    for rank in (0, 2):
+        assert f"--- last output of rank {rank} ---\nrank {rank} waits in all_reduce" in message
+    assert "rank 1 waits" not in message  # rank 1 returned: not quoted
+
+
+def _shout_then_raise_on(bad_rank):
+    if dist.get_rank() == bad_rank:
+        print("x" * 10_000_000)
+        raise ValueError("y" * 10_000_000)
+
+
+def test_an_error_message_is_capped_in_bytes():
+    with pytest.raises(LaunchError) as info:
+        run(_shout_then_raise_on, 2, 1)
+    message = str(info.value)
+    assert len(message.encode()) < MESSAGE_BYTES_AT_MOST
+    assert message.startswith("1 of 2 ranks failed; rank 1 raised ValueError: yyy")
+    assert "bytes cut" in message and "--- output of rank 1 ---\n... xxx" in message
+
+
+def _return_a_lock_on(bad_rank):
+    return threading.Lock() if dist.get_rank() == bad_rank else dist.get_rank()
+
+
+def test_an_unpicklable_return_value_is_named_with_its_rank_and_type():
+    with pytest.raises(LaunchError) as info:
+        run(_return_a_lock_on, 2, 1)
+    assert "rank 1 returned a _thread.lock that cannot be pickled to send it back" in str(
+        info.value
+    )
+    assert info.value.failed_ranks == [1]
+
+
+def _unpickle_only_on_a_rank():
+    if "PARALAB_RANK" not in os.environ:
+        raise RuntimeError("this value only unpickles on a rank")
+    return RefusesToUnpickleOutsideRanks()
+
+
+class RefusesToUnpickleOutsideRanks:
+    def __reduce__(self):
+        return (_unpickle_only_on_a_rank, ())
+
+
+def _return_a_rank_only_value_on(bad_rank):
+    return RefusesToUnpickleOutsideRanks() if dist.get_rank() == bad_rank else dist.get_rank()
+
+
+def test_a_return_value_that_fails_to_unpickle_here_is_a_launch_error_naming_its_rank():
+    with pytest.raises(LaunchError) as info:
+        run(_return_a_rank_only_value_on, 2, 0)
+    message = str(info.value)
+    assert (
+        f"rank 0 returned a {__name__}.RefusesToUnpickleOutsideRanks that cannot be unpickled "
+        "here: RuntimeError: this value only unpickles on a rank"
+    ) in message
+    assert info.value.failed_ranks == [0]
+
+
+def _segfault_on(bad_rank):
+    if dist.get_rank() == bad_rank:
+        import ctypes
+
+        print("about to read address 0")
+        ctypes.string_at(0)
+    return dist.get_rank()
+
+
+def test_a_segfault_names_the_signal_and_shows_the_output():
+    with pytest.raises(LaunchError) as info:
+        run(_segfault_on, 2, 1)
+    message = str(info.value)
+    assert "rank 1 died without a result (exit code -11: killed by SIGSEGV)" in message
+    assert "--- output of rank 1 ---" in message and "about to read address 0" in message
+    assert "Segmentation fault" in message and "_segfault_on" in message  # faulthandler's stack
+
+
+def test_two_ctrl_c_during_cleanup_leave_no_rank_alive(tmp_path, private_tmp):
+    """Ranks that ignore SIGTERM keep the cleanup waiting its grace; Ctrl-C then must not cut it."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = _script(
+        tmp_path,
+        """
+        import os, signal, sys, time
+        from paralab.launch import run
+
+        def stubborn(pid_dir):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+            time.sleep(120)
+
+        if __name__ == "__main__":
+            try:
+                run(stubborn, 4, sys.argv[1], timeout=100)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+        """,
+    )
+    job = subprocess.Popen(
+        [sys.executable, str(script), str(pid_dir)],
+        env=_python_env(private_tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(pid_dir.iterdir())) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [int(p.name) for p in pid_dir.iterdir()]
+        assert len(pids) == 4, job.stderr.read() if job.poll() is not None else "ranks not up"
+        for pause in (0.5, 0.4, 0.0):  # the first starts the cleanup, the others land inside it
+            job.send_signal(signal.SIGINT)
+            time.sleep(pause)
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert "interrupted" in out, err[-2000:]
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _nested_run(inner_world):
+    return run(_rank_and_sum, inner_world)
+
+
+@pytest.mark.parametrize("inner_world", [2, 3])
+def test_run_inside_a_rank_refuses_and_says_why(inner_world):
+    with pytest.raises(LaunchError) as info:
+        run(_nested_run, 2, inner_world)
+    message = str(info.value)
+    assert "raised RuntimeError: run() was called inside rank " in message
+    assert "of a run() on 2 ranks: a rank cannot start ranks of its own" in message
+    assert "torchrun" not in message
+    assert info.value.failed_ranks == [0, 1]
+
+
+def test_stale_rank_variables_fail_fast_naming_them(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        run(_rank_and_sum, 2)
+    message = str(info.value)
+    assert "took the torchrun path because RANK=0 and WORLD_SIZE=2 are set" in message
+    assert "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID are not" in message
+    assert "unset RANK WORLD_SIZE" in message
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # also left over: still not torchrun
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(RuntimeError, match="but TORCHELASTIC_RUN_ID is not"):
+        run(_rank_and_sum, 2)
+    assert time.monotonic() - start < 2
+
+
+def test_a_script_without_main_guard_is_told_so(tmp_path, private_tmp):
+    script = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        from paralab.launch import run
+
+        def who():
+            return dist.get_rank()
+
+        print(run(who, 2, timeout=60))
+        """,
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_python_env(private_tmp),
+    )
+    assert done.returncode == 1
+    assert (
+        "LaunchError: 2 of 2 ranks failed; ranks [0, 1] died without a result (exit code 1) "
+        "while starting, before it could run the function"
+    ) in done.stderr
+    assert f'the main script {script} again, and it has no `if __name__ == "__main__":` guard' in (
+        done.stderr
+    )
+
+
+def _make_temp_files():
+    import multiprocessing.util
+
+    return tempfile.mkdtemp(prefix="left-"), multiprocessing.util.get_temp_dir()
+
+
+def test_a_run_leaves_no_temp_dir_even_when_ranks_are_killed(private_tmp):
+    """The ranks' temp dir lives inside the launch's own, deleted by the parent (see the fixture)."""
+    made = run(_make_temp_files, 2)
+    for paths in made:
+        for path in paths:
+            assert path.startswith(str(private_tmp / "paralab-rdzv-")), path
+    with pytest.raises(LaunchTimeout):
+        run(_make_temp_files_then_hang_on, 2, 0, timeout=3)
+
+
+def _make_temp_files_then_hang_on(rank):
+    _make_temp_files()
+    if dist.get_rank() == rank:
+        time.sleep(60)
+
+
+def test_warm_launch_on_8_ranks_median(capsys):
+    """Not a limit: the figure, printed, so a slow launch shows in the test log."""
+    run(_rank_and_sum, 8)
+    times = [_timed_launch_of(8) for _ in range(3)]
+    with capsys.disabled():
+        print(f"\nwarm run(fn, 8) median {statistics.median(times):.2f} s over {len(times)} runs")
+
+
+def _timed_launch_of(world: int) -> float:
+    start = time.monotonic()
+    assert [r[0] for r in run(_rank_and_sum, world)] == list(range(world))
+    return time.monotonic() - start

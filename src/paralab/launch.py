@@ -20,8 +20,13 @@ Why it looks the way it does:
 - One pipe per rank plus the process sentinels: the parent always knows
   whether a rank returned, raised, died, or is stuck, and kills every child
   before raising. No hang outlives `timeout`.
+- Each rank's output goes to a log in the launch's temp dir, which is also the
+  rank's TMPDIR: errors and timeouts quote its last lines (a few KB at most, even
+  of a 10 MB line), and deleting that one dir leaves nothing behind.
 - Under `torchrun` (RANK and WORLD_SIZE set) `fn` runs in this process on this
-  rank and all ranks' results are gathered as objects.
+  rank and all ranks' results are gathered as objects. RANK and WORLD_SIZE
+  without torchrun's other variables are left over, and `run` says so; a `run`
+  inside a rank refuses (a rank cannot start ranks).
 - `patches=` is the one way to hand the ranks other code than the package's (a
   learner's edit, a planted bug): it travels with `fn` and is applied on every
   rank around `fn` (`paralab.patches.patched`), under forkserver, spawn and
@@ -31,9 +36,13 @@ Why it looks the way it does:
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -50,6 +59,14 @@ import torch.distributed as dist
 from paralab.patches import Patches, patched, validate
 
 _GRACE_AFTER_ERROR_S = 5.0
+_TERM_GRACE_S = 2.0
+_RANK_MARKER = "PARALAB_RANK"
+"""Set in every rank to "rank/world/pid": a `run()` inside a rank refuses instead of reusing it."""
+_TAIL_BYTES = 4_000
+"""How much of a rank's output, traceback or error text a message quotes (one line can be 10 MB)."""
+_MESSAGE_BYTES = 24_000
+"""The most a whole `LaunchError` message holds, however many ranks failed."""
+_TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 FORKSERVER_PRELOAD = [
     "torch",
     "torch.distributed",
@@ -154,20 +171,64 @@ def _worker(
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    os.close(log_fd)
+    _line_buffered_output()
+    faulthandler.enable(file=2, all_threads=True)  # a segfault or abort leaves its stack in the log
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ[_RANK_MARKER] = f"{rank}/{world_size}/{os.getpid()}"
+    _private_tmpdir(os.path.join(os.path.dirname(log_path), f"tmp-rank{rank}"))
     try:
         fn, args, kwargs, patches = cloudpickle.loads(payload)
         _init_rank(rank, world_size, init_method, backend, timeout)
         with patched(patches):
             result = _to_cpu(fn(*args, **kwargs))
-        conn.send(("ok", cloudpickle.dumps(result)))
+        try:
+            blob = cloudpickle.dumps(result)
+        except Exception as exc:  # noqa: BLE001 - named as the return value, not as fn's failure
+            conn.send(
+                (
+                    "error",
+                    f"returned a {_type_name(result)} that cannot be pickled to send it back: "
+                    f"{type(exc).__name__}: {exc}",
+                    traceback.format_exc(),
+                )
+            )
+            return
+        conn.send(("ok", blob, _type_name(result)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         conn.send(("error", f"raised {type(exc).__name__}: {exc}", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _line_buffered_output() -> None:
+    """A rank's last print before it hangs must reach its log before the rank is stopped."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+
+
+def _private_tmpdir(path: str) -> None:
+    """Whatever the rank puts in the temp dir (multiprocessing's `pymp-*` included) lives
+    inside the launch's own temp dir, which the parent deletes even when it kills the rank."""
+    os.makedirs(path, exist_ok=True)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = path
+    # A child inherits its parent's multiprocessing temp dir: forget it, so the rank makes its own.
+    mp.current_process()._config.pop("tempdir", None)
+
+
+def _type_name(obj: object) -> str:
+    kind = type(obj)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
 
 
 def _run_under_torchrun(
@@ -208,16 +269,36 @@ def _main_file_hidden_if_unreadable() -> Iterator[None]:
         main.__file__ = path
 
 
-def _stop(procs: list) -> None:
+def _stop(procs: list, grace_s: float) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + grace_s
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def _clean_up(procs: list, conns: list, tmp: str) -> None:
+    """Stop every rank, close the pipes, delete the temp dir, whatever arrives meanwhile.
+
+    A Ctrl-C during the cleanup (ranks that ignore SIGTERM take the whole grace) only
+    cuts the grace short: the cleanup starts over, kills, finishes, and then re-raises.
+    """
+    interrupt: BaseException | None = None
+    while True:
+        try:
+            _stop(procs, 0.0 if interrupt else _TERM_GRACE_S)
+            for c in conns:
+                c.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            break
+        except KeyboardInterrupt as exc:
+            interrupt = exc
+    if interrupt is not None:
+        raise interrupt
 
 
 def run(
@@ -246,7 +327,9 @@ def run(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     patches = validate(patches) if patches else None
+    _refuse_inside_a_rank()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        _refuse_stale_torchrun_env()
         return _run_under_torchrun(fn, world_size, args, kwargs, timeout, patches)
     try:
         payload = cloudpickle.dumps((fn, args, kwargs, patches))
@@ -263,31 +346,66 @@ def run(
             child_env.setdefault(key, os.environ[key])
     child_env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
 
-    with tempfile.TemporaryDirectory(prefix="paralab-rdzv-") as tmp:
-        init_method = "file://" + os.path.join(tmp, "store")
-        logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
-        procs, conns = [], []
-        try:
-            with _main_file_hidden_if_unreadable():
-                _start_ranks(
-                    ctx,
-                    world_size,
-                    init_method,
-                    backend,
-                    timeout,
-                    child_env,
-                    payload,
-                    logs,
-                    procs,
-                    conns,
-                )
-            results = _collect(procs, conns, logs, timeout)
-            _join_clean_exit(procs)
-            return results
-        finally:
-            _stop(procs)
-            for c in conns:
-                c.close()
+    tmp = tempfile.mkdtemp(prefix="paralab-rdzv-")
+    init_method = "file://" + os.path.join(tmp, "store")
+    logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
+    procs: list = []
+    conns: list = []
+    try:
+        with _main_file_hidden_if_unreadable():
+            _start_ranks(
+                ctx,
+                world_size,
+                init_method,
+                backend,
+                timeout,
+                child_env,
+                payload,
+                logs,
+                procs,
+                conns,
+            )
+        results = _collect(procs, conns, logs, timeout)
+        _join_clean_exit(procs)
+        return results
+    finally:
+        _clean_up(procs, conns, tmp)
+
+
+def _refuse_inside_a_rank() -> None:
+    """A rank cannot start ranks: refuse, whether it is bootstrapping or running `fn`."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "run() was called while a new rank was importing the main script again: the script "
+            'calls run() at top level without an `if __name__ == "__main__":` guard. '
+            "Put the code that calls run() under that guard."
+        )
+    marker = os.environ.get(_RANK_MARKER, "")
+    rank, _, rest = marker.partition("/")
+    world, _, pid = rest.partition("/")
+    if pid == str(os.getpid()):
+        raise RuntimeError(
+            f"run() was called inside rank {rank} of a run() on {world} ranks: a rank cannot "
+            f"start ranks of its own. The function already runs on all {world} ranks, so call "
+            "its collectives directly, or call run() from the notebook or script instead."
+        )
+
+
+def _refuse_stale_torchrun_env() -> None:
+    """RANK and WORLD_SIZE alone do not make a torchrun rank: fail now, not in a store timeout."""
+    if dist.is_initialized():
+        return
+    missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"run() took the torchrun path because RANK={os.environ['RANK']} and "
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} are set in this process's environment, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not: torchrun did not "
+            "start this process, so the two are left over (an `export`, `%env`, or an earlier "
+            "cell). Clear them: `del os.environ['RANK'], os.environ['WORLD_SIZE']` in Python or "
+            "`unset RANK WORLD_SIZE` in the shell, then call run() again. Under another "
+            "launcher, initialize the process group before calling run()."
+        )
 
 
 def _start_ranks(
@@ -334,12 +452,29 @@ def _is_consequence(error: str) -> bool:
     return any(marker in low for marker in _CONSEQUENCE_MARKERS)
 
 
-def _log_tail(path: str, lines: int = 15) -> str:
+def _clip(text: str, limit: int = _TAIL_BYTES) -> str:
+    """`text` cut to about `limit` bytes (head and tail kept): one rank can print 10 MB on a line."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    half = limit // 2
+    head = data[:half].decode("utf-8", errors="ignore")
+    tail = data[-half:].decode("utf-8", errors="ignore")
+    return f"{head}\n... [{len(data) - 2 * half} bytes cut] ...\n{tail}"
+
+
+def _log_tail(path: str, lines: int = 15, limit: int = _TAIL_BYTES) -> str:
+    """The last `lines` lines of a rank's log, and never more than `limit` bytes of it."""
     try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:]).rstrip()
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read()
     except OSError:
         return ""
+    text = "".join(data.decode("utf-8", errors="replace").splitlines(keepends=True)[-lines:])
+    cut = "... " if size > limit else ""
+    return (cut + text).rstrip()
 
 
 def _join_clean_exit(procs: list, wait_s: float = 5.0) -> None:
@@ -365,9 +500,16 @@ def _collect(procs: list, conns: list, logs: list[str], timeout: float) -> list:
             rank = by_conn.get(ready, by_sentinel.get(ready))
             if rank not in pending:
                 continue
-            message = _receive(conns[rank], procs[rank])
+            message = _receive(conns[rank], procs[rank], logs[rank])
             if message[0] == "ok":
-                results[rank] = cloudpickle.loads(message[1])
+                try:
+                    results[rank] = cloudpickle.loads(message[1])
+                except Exception as exc:  # noqa: BLE001 - a rank's value, reported by rank
+                    errors[rank] = (
+                        f"returned a {message[2]} that cannot be unpickled here: "
+                        f"{type(exc).__name__}: {exc}",
+                        traceback.format_exc(),
+                    )
             else:
                 errors[rank] = (message[1], message[2])
             pending.discard(rank)
@@ -378,18 +520,27 @@ def _collect(procs: list, conns: list, logs: list[str], timeout: float) -> list:
     if errors:
         raise _launch_error(errors, pending, results, logs, world_size)
     if pending:
-        raise LaunchTimeout(
-            f"ranks {sorted(pending)} of {world_size} did not finish within {timeout:g} s"
-            + (f" while ranks {sorted(results)} had returned" if results else "")
-            + ": a collective that only some ranks entered, or work too slow for the timeout;"
-            " all ranks were stopped",
-            [],
-            sorted(pending),
-        )
+        raise _launch_timeout(pending, results, logs, timeout)
     return [results[r] for r in range(world_size)]
 
 
-def _receive(conn: Any, proc: Any) -> tuple:
+def _launch_timeout(pending: set, results: dict, logs: list[str], timeout: float) -> LaunchTimeout:
+    """Name the hung ranks, and quote what each printed last: its log goes with the temp dir."""
+    hung = sorted(pending)
+    lines = [
+        f"ranks {hung} of {len(logs)} did not finish within {timeout:g} s"
+        + (f" while ranks {sorted(results)} had returned" if results else "")
+        + ": a collective that only some ranks entered, or work too slow for the timeout;"
+        " all ranks were stopped"
+    ]
+    for rank in hung:
+        tail = _log_tail(logs[rank], lines=5)
+        if tail:
+            lines.append(f"--- last output of rank {rank} ---\n{tail}")
+    return LaunchTimeout(_clip("\n".join(lines), _MESSAGE_BYTES), [], hung)
+
+
+def _receive(conn: Any, proc: Any, log_path: str) -> tuple:
     if not conn.poll():
         proc.join(0.5)
     if conn.poll():
@@ -397,7 +548,46 @@ def _receive(conn: Any, proc: Any) -> tuple:
             return conn.recv()
         except EOFError:
             proc.join(1.0)
-    return ("error", f"died without a result (exit code {proc.exitcode})", "")
+    return ("error", _death(proc.exitcode, log_path), "")
+
+
+def _death(exitcode: int | None, log_path: str) -> str:
+    """Why a rank ended without a result: the signal by name, or a rank that never started."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"died without a result (exit code {exitcode}: killed by {name})"
+    reason = f"died without a result (exit code {exitcode})"
+    if os.path.exists(log_path):
+        return reason
+    script = _main_script_without_guard()
+    if script:
+        return (
+            f"{reason} while starting, before it could run the function: every rank imports "
+            f'the main script {script} again, and it has no `if __name__ == "__main__":` guard, '
+            "so the rank ran the script's own run() call. Put the code that calls run() under "
+            "that guard."
+        )
+    return (
+        f"{reason} while starting, before it could run the function; its error went to this "
+        "process's stderr, not to the rank's log"
+    )
+
+
+def _main_script_without_guard() -> str | None:
+    """The main script's path when it has no top-level `if __name__ == "__main__":` block."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return None
+    return path
 
 
 def _launch_error(
@@ -407,7 +597,15 @@ def _launch_error(
     order = list(errors)  # arrival order
     causes = [r for r in order if not _is_consequence(errors[r][0])] or order[:1]
     primary = causes[0]
-    lines = [f"rank {r} {errors[r][0]}" for r in causes]
+    by_reason: dict[str, list[int]] = {}
+    for r in causes:  # ranks that all failed the same way get one line
+        by_reason.setdefault(errors[r][0], []).append(r)
+    lines = [
+        f"rank {ranks[0]} {_clip(reason)}"
+        if len(ranks) == 1
+        else f"ranks {sorted(ranks)} {_clip(reason)}"
+        for reason, ranks in by_reason.items()
+    ]
     followers = sorted(r for r in errors if r not in causes)
     if followers:
         lines.append(f"ranks {followers} failed as a consequence (a peer vanished or stalled)")
@@ -416,9 +614,11 @@ def _launch_error(
             f"ranks {sorted(pending)} were blocked waiting for the failed ranks and were stopped"
         )
     if errors[primary][1]:
-        lines.append(f"--- traceback of rank {primary} ---\n{errors[primary][1].rstrip()}")
+        traceback_text = _clip(errors[primary][1].rstrip(), 2 * _TAIL_BYTES)
+        lines.append(f"--- traceback of rank {primary} ---\n{traceback_text}")
     tail = _log_tail(logs[primary])
     if tail:
         lines.append(f"--- output of rank {primary} ---\n{tail}")
     header = f"{len(errors)} of {world_size} ranks failed; "
-    return LaunchError(header + "\n".join(lines), sorted(errors), sorted(pending))
+    message = _clip(header + "\n".join(lines), _MESSAGE_BYTES)
+    return LaunchError(message, sorted(errors), sorted(pending))
