@@ -11,6 +11,11 @@ patches=...)` does the same on every rank, around `fn`, so the ranks run the
 replacement whichever worker they run: a package function looks its helpers up
 in its module's globals at call time, and those are what a patch replaces.
 
+A module-level function is replaced wherever the package holds it: in the module
+that defines it and in every loaded `paralab` module that imported it by name
+(`from paralab.cp.blocks import merge_partials` in `cp/ring.py`), so the key is
+always the defining module, as each shown cell's header prints it.
+
 Why it looks the way it does:
 - Keys are dotted import paths, not module objects, so a patch set pickles and
   travels to ranks started by spawn or forkserver, and reads the same in a lab,
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -89,8 +96,13 @@ def patched(patches: Patches | None) -> Iterator[None]:
         for target, replacements in validate(patches).items():
             owner = resolve(target)
             for name, replacement in replacements.items():
-                saved.append((owner, name, vars(owner).get(name, _INHERITED)))
-                setattr(owner, name, replacement)
+                original = vars(owner).get(name, _INHERITED)
+                holders = [(owner, name)]
+                if isinstance(owner, types.ModuleType):
+                    holders += _aliases(original, owner)
+                for holder, attr in holders:
+                    saved.append((holder, attr, vars(holder).get(attr, _INHERITED)))
+                    setattr(holder, attr, replacement)
         yield
     finally:
         for owner, name, original in reversed(saved):
@@ -98,6 +110,21 @@ def patched(patches: Patches | None) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+def _aliases(original: Any, owner: types.ModuleType) -> list[tuple[types.ModuleType, str]]:
+    """Every other loaded paralab module attribute bound to `original`: its `from x import` copies."""
+    if not callable(original) or original is _INHERITED:
+        return []
+    return [
+        (module, attr)
+        for module_name, module in list(sys.modules.items())
+        if module is not owner
+        and module is not None
+        and (module_name == "paralab" or module_name.startswith("paralab."))
+        for attr, value in list(vars(module).items())
+        if value is original
+    ]
 
 
 _INHERITED = object()
