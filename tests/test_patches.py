@@ -60,3 +60,13 @@ def test_the_defining_module_key_reaches_the_ring_on_every_rank(start_method):
         patches={"paralab.cp.blocks": {"merge_partials": _merge_that_marks}},
     )
     assert all(torch.all(out == 7.0) for out in edited)
+
+
+def test_the_module_of_a_wrapping_bug_keeps_calling_the_original():
+    """A variant that wraps the real function (as the lab 02 clinic's) must not call itself."""
+    from paralab.exercises import lab02
+
+    bug = lab02.ring_clinic_bug()
+    with patched(bug):
+        assert ring.ring_backward is lab02.ring_backward_kv_stays
+        assert lab02.ring_backward is not lab02.ring_backward_kv_stays  # its own copy stays

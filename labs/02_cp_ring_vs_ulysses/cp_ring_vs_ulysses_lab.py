@@ -395,7 +395,8 @@ print(verdict_table(tiny_verdicts, "a tiny Ulysses run"))
 # The ranks import `paralab.cp` from its file and run the package's worker,
 # `cp_runs.cp_worker`; an edit of a shown cell reaches them only when the launch passes
 # it with `patches=`. This launch hands them this kernel's merge, hop and packs
-# (`KERNEL_EDIT`), each keyed by the module whose code calls it. The configurations and
+# (`KERNEL_EDIT`), each keyed by the module that defines it, as its cell's header prints
+# (a patch also reaches every module that imported the name). The configurations and
 # the job each rank runs:
 
 # %%
@@ -410,8 +411,9 @@ g = torch.Generator().manual_seed(1)
 FULL = [
     torch.randn(B, H, N, D, dtype=torch.float64, generator=g) for _ in range(4)
 ]  # q, k, v, dout
-KERNEL_EDIT = {  # ring.py imported merge_partials: its own global is what ring_forward reads
-    "paralab.cp.ring": {"merge_partials": merge_partials, "ring_pass": ring_pass},
+KERNEL_EDIT = {
+    "paralab.cp.blocks": {"merge_partials": merge_partials},
+    "paralab.cp.ring": {"ring_pass": ring_pass},
     "paralab.cp.ulysses": {
         "pack_heads": pack_heads,
         "unpack_heads": unpack_heads,
@@ -801,11 +803,9 @@ display(
 # 3. In the `merge_partials` cell of section 2, drop the rescaling: replace the statement
 #    `out = (...)` (four lines) by `out = out + block_out`. Re-run that cell, then section 5's launch
 #    and its claims cell. The edit reaches the ranks because that launch hands this
-#    kernel's `merge_partials` over, `patches=KERNEL_EDIT`, under `paralab.cp.ring`: not
-#    under the `paralab.cp.blocks` the cell's header names, because `ring.py` imported the
-#    name into its own globals, and those are what `ring_forward` looks up (with the
-#    header's `EDIT` as the patch set, every row still passes). Which rows fail, and why
-#    does Ulysses still pass?
+#    kernel's `merge_partials` over, `patches=KERNEL_EDIT`, under the `paralab.cp.blocks`
+#    the cell's header names (`ring.py`, which imported the name, gets it too). Which rows
+#    fail, and why does Ulysses still pass?
 #
 #    <details><summary>Hint</summary>Every ring row fails, every Ulysses row passes. Only
 #    the ring merges partials; Ulysses attends over the whole sequence per head in one

@@ -14,7 +14,9 @@ in its module's globals at call time, and those are what a patch replaces.
 A module-level function is replaced wherever the package holds it: in the module
 that defines it and in every loaded `paralab` module that imported it by name
 (`from paralab.cp.blocks import merge_partials` in `cp/ring.py`), so the key is
-always the defining module, as each shown cell's header prints it.
+always the defining module, as each shown cell's header prints it. The module that
+defines the replacement keeps its own copy of the original: a bug variant that wraps
+the real function (`ring_backward` with one hop frozen) still calls the real one.
 
 Why it looks the way it does:
 - Keys are dotted import paths, not module objects, so a patch set pickles and
@@ -99,7 +101,7 @@ def patched(patches: Patches | None) -> Iterator[None]:
                 original = vars(owner).get(name, _INHERITED)
                 holders = [(owner, name)]
                 if isinstance(owner, types.ModuleType):
-                    holders += _aliases(original, owner)
+                    holders += _aliases(original, owner, getattr(replacement, "__module__", None))
                 for holder, attr in holders:
                     saved.append((holder, attr, vars(holder).get(attr, _INHERITED)))
                     setattr(holder, attr, replacement)
@@ -112,8 +114,11 @@ def patched(patches: Patches | None) -> Iterator[None]:
                 setattr(owner, name, original)
 
 
-def _aliases(original: Any, owner: types.ModuleType) -> list[tuple[types.ModuleType, str]]:
-    """Every other loaded paralab module attribute bound to `original`: its `from x import` copies."""
+def _aliases(
+    original: Any, owner: types.ModuleType, keeper: str | None
+) -> list[tuple[types.ModuleType, str]]:
+    """Every other loaded paralab module attribute bound to `original` (its `from x import`
+    copies), except in `keeper`, the module that defines the replacement."""
     if not callable(original) or original is _INHERITED:
         return []
     return [
@@ -121,6 +126,7 @@ def _aliases(original: Any, owner: types.ModuleType) -> list[tuple[types.ModuleT
         for module_name, module in list(sys.modules.items())
         if module is not owner
         and module is not None
+        and module_name != keeper
         and (module_name == "paralab" or module_name.startswith("paralab."))
         for attr, value in list(vars(module).items())
         if value is original
