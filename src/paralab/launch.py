@@ -184,18 +184,15 @@ def _worker(
         with patched(patches):
             result = _to_cpu(fn(*args, **kwargs))
         try:
-            blob = cloudpickle.dumps(result)
+            message = ("ok", cloudpickle.dumps(result), _type_name(result))
         except Exception as exc:  # noqa: BLE001 - named as the return value, not as fn's failure
-            conn.send(
-                (
-                    "error",
-                    f"returned a {_type_name(result)} that cannot be pickled to send it back: "
-                    f"{type(exc).__name__}: {exc}",
-                    traceback.format_exc(),
-                )
+            message = (
+                "error",
+                f"returned a {_type_name(result)} that cannot be pickled to send it back: "
+                f"{type(exc).__name__}: {exc}",
+                traceback.format_exc(),
             )
-            return
-        conn.send(("ok", blob, _type_name(result)))
+        conn.send(message)  # then the closing barrier all the same: fn did finish on every rank
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
