@@ -46,8 +46,8 @@ def prose_pages() -> list[Path]:
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 LINK = re.compile(r"(?<!!)\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^)\s]+)\)")
-SECTION_WORD = re.compile(r"(?:\b[Ss]ections?\s+|§\s*)(\d+)")
-SECTION_TEXT = re.compile(r"^(?:[Ss]ection\s+|§\s*)(\d+)\b")
+SECTION_WORD = re.compile(r"(?:\b[Ss]ections?\s+|§\s*)[*_]?(\d+)")
+SECTION_TEXT = re.compile(r"^(?:[Ss]ections?\s+|§\s*)[*_]?(\d+)\b")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
 
 
