@@ -1,0 +1,120 @@
+"""The logical clock: run every rank's action list with F = 1, B = 2 (or B = W = 1 when
+split) and messages that take no time, and record when each action starts and ends.
+
+An action starts when its rank is free AND everything it needs has arrived: the
+messages it receives, the stage before it on the same rank, its own forward (for a
+backward). Nothing about the bubble is assumed: a rank that waits shows as a gap, and the
+bubble fraction is the share of rank × time spent in gaps. A schedule whose lists wait on
+each other in a cycle never finishes: the clock raises `Deadlock`, naming the waiting ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paralab.pp.schedules import Action, build_schedule
+
+
+class Deadlock(RuntimeError):
+    """No rank can start its next action; `waiting` maps each stuck rank to what it waits for."""
+
+    def __init__(self, waiting: dict[int, str]) -> None:
+        lines = "; ".join(f"rank {r} waits for {what}" for r, what in waiting.items())
+        super().__init__(f"deadlock: ranks {sorted(waiting)} wait on each other ({lines})")
+        self.waiting = waiting
+
+
+@dataclass(frozen=True)
+class Event:
+    rank: int
+    kind: str
+    stage: int
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per-rank events on one clock; what the pipeline picture draws and the bubble is read from."""
+
+    pp: int
+    events: tuple[Event, ...]
+    label: str = "logical clock: F = 1, B = 2 (B = W = 1 when split)"
+
+    @property
+    def makespan(self) -> float:
+        return max(e.end for e in self.events) - min(e.start for e in self.events)
+
+    def busy(self, rank: int) -> float:
+        return sum(e.end - e.start for e in self.events if e.rank == rank)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle rank-time over all rank-time, from the first start to the last end."""
+        return 1 - sum(self.busy(r) for r in range(self.pp)) / (self.pp * self.makespan)
+
+    def rank_events(self, rank: int) -> list[Event]:
+        return sorted((e for e in self.events if e.rank == rank), key=lambda e: e.start)
+
+
+def cost(kind: str, split_backward: bool) -> int:
+    """Logical duration of one action: F = 1; a full backward B = 2; split, B = W = 1."""
+    if kind == "F":
+        return 1
+    return 1 if split_backward else 2
+
+
+def _needs(action: Action, owner: Sequence[int], split: bool) -> list[tuple[str, int, int]]:
+    """Every (kind, stage, micro-batch) that must be done before `action` starts."""
+    s, i = action.stage, action.microbatch
+    if action.kind == "F":
+        return [("F", s - 1, i)] if s > 0 else []
+    if action.kind == "W":
+        return [("B", s, i)]
+    needs = [("F", s, i)]
+    return needs + ([("B", s + 1, i)] if s + 1 < len(owner) else [])
+
+
+def run_clock(
+    actions: Sequence[Sequence[Action]], owner: Sequence[int], split_backward: bool
+) -> Timeline:
+    """Run the lists on the logical clock; raise `Deadlock` if they wait on each other."""
+    pp = len(actions)
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * pp
+    cursor = [0] * pp
+    events = []
+    while any(cursor[r] < len(actions[r]) for r in range(pp)):
+        progressed = False
+        for r in range(pp):
+            while cursor[r] < len(actions[r]):
+                action = actions[r][cursor[r]]
+                needs = _needs(action, owner, split_backward)
+                if any(n not in done for n in needs):
+                    break
+                start = max([free[r], *(done[n] for n in needs)])
+                end = start + cost(action.kind, split_backward)
+                done[(action.kind, action.stage, action.microbatch)] = end
+                events.append(Event(r, action.kind, action.stage, action.microbatch, start, end))
+                free[r] = end
+                cursor[r] += 1
+                progressed = True
+        if not progressed:
+            waiting = {}
+            for r in range(pp):
+                if cursor[r] < len(actions[r]):
+                    action = actions[r][cursor[r]]
+                    missing = [n for n in _needs(action, owner, split_backward) if n not in done]
+                    waiting[r] = (
+                        f"{'/'.join(f'{k}{s}.{i}' for k, s, i in missing)} before {action.name}"
+                    )
+            raise Deadlock(waiting)
+    return Timeline(pp, tuple(events))
+
+
+def simulate(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> Timeline:
+    """The named schedule's action lists (`build_schedule`) run on the logical clock."""
+    plan = build_schedule(schedule, pp, microbatches, virtual)
+    return run_clock(plan.actions, plan.owner, plan.split_backward)

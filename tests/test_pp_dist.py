@@ -1,0 +1,142 @@
+"""The executor on real gloo ranks: every schedule's gradients and parameters after 2 steps are
+bitwise those of one process, bytes = formula, held activations = formula; the clinic's
+blocking exchange deadlocks 1F1B (not GPipe); torch.distributed.pipelining gives the same
+gradients and, where it writes the same schedule, the same order per rank."""
+
+import pytest
+
+from paralab.check import compare
+from paralab.exercises.lab08 import p2p_clinic_change
+from paralab.launch import LaunchTimeout, run
+from paralab.pp import build_schedule, reference, simulate, train
+from paralab.pp.runs import (
+    check_bytes,
+    check_memory,
+    check_training,
+    executed_timeline,
+    full_batch_grads,
+    merged,
+    pp_sweep,
+    pp_worker,
+    reference_run,
+)
+from paralab.pp.upstream import TORCH_SCHEDULES, torch_sweep
+
+CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)]
+
+
+def _configs(pp):
+    return [(name, m, v, 2, 0) for name, v in CASES for m in (1, pp, 2 * pp)]
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def swept(request):
+    pp = request.param
+    configs = _configs(pp)
+    return pp, configs, run(pp_sweep, pp, configs, timeout=120)
+
+
+def _failed(verdicts):
+    return [v.describe() for v in verdicts if not v.passed]
+
+
+def _each(swept):
+    pp, configs, per_rank = swept
+    for index, (name, m, v, _, _) in enumerate(configs):
+        yield build_schedule(name, pp, m, v), [r[index] for r in per_rank]
+
+
+def test_gradients_and_parameters_bitwise_equal_one_process(swept):
+    for plan, results in _each(swept):
+        assert not _failed(check_training(results, plan.name, plan.microbatches, plan.virtual))
+
+
+def test_accumulated_gradients_equal_one_backward_on_the_global_batch(swept):
+    """The micro-batch loss scaling: m shares of 1/m give the global mean's gradient (to rounding)."""
+    for plan, results in _each(swept):
+        full = full_batch_grads(plan.microbatches)
+        assert not _failed(compare(merged(results, "grads", 0), full, atol=1e-15))
+
+
+def test_ledger_bytes_equal_the_formula(swept):
+    for plan, results in _each(swept):
+        assert not _failed(check_bytes(results, plan))
+
+
+def test_held_activations_equal_the_formula(swept):
+    for plan, results in _each(swept):
+        assert not _failed(check_memory(results, plan))
+
+
+def test_ranks_ran_their_lists_and_the_clock_on_them_gives_the_simulated_bubble(swept):
+    for plan, results in _each(swept):
+        for rank, r in enumerate(results):
+            assert list(r["step0"].executed) == list(plan.actions[rank])
+        assert (
+            executed_timeline(results, plan).events
+            == simulate(plan.name, plan.pp, plan.microbatches, plan.virtual).events
+        )
+
+
+def test_train_returns_the_full_parameters_on_every_rank():
+    per_rank = run(train, 2, 2, schedule="zbh1", microbatches=4, timeout=60)
+    want = reference(microbatches=4)
+    for params in per_rank:
+        assert not _failed(compare(params, want))
+
+
+def test_clinic_blocking_sends_deadlock_1f1b_at_the_turn_and_name_both_ranks():
+    with pytest.raises(LaunchTimeout) as caught:
+        run(pp_worker, 2, "1f1b", 4, 1, 1, timeout=3, patches=p2p_clinic_change())
+    assert caught.value.hung_ranks == [0, 1]
+    assert "ranks [0, 1]" in str(caught.value)
+
+
+def test_clinic_blocking_sends_still_run_gpipe():
+    """GPipe never has two neighbours sending to each other at once: the same change runs."""
+    per_rank = run(pp_worker, 2, "gpipe", 4, 1, 1, timeout=30, patches=p2p_clinic_change())
+    assert not _failed(check_training(per_rank, "gpipe", 4, steps=1))
+
+
+@pytest.fixture(scope="module")
+def torch_runs():
+    jobs = [(name, 4) for name in TORCH_SCHEDULES] + [("ScheduleInterleavedZeroBubble", 4, 0, True)]
+    return run(torch_sweep, 2, jobs, timeout=120)
+
+
+def test_every_torch_schedule_runs_on_gloo_with_the_same_gradients(torch_runs):
+    """All six classes run on CPU; with loss/m per micro-batch and scale_grads=False, bitwise."""
+    want = reference_run(4, 1)[1][0]
+    for index in range(len(TORCH_SCHEDULES) + 1):
+        got = {}
+        for r in torch_runs:
+            got.update(r[index]["grads"])
+        assert not _failed(compare(dict(sorted(got.items())), want)), index
+
+
+def _names(order):
+    return [f"{k}{s}.{i}" for k, s, i in order]
+
+
+def test_torch_orders_equal_ours_where_it_writes_the_same_schedule(torch_runs):
+    classes = list(TORCH_SCHEDULES)
+    ours = {
+        "ScheduleGPipe": build_schedule("gpipe", 2, 4),
+        "ScheduleInterleaved1F1B": build_schedule("interleaved", 2, 4, 2),
+    }
+    for name, plan in ours.items():
+        for rank, r in enumerate(torch_runs):
+            assert _names(r[classes.index(name)]["order"]) == plan.order(rank), name
+    zb_one_stage = len(classes)  # ScheduleInterleavedZeroBubble with one stage per rank: ZB-H1
+    for rank, r in enumerate(torch_runs):
+        assert _names(r[zb_one_stage]["order"]) == build_schedule("zbh1", 2, 4).order(rank)
+
+
+def test_torch_1f1b_describes_its_last_rank_one_micro_batch_late(torch_runs):
+    """Schedule1F1B runs our order (same gradients), but the action list it describes itself
+    with (`_get_pipeline_order`) numbers the last rank's forwards from 1 to m: one late."""
+    ours = build_schedule("1f1b", 2, 4)
+    r0, r1 = (r[list(TORCH_SCHEDULES).index("Schedule1F1B")]["order"] for r in torch_runs)
+    assert _names(r0) == ours.order(0)
+    assert _names(r1) == ["F1.1", "B1.0", "F1.2", "B1.1", "F1.3", "B1.2", "F1.4", "B1.3"]
+    assert ours.order(1) == ["F1.0", "B1.0", "F1.1", "B1.1", "F1.2", "B1.2", "F1.3", "B1.3"]

@@ -1,0 +1,97 @@
+"""Pipeline schedules as data, in one process: messages pair up, the logical clock's bubble
+equals the closed forms where they apply, a cyclic list is a deadlock, the costs add up."""
+
+import pytest
+
+from paralab.pp import Deadlock, bubble_formula, build_schedule, simulate, step_bytes_sent
+from paralab.pp.clock import run_clock
+from paralab.pp.costs import boundary_bytes, in_flight_formula
+from paralab.pp.schedules import SCHEDULES, attach_messages, stage_owner
+
+CASES = [(name, 2 if name == "interleaved" else 1) for name in SCHEDULES]
+
+
+@pytest.mark.parametrize("name,virtual", CASES)
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_every_send_has_its_receive_on_the_peer(name, virtual, pp):
+    plan = build_schedule(name, pp, 2 * pp, virtual)
+    sends = {(r, m) for r, acts in enumerate(plan.actions) for a in acts for m in a.sends}
+    recvs = {(r, m) for r, acts in enumerate(plan.actions) for a in acts for m in a.recvs}
+    assert {(m.peer, m.__class__(m.kind, m.stage, m.microbatch, r)) for r, m in sends} == recvs
+
+
+@pytest.mark.parametrize("name,virtual", CASES)
+@pytest.mark.parametrize("pp,m", [(2, 2), (2, 4), (3, 3), (3, 6), (4, 4), (4, 8), (4, 16)])
+def test_measured_bubble_equals_the_closed_form_when_m_is_a_multiple_of_pp(name, virtual, pp, m):
+    measured = simulate(name, pp, m, virtual).bubble_fraction
+    assert measured == pytest.approx(bubble_formula(name, pp, m, virtual), abs=1e-15)
+
+
+@pytest.mark.parametrize("pp,m", [(3, 5), (2, 3), (4, 5)])
+def test_gpipe_1f1b_zbh1_match_their_form_for_any_m_at_least_pp(pp, m):
+    for name in ("gpipe", "1f1b", "zbh1"):
+        assert simulate(name, pp, m).bubble_fraction == pytest.approx(
+            bubble_formula(name, pp, m), abs=1e-15
+        )
+
+
+def test_below_pp_micro_batches_the_split_and_interleaved_forms_are_optimistic():
+    """m < p: the warm-up never fills; GPipe/1F1B still follow (p-1)/(m+p-1), the others do not."""
+    assert simulate("1f1b", 4, 1).bubble_fraction == pytest.approx(3 / 4)
+    assert simulate("zbh1", 4, 1).bubble_fraction > bubble_formula("zbh1", 4, 1)
+    assert simulate("interleaved", 4, 1, 2).bubble_fraction > bubble_formula("interleaved", 4, 1, 2)
+
+
+def test_waiting_is_measured_not_assumed():
+    """Rank r of 1F1B starts r units late: the clock sees it from the messages alone."""
+    timeline = simulate("1f1b", 4, 8)
+    assert [timeline.rank_events(r)[0].start for r in range(4)] == [0, 1, 2, 3]
+    assert timeline.makespan == 3 * (8 + 3)
+
+
+def test_a_cyclic_pair_of_lists_is_a_deadlock_naming_both_ranks():
+    """Rank 0 runs its backward of micro-batch 0 before the forward rank 1 needs from it."""
+    orders = [
+        [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)],
+        [("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1)],
+    ]
+    owner = stage_owner(2, 1)
+    with pytest.raises(Deadlock) as caught:
+        run_clock(attach_messages(orders, owner), owner, split_backward=False)
+    assert sorted(caught.value.waiting) == [0, 1]
+
+
+def test_bytes_per_rank_per_step():
+    b = boundary_bytes()
+    assert b == 2 * 3 * 4 * 8
+    assert step_bytes_sent(stage_owner(4, 1), 8, b) == [
+        {"forward": 8 * b, "backward": 0},
+        {"forward": 8 * b, "backward": 8 * b},
+        {"forward": 8 * b, "backward": 8 * b},
+        {"forward": 0, "backward": 8 * b},
+    ]
+    looped = step_bytes_sent(stage_owner(2, 2), 4, b)  # stages 0, 2 on rank 0; 1, 3 on rank 1
+    assert looped == [{"forward": 8 * b, "backward": 4 * b}, {"forward": 4 * b, "backward": 8 * b}]
+
+
+def test_held_activations_formulas_follow_the_lists():
+    """The closed forms of `in_flight_formula` equal the peak forward-to-free count of each list."""
+    for name, virtual in CASES:
+        for pp, m in [(2, 1), (2, 4), (3, 5), (4, 4), (4, 8)]:
+            if name == "interleaved" and m % max(1, m // pp):
+                continue
+            plan = build_schedule(name, pp, m, virtual)
+            free = "W" if plan.split_backward else "B"
+            for r, actions in enumerate(plan.actions):
+                live = peak = 0
+                for a in actions:
+                    live += (a.kind == "F") - (a.kind == free)
+                    peak = max(peak, live)
+                assert peak == in_flight_formula(name, pp, m, r, virtual), (name, pp, m, r)
+
+
+def test_only_interleaved_takes_v():
+    with pytest.raises(ValueError):
+        build_schedule("1f1b", 2, 4, 2)
+    with pytest.raises(ValueError):
+        build_schedule("interleaved", 2, 4, 1)
