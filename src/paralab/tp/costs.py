@@ -70,13 +70,11 @@ def block_bytes(
     }
 
 
-def replicated_param_bytes(config: LMConfig) -> tuple[int, int]:
-    """(count, bytes) of the parameters every tp rank holds in full: norms, row biases, positions."""
+def replicated_param_sizes(config: LMConfig) -> list[int]:
+    """Bytes of each parameter every tp rank holds in full: norms, row biases, the position table."""
     h = config.hidden
-    per_block = 4 + 2  # two norms (weight, bias), two row-parallel biases
-    count = config.blocks * per_block + 2 + 1  # final norm, position table
-    numel = config.blocks * (4 * h + 2 * h) + 2 * h + config.seq * h
-    return count, numel * ITEMSIZE
+    per_block = [h] * 6  # two norms (weight, bias), two row-parallel biases
+    return [n * ITEMSIZE for n in [*per_block * config.blocks, h, h, config.seq * h]]
 
 
 def step_bytes(
@@ -100,8 +98,8 @@ def step_bytes(
         add(("backward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))
         add(("forward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))  # head
         add(("backward", OPS["reduce_scatter"]), 1, reduce_scatter_bytes(a, tp))
-        count, nbytes = replicated_param_bytes(config)
-        add(("grad sync", OPS["all_reduce"]), count, all_reduce_bytes(nbytes, tp))
+        for nbytes in replicated_param_sizes(config):
+            add(("grad sync", OPS["all_reduce"]), 1, all_reduce_bytes(nbytes, tp))
     else:
         add(("forward", OPS["all_reduce"]), 1, all_reduce_bytes(a, tp))  # embedding's g
         add(("backward", OPS["all_reduce"]), 1, all_reduce_bytes(a, tp))  # head's f

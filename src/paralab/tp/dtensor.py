@@ -88,7 +88,7 @@ def dtensor_train(
     for block in model.blocks:
         block.attn.heads //= tp
     if sequence_parallel:
-        model.pos_offset = owned_range(model.config.seq, tp_mesh.get_local_rank(), tp)[0]
+        model.pos_offset = owned_range(model.sizes.seq, tp_mesh.get_local_rank(), tp)[0]
     if dp_shard > 1:
         from torch.distributed.fsdp import fully_shard
 

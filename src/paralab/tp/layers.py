@@ -42,10 +42,13 @@ class ColumnParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         rank, tp = _group_rank_size(group)
-        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(0, parts)
-        self.weight = nn.Parameter(shard(linear.weight, self.split, rank, tp))
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.splits = {"weight": Split(0, parts), "bias": Split(0, parts)}
+        self.weight = nn.Parameter(shard(linear.weight, self.splits["weight"], rank, tp))
         self.bias = (
-            None if linear.bias is None else nn.Parameter(shard(linear.bias, self.split, rank, tp))
+            None
+            if linear.bias is None
+            else nn.Parameter(shard(linear.bias, self.splits["bias"], rank, tp))
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +64,9 @@ class RowParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         rank, tp = _group_rank_size(group)
-        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(1)
-        self.weight = nn.Parameter(shard(linear.weight, self.split, rank, tp))
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.splits = {"weight": Split(1)}  # the bias is replicated: added once, after the sum
+        self.weight = nn.Parameter(shard(linear.weight, self.splits["weight"], rank, tp))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,9 +86,10 @@ class VocabParallelEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         rank, tp = _group_rank_size(group)
-        self.group, self.sequence_parallel, self.split = group, sequence_parallel, Split(0)
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.splits = {"weight": Split(0)}
         self.start, self.end = owned_range(embedding.num_embeddings, rank, tp)
-        self.weight = nn.Parameter(shard(embedding.weight, self.split, rank, tp))
+        self.weight = nn.Parameter(shard(embedding.weight, self.splits["weight"], rank, tp))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         foreign = (ids < self.start) | (ids >= self.end)
@@ -96,9 +101,9 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def split_of(module: nn.Module, name: str) -> Split | None:
-    """How parameter `name` of `module` is split over the tp ranks (None: replicated)."""
-    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
-        return module.split
-    if isinstance(module, RowParallelLinear) and name == "weight":
-        return module.split
-    return None
+    """How parameter `name` of `module` is split over the tp ranks (None: replicated).
+
+    Read from the module's own `splits`, not from its class: a notebook that shows these
+    classes defines copies of them, and the package must still recognise their layers.
+    """
+    return getattr(module, "splits", {}).get(name)

@@ -106,7 +106,9 @@ class TinyLM(nn.Module):
     def __init__(self, config: LMConfig = CONFIG) -> None:
         super().__init__()
         h, dtype = config.hidden, torch.float64
-        self.config = config
+        self.sizes = config
+        """Named `sizes`, not `config`: cloudpickle, sending a notebook's copy of a function that
+        uses `dist` and an attribute named `config`, tries to send `torch.distributed.config` too."""
         self.embed = nn.Embedding(config.vocab, h, dtype=dtype)
         self.pos = nn.Parameter(0.1 * torch.randn(config.seq, h, dtype=dtype))
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.blocks))
@@ -146,7 +148,7 @@ def build_model(seed: int = 0, config: LMConfig = CONFIG) -> TinyLM:
 def tensor_parallel(model: TinyLM, group: ProcessGroup, sequence_parallel: bool = False) -> TinyLM:
     """A copy of `model` whose layers are cut over `group`: this rank's shards, same forward code."""
     tp = dist.get_world_size(group)
-    config = model.config
+    config = model.sizes
     for name, size in (("heads", config.heads), ("ffn", config.ffn), ("vocab", config.vocab)):
         if size % tp:
             raise ValueError(f"tensor_parallel: {name}={size} does not divide by tp={tp}")
