@@ -106,3 +106,65 @@ def test_lab05_pictures_draw():
     fig = viz.plot_group_phase_bytes({"a": cells, "b": cells})
     fig.canvas.draw()
     plt.close(fig)
+
+
+def _order_and_tokens():
+    from paralab.train.order import order_cases
+    from paralab.train.tokens import RULES, masked_step
+
+    dims = dict(dp_shard=2, cp=2)
+    cases = order_cases(dims, ("swap_after_compile", "hooks_after_compile", "ac_before_cp"))
+    return {"cases": cases, "masked": {rule: masked_step(dims, rule) for rule in RULES}}
+
+
+@pytest.fixture(scope="module")
+def order_and_tokens():
+    return run(_order_and_tokens, 2, timeout=300)
+
+
+def _max_diff(params, expected):
+    return max((params[k] - expected[k]).abs().max().item() for k in expected)
+
+
+def test_attribute_swap_after_compile_recompiles_and_hooks_after_compile_are_stale(
+    order_and_tokens,
+):
+    expected = reference(samples=1, steps=1)
+    for rank in order_and_tokens:
+        cases = rank["cases"]
+        assert cases["swap_after_compile"]["attention"] == "CPAttention"
+        assert _max_diff(cases["swap_after_compile"]["params"], expected) <= 1e-12
+        assert cases["hooks_after_compile"]["error"] is None
+        assert cases["hooks_after_compile"]["graphs"] == 1  # traced once, never again
+        assert _max_diff(cases["hooks_after_compile"]["params"], expected) > 1e-6
+        assert cases["ac_before_cp"]["attention"] == "LocalAttention"
+        assert _max_diff(cases["ac_before_cp"]["params"], expected) > 1e-6
+
+
+def test_global_token_count_is_exact_on_a_padded_batch_and_the_local_mean_is_not(
+    order_and_tokens,
+):
+    from paralab.train.tokens import masked_reference
+
+    expected = masked_reference(1)  # dp_shard 2, cp 2: one sample, its shards hold 16 and 16
+    counts = [r["masked"]["local mean"]["loss tokens"] for r in order_and_tokens]
+    assert counts == [16, 16]
+    for r in order_and_tokens:
+        assert _max_diff(r["masked"]["global token count"]["params"], expected) <= 1e-12
+        assert _max_diff(r["masked"]["local mean"]["params"], expected) <= 1e-12  # equal counts
+
+
+def _padded_four_ranks():
+    from paralab.train.tokens import RULES, masked_step
+
+    return {rule: masked_step(dict(dp_shard=4, cp=2), rule) for rule in RULES}
+
+
+def test_local_mean_is_wrong_when_shards_hold_unequal_loss_tokens():
+    from paralab.train.tokens import masked_reference
+
+    per_rank = run(_padded_four_ranks, 4, timeout=240)
+    expected = masked_reference(2)
+    assert [r["local mean"]["loss tokens"] for r in per_rank] == [16, 16, 16, 4]
+    assert all(_max_diff(r["global token count"]["params"], expected) <= 1e-12 for r in per_rank)
+    assert all(_max_diff(r["local mean"]["params"], expected) > 1e-6 for r in per_rank)

@@ -12,9 +12,12 @@
 # 2. read the four `apply_*` functions and say what each wraps;
 # 3. predict the bytes one training step sends per group (dp_shard, dp_replicate, cp) and
 #    phase (forward, backward, recompute), and what activation checkpointing adds;
-# 4. say which wrong wrapping order breaks this model and how, and what makes the order a
-#    contract in torchtitan and Cosmos-RL;
-# 5. call a method other than `forward` on an FSDP model (`register_fsdp_forward_method`).
+# 4. predict, then see on real ranks, what each arrangement of the four steps does: an
+#    attribute swap after compile recompiles, CP hooks registered after a compiled call are
+#    silently skipped, AC before this lab's CP swap is silently wrong;
+# 5. say when the local-mean loss is exact (equal loss tokens per shard) and use the global
+#    token count when it is not;
+# 6. call a method other than `forward` on an FSDP model (`register_fsdp_forward_method`).
 #
 # **Prerequisites.** Lab 00 (the overlay descriptor), lab 01 (FSDP2 `fully_shard`), lab 02
 # (ring and Ulysses attention, their hand-written backward).
@@ -29,7 +32,9 @@
 # with AC none / full / selective, and compiled once (a causal ring, so the zigzag shards
 # are checked too). Every byte of every step against its closed form.
 # Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
-# its positions) and `apply_fsdp` alone (the shards stack to the full weight).
+# its positions) and `apply_fsdp` alone (the shards stack to the full weight); six
+# arrangements of the four steps on 2 ranks (section 3); and one SGD step on a padded batch
+# with two loss normalizations (section 4d).
 
 # %%
 import time
@@ -44,17 +49,19 @@ from paralab.tables import text_table
 from paralab.train import apply_ac, apply_compile, reference, runs
 from paralab.train.costs import measured_step_bytes, step_bytes
 from paralab.train.model import SHAPE, SequenceShard, build_model
+from paralab.train.order import order_cases
 from paralab.train.runs import (
     compile_report,
     generate_demo,
     local_losses,
     make_sample,
-    run_in_order,
     run_titan,
     run_variants,
     sample_index,
 )
+from paralab.train.tokens import RULES, masked_reference, masked_step
 from paralab.viz import show
+from paralab.viz.train import plot_wrapper_nesting
 
 LAB_START = time.monotonic()
 torch.set_num_threads(
@@ -138,9 +145,15 @@ show(
 # same sample's loss, and the ring/Ulysses backward already sent each partner the gradient of
 # the keys and values it owns) and **averaged over samples** — by FSDP's own gradient
 # reduction (a reduce-scatter over dp_shard, and with HSDP an all-reduce over dp_replicate),
-# with no extra cp all-reduce. The loss is the plain local mean; section 3a checks on real
+# with no extra cp all-reduce. The loss is the plain local mean; section 4a checks on real
 # ranks that the average over ranks of the cp-local losses equals the mean over samples
 # computed by one process.
+#
+# **The precondition.** This holds because every cp shard of every sample holds the same
+# number of loss tokens (`N/cp`, no padding, no packing). When the counts differ, the mean of
+# local means weights the tokens of a sparse shard more; section 4d shows the difference on a
+# padded batch, and the rule torchtitan uses instead (divide the local sum by the global
+# count of loss tokens, and let FSDP sum instead of average).
 
 # %%
 # show: paralab.train.model.loss_of
@@ -149,7 +162,7 @@ show(
 # ## 2. The four steps, in Cosmos's order
 #
 # `parallelize` runs `apply_cp → apply_ac → apply_compile → apply_fsdp`. Each step below is
-# shown on its own, with a tiny run right after it; the whole composition trains in section 3.
+# shown on its own, with a tiny run right after it; the whole composition trains in section 4.
 #
 # **`apply_cp`** swaps every block's attention for lab 02's ring or Ulysses over the cp group
 # (the same `autograd.Function`s, with their hand-written backward) and sets the model's
@@ -233,8 +246,8 @@ for ac in AC_MODES:
 
 # %% [markdown]
 # Why not torch's selective policy (`create_selective_checkpoint_contexts`, which Cosmos feeds
-# op-name MUST_SAVE/RECOMPUTE lists; torchtitan's `_op_sac_save_list` saves the SDPA ops and
-# the functional `reduce_scatter_tensor`)? The policy sees ATen ops; our ring and Ulysses are
+# op-name MUST_SAVE/RECOMPUTE lists; torchtitan's `_op_sac_save_list` at 238fa99 starts with
+# `aten.mm`, then the SDPA ops, the functional `reduce_scatter_tensor` and `aten.max`)? The policy sees ATen ops; our ring and Ulysses are
 # Python `autograd.Function`s that call `torch.distributed` themselves, so a policy cannot mark
 # "the CP attention" as saved (it would need the attention registered as one custom op). The
 # region split states the same decision (save the attention, recompute the rest) in plain
@@ -289,7 +302,7 @@ fsdp_verdicts = [
 print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 
 # %% [markdown]
-# **`parallelize`** is the four steps in the order `ORDER` names (section 6 runs it with
+# **`parallelize`** is the four steps in the order `ORDER` names (section 3 runs it with
 # other orders):
 
 # %%
@@ -311,13 +324,184 @@ print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 # show: paralab.train.runs.reference
 
 # %% [markdown]
-# ## 3. Real runs: one launch per world size
+# ## 3. The order: predict, then run
+#
+# `parallelize` installs CP, then AC, then compile, then FSDP. Does the order matter, and
+# how would you know? Each step changes the model in its own way: `apply_cp` **swaps an
+# attribute** (`block.attention`); torchtitan installs CP as **hooks** instead
+# (`_ContextParallel`, torch's `parallelize_module` plan, registers forward pre- and
+# post-hooks on the attention module); AC and compile **wrap** the block in a new module
+# (`CheckpointWrapper`, `OptimizedModule`); FSDP2 **changes the block's class in place** and
+# registers hooks on it. Six arrangements, each trained one SGD step on 2 real ranks
+# (dp_shard 2, cp 2, ring), every parameter compared with one process, element by element:
+#
+# | case | the steps, in the order they run |
+# |---|---|
+# | (a) swap after a compiled call | compile, one forward (a warm-up), `apply_cp`, FSDP |
+# | (b) hooks after a compiled call | compile, warm-up, CP as forward pre-hooks, FSDP |
+# | (b') hooks before the first call | CP as hooks, compile, warm-up, FSDP |
+# | (c) compile inside the checkpoint | `apply_cp`, compile each block, AC (full) around it, FSDP |
+# | (d) AC before CP | AC (full), `apply_cp`, FSDP |
+# | (e) the engines' order, AC and compile both on | `apply_cp`, AC (full), compile, FSDP |
+#
+# The hook-based CP is the smallest one that works with hooks: a pre-hook on each attention
+# all-gathers the cp group's keys and values (the token dim), so each rank's queries attend
+# over the whole sequence (bidirectional model). The warm-up runs on the rank's own tokens
+# with gradients on, as training does, so the next call differs from it only in what the
+# case changed.
+#
+# **Predict**, before you run the next cells: for each case, a correct result, a silently
+# wrong one, or an error?
+
+# %%
+# show: paralab.train.order.install_cp_hooks paralab.train.order.warm_up
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.train.order.GatherTokens paralab.train.order.build_case
+
+# %%
+ORDER_CASES = {
+    "swap_after_compile": "(a) swap after a compiled call",
+    "hooks_after_compile": "(b) hooks after a compiled call",
+    "hooks_before_compile": "(b') hooks before the first call",
+    "compile_inside_checkpoint": "(c) compile inside the checkpoint",
+    "ac_before_cp": "(d) AC before CP",
+    "ac_then_compile": "(e) CP, AC, compile, FSDP",
+}
+order_run = run(order_cases, 2, dict(dp_shard=2, cp=2), timeout=300)
+order_reference = reference(samples=1, steps=1)
+
+
+def order_outcome(case):
+    """error / silently wrong / correct, from both ranks' parameters against one process."""
+    per_rank = [r[case] for r in order_run]
+    if per_rank[0]["error"]:
+        return f"error: {per_rank[0]['error'][:70]}", None
+    diffs = [
+        max((r["params"][k] - order_reference[k]).abs().max().item() for k in order_reference)
+        for r in per_rank
+    ]
+    return ("correct" if max(diffs) <= 1e-12 else "SILENTLY WRONG"), max(diffs)
+
+
+order_rows, nesting = [], {}
+for case, label in ORDER_CASES.items():
+    r = order_run[0][case]
+    outcome, diff = order_outcome(case)
+    inside = f"{r['attention']}" + (
+        f" + {r['attention hooks']} hook" if r["attention hooks"] else ""
+    )
+    order_rows.append(
+        [label, " > ".join(r["nesting"]), inside, r["graphs"], outcome, f"{diff:.1e}"]
+    )
+    nesting[label] = {"nesting": r["nesting"], "inside": inside, "outcome": outcome}
+print(
+    text_table(
+        ["case", "blocks[0], outside in", "attention it runs", "graphs", "outcome", "max |diff|"],
+        order_rows,
+    )
+)
+show(plot_wrapper_nesting(nesting))
+
+# %%
+outcomes = {case: order_outcome(case)[0] for case in ORDER_CASES}
+order_verdicts = [
+    claim(
+        "(a) attribute swap after a compiled call: recompiles, correct",
+        outcomes["swap_after_compile"] == "correct"
+        and order_run[0]["swap_after_compile"]["attention"] == "CPAttention",
+        outcomes["swap_after_compile"],
+    ),
+    claim(
+        "(b) CP hooks after a compiled call: silently stale",
+        outcomes["hooks_after_compile"] == "SILENTLY WRONG",
+        outcomes["hooks_after_compile"],
+    ),
+    claim(
+        "(b') the same hooks before the first call: correct",
+        outcomes["hooks_before_compile"] == "correct",
+        outcomes["hooks_before_compile"],
+    ),
+    claim(
+        "(c) compile inside the checkpoint: no CheckpointError on this model",
+        outcomes["compile_inside_checkpoint"] == "correct",
+        outcomes["compile_inside_checkpoint"],
+    ),
+    claim(
+        "(d) AC before CP: silently wrong",
+        outcomes["ac_before_cp"] == "SILENTLY WRONG",
+        outcomes["ac_before_cp"],
+    ),
+    claim(
+        "(e) CP, AC, compile: correct, the checkpointed block runs eagerly",
+        outcomes["ac_then_compile"] == "correct" and order_run[0]["ac_then_compile"]["graphs"] == 0,
+        f"{outcomes['ac_then_compile']}, {order_run[0]['ac_then_compile']['graphs']} graphs",
+    ),
+]
+print(verdict_table(order_verdicts, "the order, run on 2 ranks"))
+
+# %% [markdown]
+# <details><summary>Answer: what each case shows, and what makes the order a contract</summary>
+#
+# - **(a) An attribute swap after compile is safe in torch 2.13.** Dynamo guards the
+#   attributes of the modules it traced (`guard_nn_modules = True` and
+#   `guard_nn_modules_using_dict_tags` in `torch/_dynamo/config.py`): replacing
+#   `block.attention` changes the block's `__dict__`, the guard fails at the next call, and
+#   Dynamo traces again, now with `CPAttention` (the graph count is the warm-up's graphs plus
+#   the ring's). Cosmos's `apply_cp` docstring (`parallelize_unified_mot.py`, 5eee9ed) says
+#   that rewiring the dispatch after compile "would silently regress to the non-CP path
+#   inside the traced kernel"; for an attribute swap, this run shows the opposite.
+# - **(b) Hooks registered after a compiled call are silently skipped.** Dynamo does not
+#   guard on module hooks (`skip_nnmodule_hook_guards = True`; its comment: if you add hooks
+#   after compiling, "dynamo will not notice and will execute whichever version you first
+#   compiled"). The traced block never calls the pre-hook, each rank attends over its own 16
+#   tokens, and nothing fails. This is the failure that matters for torchtitan, whose CP *is*
+#   hooks (torch's `_ContextParallel._apply` registers `register_forward_pre_hook` and
+#   `register_forward_hook` on the attention module).
+# - **(b') The same hooks before the first call are correct**: they exist when Dynamo
+#   traces, so it traces through them. That is why CP comes before compile.
+# - **(c) Compile inside the checkpoint trains correctly here.** Cosmos's
+#   `parallelize_vlm.py` (5eee9ed, `apply_ac`) reports `CheckpointError: Recomputed values
+#   ... have different metadata` for this nesting in its Qwen3-VL vision blocks (bfloat16,
+#   with a float32 round trip that the forward and the recompute trace differently). This
+#   float64 block has no such round trip, and the checkpoint's metadata check passes. The
+#   arrangement that Dynamo supports is the other one, (e).
+# - **(d) AC before CP is silently wrong.** `apply_ac("full")` replaces `model.blocks[i]` by
+#   a `CheckpointWrapper`; `apply_cp` then sets `.attention` on the wrapper, which registers
+#   a new submodule *on the wrapper*; the wrapped block still calls its `LocalAttention`.
+# - **(e) The engines' order with both on is correct, and compiles nothing here.** Compiling
+#   the `CheckpointWrapper` puts the `checkpoint` call inside the traced region, where Dynamo
+#   turns it into a higher-order op that it must trace whole; the ring's point-to-point
+#   calls break the graph inside it, so Dynamo runs the whole checkpointed block eagerly (0
+#   graphs, one break reason: P2P). A block without Python collectives inside the
+#   checkpoint compiles as one graph.
+#
+# **What the order does not need: FSDP outermost.** FSDP2 does not wrap; it hooks the module
+# it is given, and it composes with AC in either nesting
+# (`tests/test_engine_claims.py::test_activation_checkpointing_adds_no_collective` wraps AC
+# around the FSDP unit; FSDP2's `_pre_forward` has a branch for hook-based AC that re-gathers
+# before the recompute). The reasons FSDP comes last in both engines are two, both in
+# Cosmos's `parallelize_vlm.py` docstrings: sharding the `OptimizedModule` keeps FSDP's hooks
+# running **eagerly around the traced body** instead of inside it; and `fully_shard` swaps
+# each block's `__class__` to `FSDP<Name>`, which **breaks block discovery** by type name,
+# so the blocks must be collected, wrapped and compiled before it. The engines do not all
+# apply the same order, either: Cosmos-RL's Qwen2.5-VL `parallelize`
+# (`nvidia-cosmos/cosmos-rl` at 1d7bbfa) applies **AC before CP** and gets away with it,
+# because its `apply_cp` assigns `transformer_block.self_attn.attn_func`: it reaches
+# *through* `block.self_attn`, an attribute the checkpoint wrapper forwards to the wrapped
+# block. Its later code (89f2e5b) drops the wrapper and checkpoints at call time,
+# `torch.utils.checkpoint.checkpoint(layer, ..., use_reentrant=False)` around each compiled
+# layer: case (c)'s nesting.
+# </details>
+
+# %% [markdown]
+# ## 4. Real runs: one launch per world size
 #
 # Each launch runs every training of this lab in sequence inside the ranks (each one a
 # fresh model, the meshes built once): the 6 checks (AC none/full/selective × SGD/Adam) per
-# configuration under the ledger, a compiled causal run, torchtitan's reading, the wrong orders
-# of section 6 and the FSDP `generate` of section 7. (The bug clinic of section 8 is a launch
-# of its own.)
+# configuration under the ledger, a compiled causal run, torchtitan's reading, the padded
+# batch of section 4d and the FSDP `generate` of section 7. (The order cases of section 3 and
+# the bug clinic of section 8 are launches of their own.)
 
 # %% jupyter={"source_hidden": true}
 AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
@@ -337,12 +521,7 @@ CONFIGS = {
 }
 COMPILED = dict(
     attention="ring", compile=True, causal=True
-)  # causal: 3b checks the zigzag ring once too (every other training is bidirectional)
-WRONG_ORDERS = {  # one step moved in front of CP; the variant exercises the wrapper that moved
-    "FSDP before CP": (("fsdp", "cp", "ac", "compile"), dict(ac="full")),
-    "compile before CP": (("compile", "cp", "ac", "fsdp"), dict(compile=True, causal=True)),
-    "AC before CP": (("ac", "cp", "compile", "fsdp"), dict(ac="full")),
-}
+)  # causal: 4b checks the zigzag ring once too (every other training is bidirectional)
 DIMS4 = CONFIGS["4 ranks: dp_shard 4, cp 2, ring"][1]
 
 
@@ -364,9 +543,7 @@ def world_job(world):
         out["compiled"] = compile_report()
         out["losses"] = local_losses(DIMS4)
         out["titan"] = run_titan(1, 2, dict(attention="ring"))
-        out["orders"] = {
-            name: run_in_order(DIMS4, order, v) for name, (order, v) in WRONG_ORDERS.items()
-        }
+        out["masked"] = {rule: masked_step(DIMS4, rule) for rule in RULES}
         out["generate"] = generate_demo(dict(dp_shard=4))
     else:
         out["titan"] = run_titan(2, 2, dict(attention="ring"))
@@ -376,7 +553,7 @@ def world_job(world):
 RESULTS = {world: run(world_job, world, world, timeout=600) for world in (4, 8)}
 
 # %% [markdown]
-# ### 3a. The loss normalization, on real ranks
+# ### 4a. The loss normalization, on real ranks
 #
 # The cp-local loss of each rank at the initial parameters, the sample it loaded and its
 # global positions; then the claim: the average over ranks equals one process's mean over the
@@ -418,7 +595,7 @@ loss_verdicts = [
 print(verdict_table(loss_verdicts, "loss normalization"))
 
 # %% [markdown]
-# ### 3b. Parameters after 3 steps vs one process on the global batch
+# ### 4b. Parameters after 3 steps vs one process on the global batch
 #
 # One row per configuration and AC mode; each row folds both optimizers, every parameter and
 # every rank (all ranks must return the same full tensors), element by element within 1e-12.
@@ -464,7 +641,7 @@ param_rows = [
 print(verdict_table(param_rows, "parameters after 3 steps vs one process (float64, within 1e-12)"))
 
 # %% [markdown]
-# ### 3c. torchtitan's reading of the same ranks
+# ### 4c. torchtitan's reading of the same ranks
 #
 # torchtitan *consumes* ranks: `dp_replicate × dp_shard × cp = world`, so on these ranks its
 # dp_shard is `world / (dp_replicate·cp)`, and FSDP shards over the flattened `dp_shard_cp`
@@ -501,7 +678,82 @@ for world, job in ((4, 0), (8, 0)):
 print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 
 # %% [markdown]
-# ## 4. What crosses the wire in one step, by group and phase
+# ### 4d. When the ranks hold different numbers of loss tokens
+#
+# Section 1's rule (the plain local mean, then FSDP's average over the world) assumed that
+# every cp shard of every sample holds the same number of loss tokens. Padding and packing
+# break that: a padded position carries no loss, and a packed sequence's padding neither.
+# The same 4 ranks (dp_shard 4, cp 2) take one SGD step on a padded batch: sample 0 has 32
+# loss tokens, sample 1 only its first 20 (the rest is padding, masked out of the loss), so
+# the four shards hold 16, 16, 16 and 4 of them. The reference is one process, the squared
+# error summed over every loss token and divided by their count (the token mean).
+#
+# Two rules on the ranks (`paralab.train.tokens`):
+# - **local mean**: each rank divides its sum by its own loss tokens; FSDP averages.
+# - **global token count** (torchtitan, `torchtitan/train.py` at 238fa99): each rank divides
+#   its sum by the loss tokens of the whole batch (an all-reduced count), and FSDP's gradient
+#   divide factor is set to 1 (`disable_fsdp_gradient_division`), so the reduction sums.
+#
+# **Predict:** which rule matches the reference, and which tokens does the other one
+# over-weight?
+
+# %%
+# show: paralab.train.tokens.masked_step
+
+# %%
+masked = [r["masked"] for r in RESULTS[4]]
+masked_ref = masked_reference(2)
+print(
+    text_table(
+        ["rank", "sample", "loss tokens it holds"],
+        [
+            [rank, m["local mean"]["sample"], m["local mean"]["loss tokens"]]
+            for rank, m in enumerate(masked)
+        ],
+    )
+)
+name = "blocks.0.mlp.up.weight"
+show(
+    viz.plot_diff_heatmap(
+        masked_ref[name],
+        masked[0]["local mean"]["params"][name],
+        f"{name} after 1 step: local-mean rule vs one process (padded batch)",
+        row_label="output unit",
+        col_label="input unit",
+    )
+)
+local_mean_diff = max(
+    (m["local mean"]["params"][k] - masked_ref[k]).abs().max().item()
+    for m in masked
+    for k in masked_ref
+)
+masked_verdicts = [
+    claim(
+        "local mean with 16, 16, 16, 4 loss tokens: not the token mean",
+        local_mean_diff > 1e-6,
+        f"max |diff| {local_mean_diff:.2e}",
+    ),
+    summary(
+        "global token count, divide factor 1 = one process",
+        compare([m["global token count"]["params"] for m in masked], [masked_ref] * 4, atol=1e-12),
+    ),
+]
+print(verdict_table(masked_verdicts, "loss normalization on a padded batch"))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The global token count matches, within rounding: each rank's gradient is its share of
+# `∇ Σ_tokens ℓ_t / T` (`T` = every loss token of the batch), and a sum over ranks (divide
+# factor 1) adds the shares up. The local mean gives each *shard* the same weight: the 4
+# loss tokens of rank 3 weigh as much as the 16 of rank 2, so each of them counts 4 times
+# as much as in the token mean. It is exact only when every shard holds the same number of
+# loss tokens: then it is the token mean, and also the sample mean. Cosmos packs
+# sequences; torchtitan never relies on FSDP's averaging.
+# </details>
+
+# %% [markdown]
+# ## 5. What crosses the wire in one step, by group and phase
 #
 # One step sends bytes in three groups (dp_shard, dp_replicate, cp) and three phases
 # (forward, backward, and the recompute of activation checkpointing).
@@ -632,12 +884,12 @@ ledger_rows.append(
 print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per step"))
 
 # %% [markdown]
-# ## 5. What `torch.compile` captured
+# ## 6. What `torch.compile` captured
 #
 # The compiled run above traced each block with Dynamo. Our ring attention calls
 # `torch.distributed` point-to-point ops from Python; Dynamo does not compile those (P2P
 # compilation is off by default), so it **breaks the graph** around them, runs them eagerly, and
-# compiles the pieces in between. The result is still correct (section 3b). The counters of
+# compiles the pieces in between. The result is still correct (section 4b). The counters of
 # rank 0, after its compiled training:
 
 # %%
@@ -668,91 +920,6 @@ print(verdict_table(compile_verdicts, "what torch.compile captured"))
 # reasons. (The full break reason names the switch: `TORCHDYNAMO_ENABLE_P2P_COMPILATION=1`.)
 
 # %% [markdown]
-# ## 6. Why the order: each wrong order, run for real
-#
-# Each wrong order moves one step in front of CP and trains with the wrapper that moved
-# switched on. The order is a parameter of the experiment: `run_in_order` (section 3's
-# launch) trains inside `patched({"paralab.train.parallelism": {"ORDER": order}})` on each
-# rank, so `parallelize` follows that order there.
-#
-# **Predict.** Which of these break this model, and how: an error, a silently wrong result, or
-# nothing?
-
-# %%
-outcomes = {}
-for name, (_order, variant) in WRONG_ORDERS.items():
-    per_rank = [r["orders"][name] for r in RESULTS[4]]
-    if per_rank[0]["error"]:
-        outcomes[name] = f"error: {per_rank[0]['error']}"
-    else:
-        same = all(
-            v.passed for v in param_verdicts([r["params"] for r in per_rank], DIMS4, variant)
-        )
-        outcomes[name] = (
-            "no difference: parameters match"
-            if same
-            else "SILENTLY WRONG: parameters differ (caught by the check)"
-        )
-print(
-    text_table(
-        ["wrong order", "applied", "what happened"],
-        [[name, " -> ".join(WRONG_ORDERS[name][0]), outcome] for name, outcome in outcomes.items()],
-    )
-)
-order_verdicts = [
-    claim(
-        "FSDP before CP: harmless here",
-        "no difference" in outcomes["FSDP before CP"],
-        outcomes["FSDP before CP"],
-    ),
-    claim(
-        "compile before CP: harmless here",
-        "no difference" in outcomes["compile before CP"],
-        outcomes["compile before CP"],
-    ),
-    claim(
-        "AC before CP: silently wrong, caught",
-        "SILENTLY WRONG" in outcomes["AC before CP"],
-        outcomes["AC before CP"],
-    ),
-]
-print(verdict_table(order_verdicts, "wrong orders"))
-
-# %% [markdown]
-# <details><summary>Answer, and what makes order matter in Cosmos and torchtitan</summary>
-#
-# - **AC before CP is silently wrong.** `apply_ac("full")` replaces `model.blocks[i]` by a
-#   `CheckpointWrapper`; `apply_cp` then sets `.attention` on that wrapper, which registers a
-#   new submodule *on the wrapper*. The wrapped block still calls its local attention: each rank
-#   attends only over its own half of the tokens. Nothing fails, the loss is plausible, and only
-#   the element-wise check sees it.
-# - **compile before CP makes no difference here.** `torch.compile(block)` returns an
-#   `OptimizedModule` whose `__setattr__` forwards to the original module, and it compiles
-#   lazily, at the first call — after CP is in place. Had the block been called once before
-#   `apply_cp` (a warm-up, a shape probe), Dynamo would have traced local attention and would
-#   only recompile if its guards notice the swapped module.
-# - **FSDP before CP makes no difference here.** FSDP2's `fully_shard` does not wrap: it
-#   swaps the module's class in place and hooks it, so the attention swap and the new
-#   `SequenceShard` land on the same objects.
-#
-# In the real code the order is a contract because CP is not a plain attribute swap there.
-# torchtitan's `parallelize_llama` (`torchtitan/models/llama3/infra/parallelize.py`,
-# pytorch/torchtitan @ 018740b) installs CP first, on each `block.attention.inner_attention`
-# (`apply_cp_to_attention_module`; in `torchtitan/distributed/context_parallel.py` @ 2fc04c6
-# this is `parallelize_module` with a `_ContextParallel` plan: module hooks and DTensor
-# dispatch), then AC, then compile ("after AC wrapping and before FSDP"), then FSDP on the
-# flattened dp_shard·cp mesh. A compile before CP could trace the attention without those hooks;
-# FSDP's unshard/reshard hooks must sit outside the code they gather for, so FSDP is last.
-# Cosmos-RL's Qwen2.5-VL `parallelize` (`cosmos_rl/policy/model/qwen2_5_vl/parallelize.py`,
-# vinjn/cosmos-rl @ 1d7bbfa) actually applies **AC before CP** — and gets away with it, because
-# its `apply_cp` assigns `transformer_block.self_attn.attn_func`: it reaches *through*
-# `block.self_attn`, an attribute the checkpoint wrapper forwards to the wrapped block, so the
-# new function lands on the real attention module. Our `apply_cp` assigns on the object in
-# `model.blocks` itself, so the same order breaks. Its comment on compile placement points to
-# pytorch/torchtitan#472.
-# </details>
-
-# %% [markdown]
 # ## 7. A method other than `forward`: `register_fsdp_forward_method`
 #
 # FSDP gathers a unit's parameters in hooks around its `forward`. An autoregressive
@@ -765,7 +932,7 @@ print(verdict_table(order_verdicts, "wrong orders"))
 # show: paralab.train.model.DiT.generate
 
 # %% [markdown]
-# The demo every rank ran inside the 4-rank launch of section 3; the line that matters is
+# The demo every rank ran inside the 4-rank launch of section 4; the line that matters is
 # `register_fsdp_forward_method(model, "generate")`:
 
 # %%
@@ -864,12 +1031,13 @@ show(
 sections = {
     "2 apply_cp on 2 ranks": cp_verdicts,
     "2 apply_fsdp on 2 ranks": fsdp_verdicts,
-    "3a loss normalization": loss_verdicts,
-    "3b parameters vs one process": param_rows,
-    "3c torchtitan reading": titan_verdicts,
-    "4 ledger = closed form": ledger_rows,
-    "5 torch.compile": compile_verdicts,
-    "6 wrong orders": order_verdicts,
+    "3 the order, on 2 ranks": order_verdicts,
+    "4a loss normalization": loss_verdicts,
+    "4b parameters vs one process": param_rows,
+    "4c torchtitan reading": titan_verdicts,
+    "4d padded batch: loss tokens differ": masked_verdicts,
+    "5 ledger = closed form": ledger_rows,
+    "6 torch.compile": compile_verdicts,
     "7 register_fsdp_forward_method": generate_verdicts,
     "8 bug clinic": clinic_verdicts,
 }
@@ -914,7 +1082,7 @@ print(
 #    divides the sum over ranks by the world size: an average over ranks cannot know that
 #    the loss was already normalized per sample. The local mean is right *because* FSDP
 #    averages over the cp partners too.</details>
-# 2. **Causal Ulysses.** In the folded first cell of section 3, add `causal=True` to the
+# 2. **Causal Ulysses.** In the folded first cell of section 4, add `causal=True` to the
 #    8-rank Ulysses entry of `CONFIGS` (`dict(attention="ulysses", causal=True)`), then
 #    re-run from that cell. Does Ulysses need zigzag shards? Does the ledger change?
 #    <details><summary>Answer</summary>No zigzag: after its first all-to-all each rank
@@ -922,16 +1090,21 @@ print(
 #    sequence and every rank does the same work (`CPAttention.zigzag` is True only for the
 #    causal ring). The ledger does not change: an all-to-all moves the same bytes whatever
 #    the mask. Every row still passes, now against a causal reference.</details>
-# 3. **AC selective before CP.** In the same cell, add
-#    `"AC selective before CP": (("ac", "cp", "compile", "fsdp"), dict(ac="selective"))` to
-#    `WRONG_ORDERS` and re-run from there. Harmless or not? Look at what
-#    `apply_ac("selective")` wraps.
-#    <details><summary>Answer</summary>Harmless: the new row of section 6's table reads
-#    "no difference". Selective AC wraps `block.qkv` and `block.mlp`, not the block, so
-#    `model.blocks[i]` is still the `Block` and `apply_cp`'s attention swap lands on
-#    it.</details>
+# 3. **AC selective before CP.** Case (d) of section 3 used full AC. Train with selective AC
+#    installed before CP (`runs.run_in_order` trains inside
+#    `patched({"paralab.train.parallelism": {"ORDER": order}})` on each rank):
+#
+#    ```python
+#    got = run(runs.run_in_order, 4, DIMS4, ("ac", "cp", "compile", "fsdp"), dict(ac="selective"), timeout=120)
+#    print(summary("AC selective before CP", compare([r["params"] for r in got], [reference_for(2, {})] * 4, atol=1e-12)))
+#    ```
+#
+#    Harmless or not? Look at what `apply_ac("selective")` wraps.
+#    <details><summary>Answer</summary>Harmless: the row passes. Selective AC wraps
+#    `block.qkv` and `block.mlp`, not the block, so `model.blocks[i]` is still the `Block`
+#    and `apply_cp`'s attention swap lands on it.</details>
 # 4. **The ring at cp = 8.** Predict the cp recompute bytes per step with the ring and full
-#    AC at cp = 8, from the formula of section 4. Then check: add
+#    AC at cp = 8, from the formula of section 5. Then check: add
 #    `"8 ranks: dp_replicate 2 x dp_shard 4, cp 8, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=8), dict(attention="ring"))`
 #    to `CONFIGS` and re-run from there (with dp_shard 8 the dp_shard and cp groups would be
 #    the same 8 ranks, and the ledger could not tell them apart).
@@ -946,7 +1119,7 @@ print(
 #    fail? Which units' parameters are gathered at that moment, and which are not?
 #    <details><summary>Answer</summary>It runs (`'ran'`). FSDP2 leaves the **root**
 #    gathered after a forward (`reshard_after_forward` is False for the root by default,
-#    section 4), so `embed`, `position` and `head` are plain tensors when `generate` uses
+#    section 5), so `embed`, `position` and `head` are plain tensors when `generate` uses
 #    them; the **blocks** were resharded after the forward, but each is an FSDP unit whose
 #    own forward hooks gather it when `generate` calls it. It works by accident of the
 #    root staying gathered; registering the method is what makes it right by

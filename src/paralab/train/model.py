@@ -168,6 +168,8 @@ def loss_of(
     means sum to cp times the sample loss. FSDP averages gradients over all
     dp_replicate * dp_shard = world ranks, which hold world/cp samples:
     (1/world) * sum over ranks = (1/world) * cp * sum over samples = mean over samples.
+    Exact only when every shard holds the same number of loss tokens: with padding or
+    packing use `paralab.train.tokens` (the global token count).
     """
     target = model.shard.tokens(noise)
     return ((model(noisy, sigma) - target) ** 2).mean()

@@ -77,3 +77,43 @@ def plot_group_phase_bytes(table: dict[str, dict[tuple[str, str], tuple[int, int
     )
     fig.tight_layout()
     return fig
+
+
+def plot_wrapper_nesting(cases: dict[str, dict]) -> Figure:
+    """One panel per case: `model.blocks[0]` as nested boxes, outermost first, and what it ran.
+
+    `cases`: title -> {"nesting": class names outside in, "inside": the attention label,
+    "outcome": one line}.
+    """
+    fig, axes = plt.subplots(1, len(cases), figsize=(2.6 * len(cases), 2.9), squeeze=False)
+    for ax, (title, case) in zip(axes[0], cases.items()):
+        layers = [*case["nesting"], case["inside"]]
+        for depth, name in enumerate(layers):
+            inset = 0.07 * depth
+            inner = depth == len(layers) - 1
+            ax.add_patch(
+                plt.Rectangle(
+                    (inset, inset),
+                    1 - 2 * inset,
+                    0.92 - 2 * inset,
+                    facecolor=PALETTE[1 + 2 * (depth % 10)] if not inner else "white",
+                    edgecolor="black",
+                    linewidth=1.0,
+                )
+            )
+            ax.text(
+                0.5,
+                0.92 - inset - 0.045 if not inner else 0.46,
+                name,
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                fontweight="bold" if inner else "normal",
+            )
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-0.2, 1.05)
+        ax.axis("off")
+        ax.set_title("\n".join(textwrap.wrap(title, 26)), fontsize=8.5)
+        ax.text(0.5, -0.1, "\n".join(textwrap.wrap(case["outcome"], 30)), ha="center", fontsize=7.5)
+    fig.tight_layout()
+    return fig
