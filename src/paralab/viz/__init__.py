@@ -15,6 +15,13 @@ from paralab.viz.cp import (
     plot_scale_scatter,
     plot_ulysses_reshape,
 )
+from paralab.viz.ep import (
+    plot_balance_history,
+    plot_drop_rate,
+    plot_split_matrix,
+    plot_token_journey,
+    plot_tokens_per_expert,
+)
 from paralab.viz.fsdp import (
     fsdp_events,
     plot_fsdp_timeline,
@@ -30,6 +37,7 @@ from paralab.viz.vae_lb import plot_cost_fit, plot_lb_loads, plot_lb_protocol
 __all__ = [
     "PALETTE",
     "fsdp_events",
+    "plot_balance_history",
     "plot_bytes_by_phase",
     "plot_causal_ownership",
     "plot_cfg_branches",
@@ -39,6 +47,7 @@ __all__ = [
     "plot_cp_bytes",
     "plot_diff_heatmap",
     "plot_dp_grid",
+    "plot_drop_rate",
     "plot_error_by_token",
     "plot_fsdp_timeline",
     "plot_group_phase_bytes",
@@ -53,8 +62,11 @@ __all__ = [
     "plot_ring_timeline",
     "plot_scale_scatter",
     "plot_shard_layout",
+    "plot_split_matrix",
     "plot_step_traffic",
+    "plot_token_journey",
     "plot_token_ownership",
+    "plot_tokens_per_expert",
     "plot_traffic",
     "plot_ulysses_reshape",
     "show",
