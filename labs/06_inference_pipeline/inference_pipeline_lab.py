@@ -284,6 +284,11 @@ print(
 # them by log-sum-exp, another order of summation. `reshard_after_forward`
 # changes *when* parameters are gathered, never their values: no bit changes.
 #
+# The bitwise Ulysses result is a property of this CPU's matmul: the same sums in the same
+# order give the same bits only if the GEMM kernel splits them the same way for a 16-token
+# and a 32-token input. GPU GEMMs pick tiles and split-K by shape, so on a GPU expect
+# Ulysses within a small tolerance (≤ ε), not bitwise.
+#
 # </details>
 
 # %% jupyter={"source_hidden": true}
@@ -304,6 +309,7 @@ def world4(variants, meshes):
     return {
         "pipeline": runs.pipeline_job({"w4": dict(cfgp=2, cp=2)}, variants),
         "replicated": runs.replicated_denoiser_job(meshes),
+        "training step": runs.training_step_records(),
     }
 
 
@@ -386,7 +392,10 @@ print(verdict_table(output_claims, "Across ranks"))
 #
 # A unit's shard is its parameters with dim 0 padded to a multiple of `n`,
 # as FSDP2 cuts them: `Σ ceil(d0/n)·(numel/d0)·8` bytes. No reduce-scatter:
-# inference has no backward. The inputs at 4 ranks (cfgp 2, cp 2, so one
+# inference has no backward (the check below counts every reduce-scatter FSDP2
+# can record, `reduce_scatter_single` included, and is shown failing on a planted
+# training step). Bytes are the ledger's model: counted per call at the
+# `torch.distributed` API, not measured on a wire. The inputs at 4 ranks (cfgp 2, cp 2, so one
 # sample group with all 4 samples):
 
 # %%
@@ -409,7 +418,7 @@ print(
 #
 # <details><summary>Answer</summary>
 #
-# The all-gathers: each forward re-gathers the whole model, `(n−1)/n` of its
+# At this toy size, the all-gathers: each forward re-gathers the whole model, `(n−1)/n` of its
 # padded bytes (`4·3·Σ` per step here), while the swap moves one latent
 # shard per sample (4 channels × 16 tokens × 8 B) and cp moves hidden
 # states of the model's width. The factor is several hundred; the cell
@@ -497,18 +506,22 @@ ledger_verdicts.append(
     )
 )
 reduce_scatters = sum(
-    calls(r["records"], op=op)
-    for results in RUNS.values()
-    for r in results
-    for op in ("reduce_scatter_tensor", "reduce_scatter", "all_reduce")
+    runs.gradient_reductions(r["records"]) for results in RUNS.values() for r in results
 )
-ledger_verdicts.append(
+planted = [runs.gradient_reductions(r["training step"]) for r in out4]
+ledger_verdicts += [
     claim(
         "no reduce-scatter, no all-reduce (no backward)",
         reduce_scatters == 0,
         f"{reduce_scatters} calls",
-    )
-)
+    ),
+    claim(
+        "the same count fails on a planted training step (forward + backward)",
+        all(n > 0 for n in planted),
+        f"{planted[0]} gradient reductions on rank 0 "
+        f"({', '.join(sorted({r.op for r in out4[0]['training step'] if r.op.startswith('reduce')}))})",
+    ),
+]
 print(verdict_table(ledger_verdicts, "Ledger by group vs the closed forms"))
 
 # %% [markdown]
@@ -542,9 +555,16 @@ show(plot_bytes_by_phase(panels))
 # peak). The shards are the DTensors' local storage.
 #
 # **The formulas** (`costs.memory`): shards `Σ_units shard`, always held.
-# `True`: nothing gathered between steps; the peak is the root (its forward
-# wraps the blocks) plus one block, gathered. `False`: after the first
-# forward every unit stays gathered: `n·Σ_units shard` (padding included).
+# `True`: nothing gathered between steps; the gathered parameters peak at the
+# root (its forward wraps the blocks) plus one block. `False`: after the first
+# forward every unit stays gathered: `n·Σ_units shard` (padding included), which
+# with the shards is `(1 + 1/n)` times the model, not one replica.
+#
+# These columns count **gathered parameter storages** only. The true peak adds
+# the flat all-gather output FSDP2 keeps after a unit's copy-out until the next
+# unit's (`AllGatherState`, so that the copy-out can overlap the next
+# all-gather): one more gathered block, about root + 2 × block; the probe reads
+# it from FSDP2's communication context (`runs.held_all_gather_bytes`).
 
 # %%
 memory_verdicts, measured_mem, formula_mem = [], {}, {}
@@ -557,6 +577,7 @@ for layout, n in (("w4", 4), ("w8 lb2", 8)):
                 "shards": r["memory"].shards,
                 "gathered between steps": max(r["memory"].between[1:]),
                 "gathered peak": r["memory"].peak,
+                "peak with all-gather buffer": r["memory"].peak_with_buffer,
             }
             for r in RUNS[(layout, variant)]
         ]
@@ -611,6 +632,29 @@ print(
 # the gathered model fits next to the activations, keeping it removes the
 # dominant traffic of every step after the first. `True` is for models that
 # do not fit gathered.
+#
+# ### At a Cosmos-like size the balance turns
+#
+# "The all-gathers dominate" holds at this toy size only. The same formulas at a
+# Cosmos-like size: 14B parameters in bf16 on 8 ranks (dp_shard 8), one
+# 75,600-token sequence, width D = 5120, 40 self-attention layers, Ulysses cp 2
+# (bf16: 2 bytes an element), per rank and per forward:
+
+# %%
+n_big, params_big, bytes_per = 8, 14e9, 2
+tokens_big, dim_big, layers_big, cp_big = 75_600, 5120, 40, 2
+gathers_big = (n_big - 1) * params_big * bytes_per / n_big  # (n-1) x one rank's shard
+sq_big = 1 * (tokens_big // cp_big) * dim_big * bytes_per  # B·(S/cp)·D·2
+cp_big_bytes = layers_big * 4 * (cp_big - 1) / cp_big * sq_big  # Ulysses, L layers
+print(
+    f"all-gathers (n-1)·Σ shard: {gathers_big / 1e9:.1f} GB; Ulysses cp traffic "
+    f"L·4(cp-1)/cp·Sq: {cp_big_bytes / 1e9:.1f} GB per forward and rank"
+)
+
+# %% [markdown]
+# About 31 GB of cp traffic against 24.5 GB of all-gathers: at that size the
+# sequence, not the parameters, dominates each forward, and the all-gathers ride
+# on dp_shard's links while the all-to-alls need cp's.
 #
 # ## 6. Bug clinic: "skip the uncond branch when guidance is 1"
 #

@@ -62,11 +62,13 @@ def memory(model: CondDenoiser, n: int, reshard_after_forward: bool) -> dict[str
     reshard_after_forward=True: nothing gathered between forwards; at the peak,
     inside a block, the root (its forward wraps the blocks) and that block.
     False: after the first forward every unit stays gathered.
+    With the buffer: FSDP2 keeps a unit's flat all-gather output until the next unit's
+    copy-out, so inside a block one more gathered block is held (about root + 2 x block).
     """
     shards = unit_shard_bytes(model, n)
     everything = n * sum(shards.values())
+    biggest_block = max(b for name, b in shards.items() if name != "root")
     if reshard_after_forward:
-        biggest_block = max(b for name, b in shards.items() if name != "root")
         between, peak = 0, n * (shards["root"] + biggest_block)
     else:
         between, peak = everything, everything
@@ -74,6 +76,7 @@ def memory(model: CondDenoiser, n: int, reshard_after_forward: bool) -> dict[str
         "shards": sum(shards.values()),
         "gathered between steps": between,
         "gathered peak": peak,
+        "peak with all-gather buffer": peak + n * biggest_block,
     }
 
 

@@ -52,6 +52,19 @@ def shard_storage_bytes(model: torch.nn.Module) -> int:
     return _unique_storage_bytes(p.to_local() for p in model.parameters() if isinstance(p, DTensor))
 
 
+def held_all_gather_bytes(module: FSDPModule) -> int:
+    """Bytes of the flat all-gather output FSDP2 keeps after a unit's forward.
+
+    In forward, `FSDPParamGroup.wait_for_unshard` defers freeing it until the next
+    unit's copy-out (so that copy-out can overlap the next all-gather): one unit's
+    gathered size on top of the gathered parameters.
+    """
+    state = module._get_fsdp_state()._comm_ctx.all_gather_state
+    if state is None:
+        return 0
+    return _unique_storage_bytes([state.all_gather_result.all_gather_output])
+
+
 @dataclass
 class MemoryProbe:
     """What the hooks saw: shards at the first forward, gathered bytes before each forward and inside them."""
@@ -59,6 +72,8 @@ class MemoryProbe:
     shards: int = 0
     between: list[int] = field(default_factory=list)
     peak: int = 0
+    peak_with_buffer: int = 0
+    """The peak counting the all-gather output FSDP2 holds for overlap (`AllGatherState`)."""
 
 
 @contextlib.contextmanager
@@ -80,7 +95,11 @@ def probe_memory() -> Iterator[MemoryProbe]:
 
     def after(module, args, output):
         if isinstance(module, FSDPModule) and root:
-            probe.peak = max(probe.peak, gathered_bytes(root["model"]))
+            gathered = gathered_bytes(root["model"])
+            probe.peak = max(probe.peak, gathered)
+            probe.peak_with_buffer = max(
+                probe.peak_with_buffer, gathered + held_all_gather_bytes(module)
+            )
 
     handles = [register_module_forward_pre_hook(before), register_module_forward_hook(after)]
     try:
@@ -113,6 +132,31 @@ def pipeline_job(layouts: dict[str, dict], variants: dict[str, dict]) -> dict:
                 "branch": "cond" if pd.cfgp_rank == 0 else "uncond",
             }
     return out
+
+
+def training_step_records() -> list[Record]:
+    """A planted case for the "no backward" claim: one forward and backward of the sharded denoiser.
+
+    Runs on the default group (dp_shard = the world); its ledger must show FSDP2's
+    gradient reduce-scatters, which an inference step must not.
+    """
+    pd = ParallelDims(dist.get_world_size(), enable_inference_mode=True)
+    pd.build_meshes("cpu")
+    model = inference.shard_denoiser(inference.make_denoiser(), pd, reshard_after_forward=True)
+    x = torch.randn(
+        model.latent_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
+    context = torch.randn(
+        1, 8, model.text_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    with Ledger() as ledger:
+        model(x, 0.5, context, attention=inference.whole_sequence_attention).sum().backward()
+    return ledger.records
+
+
+def gradient_reductions(records: list[Record]) -> int:
+    """Calls that reduce gradients: any reduce-scatter (FSDP2 records `reduce_scatter_single`) or all-reduce."""
+    return sum(1 for r in records if r.op.startswith("reduce_scatter") or r.op == "all_reduce")
 
 
 # ------------------------------------------------------------------ sorting the ledger
