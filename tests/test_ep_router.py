@@ -70,3 +70,24 @@ def test_bytes_follow_the_split_matrix_and_the_backward_mirrors_the_forward():
     b = layer_bytes(torch.tensor([[1, 7], [2, 0]]), 0, dim=12, experts=4)
     assert (b["dispatch"], b["combine"]) == (7 * 96, 2 * 96)
     assert (b["combine backward"], b["dispatch backward"]) == (b["dispatch"], b["combine"])
+
+
+def test_the_pictures_draw_from_plain_inputs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab import viz
+
+    experts = [torch.tensor([0, 3, 1, 1, 2, 0]), torch.tensor([2, 2, 3, 0, 1, 3])]
+    counts = torch.tensor([[3, 1, 4, 0], [2, 2, 0, 5]])
+    for fig in (
+        viz.plot_token_journey(experts, 2, 4),
+        viz.plot_tokens_per_expert(counts, 2, slots=3),
+        viz.plot_drop_rate([0.5, 1.0, 2.0], {"top-1": [0.5, 0.2, 0.0]}),
+        viz.plot_split_matrix(split_matrix(list(counts), 2)),
+        viz.plot_balance_history({"aux 0": [1.4, 1.4], "aux 0.5": [1.4, 1.1]}),
+    ):
+        fig.canvas.draw()
+        plt.close(fig)

@@ -8,7 +8,7 @@ backward of dispatch is combine's all-to-all and the reverse. The ep groups are 
 from the data-parallel ranks (`runs`); `costs` gives the bytes from the routed counts.
 """
 
-from paralab.ep.costs import layer_bytes, phase_bytes, split_matrix
+from paralab.ep.costs import layer_bytes, split_matrix
 from paralab.ep.dispatch import (
     AllToAll,
     combine,
@@ -33,7 +33,6 @@ __all__ = [
     "expert_permutation",
     "layer_bytes",
     "make_model",
-    "phase_bytes",
     "reference",
     "run_local_experts",
     "sample",

@@ -42,15 +42,6 @@ def layer_bytes(splits: torch.Tensor, rank: int, dim: int, experts: int) -> dict
     }
 
 
-def phase_bytes(splits: torch.Tensor, rank: int, dim: int, experts: int) -> dict[str, int]:
-    """The same bytes summed per phase."""
-    b = layer_bytes(splits, rank, dim, experts)
-    return {
-        "forward": b["counts"] + b["dispatch"] + b["combine"],
-        "backward": b["combine backward"] + b["dispatch backward"],
-    }
-
-
 def all_reduce_bytes(nbytes: int, n: int) -> int:
     """Ring all-reduce: 2 (n-1)/n of the buffer (0 on one rank)."""
     return 2 * (n - 1) * nbytes // n

@@ -34,7 +34,6 @@ from paralab.ep.model import (
 )
 from paralab.ledger import Ledger, Record
 
-PHASES = ("forward", "backward", "grad sync")
 FORWARD_CALLS = ("counts", "dispatch", "combine")
 BACKWARD_CALLS = ("combine backward", "dispatch backward")
 
@@ -288,9 +287,3 @@ def check_bytes(per_rank: list[dict], config: MoEConfig, ep: int, label: str) ->
             name=f"{label}: rank {rank} gradient all-reduce bytes",
         )
     return verdicts
-
-
-def local_experts(rank: int, ep: int, experts: int) -> list[int]:
-    """The experts ep rank `rank` holds."""
-    local = experts // ep
-    return list(range(rank * local, (rank + 1) * local))
