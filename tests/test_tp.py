@@ -43,9 +43,10 @@ def test_one_step_equals_one_process_and_bytes_equal_the_formula(tp, sequence_pa
     lm = run(lm_job, tp, sequence_parallel)
     verdicts = check_block(block, sequence_parallel) + check_lm(lm, sequence_parallel)
     assert len(verdicts) > 40 and not _failed(verdicts), _failed(verdicts)
-    assert not _failed(check_bytes(lm, sequence_parallel)), _failed(
-        check_bytes(lm, sequence_parallel)
+    byte_verdicts = check_bytes(lm, sequence_parallel) + check_bytes(
+        block, sequence_parallel, block=True
     )
+    assert not _failed(byte_verdicts), _failed(byte_verdicts)
 
 
 def test_odd_tp_runs_too():

@@ -242,7 +242,16 @@ block_claims = [
     summary(f"tp={tp}{' +SP' if sp else ''}: out, dx, every grad = one process", found)
     for (tp, sp), found in block_verdicts.items()
 ]
-print(verdict_table(block_claims, "one block, forward and backward (relative bound 1e-12)"))
+block_bytes_verdicts = [
+    v for (tp, sp), per_rank in blocks.items() for v in check_bytes(per_rank, sp, block=True)
+]
+block_claims.append(
+    summary(
+        "one block's calls and bytes per (phase, op) = block_step_bytes, tp 2, 4, ±SP",
+        block_bytes_verdicts,
+    )
+)
+print(verdict_table(block_claims, "one block, forward and backward (values: relative bound 1e-12)"))
 
 # %% jupyter={"outputs_hidden": true}
 print(verdict_table([v for found in block_verdicts.values() for v in found], "the detail"))
@@ -322,7 +331,7 @@ print(verdict_table([v for found in lm_verdicts.values() for v in found], "the d
 # The closed form, per (phase, collective):
 
 # %%
-# show: paralab.tp.costs.step_bytes paralab.tp.costs.block_bytes
+# show: paralab.tp.costs.step_bytes paralab.tp.costs.block_bytes paralab.tp.costs.block_step_bytes
 
 # %%
 byte_verdicts = {key: check_bytes(per_rank, key[1]) for key, per_rank in models.items()}
@@ -582,7 +591,8 @@ print(
         {
             "1 · column and row splits": split_claims,
             "3 · the symmetry": symmetry,
-            "3-4 · one block, TP and SP": [v for f in block_verdicts.values() for v in f],
+            "3-4 · one block, TP and SP": [v for f in block_verdicts.values() for v in f]
+            + block_bytes_verdicts,
             "5 · the whole model": [v for f in lm_verdicts.values() for v in f],
             "6 · bytes = formula": [v for f in byte_verdicts.values() for v in f],
             "7 · training, alone and in FSDP2": [v for f in train_verdicts.values() for v in f],

@@ -70,6 +70,20 @@ def block_bytes(
     }
 
 
+def block_step_bytes(
+    config: LMConfig, tp: int, sequence_parallel: bool, samples: int = 1
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """One block alone, as `runs.block_job` runs it: `block_bytes`, plus under SP the sum of its
+    6 replicated gradients (2 norms' weight and bias, 2 row biases, `hidden` numbers each)."""
+    out = block_bytes(activation_bytes(config, samples), tp, sequence_parallel)
+    if sequence_parallel:
+        out[("grad sync", OPS["all_reduce"])] = (
+            6,
+            6 * all_reduce_bytes(config.hidden * ITEMSIZE, tp),
+        )
+    return out
+
+
 def replicated_param_sizes(config: LMConfig) -> list[int]:
     """Bytes of each parameter every tp rank holds in full: norms, row biases, the position table."""
     h = config.hidden

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from paralab.check import Verdict, compare
 from paralab.ledger import Ledger, summarize
-from paralab.tp.costs import step_bytes
+from paralab.tp.costs import block_step_bytes, step_bytes
 from paralab.tp.layout import Split, owned_range, unshard
 from paralab.tp.mappings import SEQ_DIM
 from paralab.tp.memory import SavedBytes, block_saved_bytes
@@ -328,17 +328,24 @@ def measured_bytes(records: list) -> dict[tuple[str, str], tuple[int, int]]:
     return {k: (t.calls, t.bytes_sent) for k, t in summarize(records, ("phase", "op")).items()}
 
 
-def check_bytes(per_rank: list[dict], sequence_parallel: bool) -> list[Verdict]:
-    """Calls and bytes per (phase, op), every rank, vs `costs.step_bytes` (exact)."""
+def check_bytes(
+    per_rank: list[dict], sequence_parallel: bool, block: bool = False
+) -> list[Verdict]:
+    """Calls and bytes per (phase, op), every rank, vs `costs.step_bytes` (the whole model's step,
+    from `lm_job`) or `costs.block_step_bytes` (one block, from `block_job`); exact."""
     tp = len(per_rank)
-    want = step_bytes(CONFIG, tp, sequence_parallel)
+    if block:
+        want = block_step_bytes(CONFIG, tp, sequence_parallel)
+    else:
+        want = step_bytes(CONFIG, tp, sequence_parallel)
     keys = sorted(want)
     measured = [measured_bytes(r["records"]) for r in per_rank]
     keys += sorted({k for m in measured for k in m} - set(want))  # a collective the formula lacks
     expected = torch.tensor([[list(want.get(k, (0, 0))) for k in keys]] * tp)
     got = torch.tensor([[list(m.get(k, (0, 0))) for k in keys] for m in measured])
+    what = "block" if block else "model"
     return compare(
         got,
         expected,
-        name=f"tp={tp}{' +SP' if sequence_parallel else ''} [rank, (phase, op), (calls, bytes)]",
+        name=f"tp={tp}{' +SP' if sequence_parallel else ''} {what} [rank, (phase, op), (calls, bytes)]",
     )
