@@ -19,20 +19,15 @@ from paralab.pp.runs import (
     pp_sweep,
     pp_worker,
     reference_run,
+    sweep_configs,
 )
-from paralab.pp.upstream import TORCH_SCHEDULES, torch_sweep
-
-CASES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)]
-
-
-def _configs(pp):
-    return [(name, m, v, 2, 0) for name, v in CASES for m in (1, pp, 2 * pp)]
+from paralab.pp.upstream import TORCH_SCHEDULES, torch_jobs, torch_sweep
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def swept(request):
     pp = request.param
-    configs = _configs(pp)
+    configs = sweep_configs(pp)
     return pp, configs, run(pp_sweep, pp, configs, timeout=120)
 
 
@@ -100,8 +95,7 @@ def test_clinic_blocking_sends_still_run_gpipe():
 
 @pytest.fixture(scope="module")
 def torch_runs():
-    jobs = [(name, 4) for name in TORCH_SCHEDULES] + [("ScheduleInterleavedZeroBubble", 4, 0, True)]
-    return run(torch_sweep, 2, jobs, timeout=120)
+    return run(torch_sweep, 2, torch_jobs(4), timeout=120)
 
 
 def test_every_torch_schedule_runs_on_gloo_with_the_same_gradients(torch_runs):

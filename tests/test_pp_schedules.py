@@ -95,3 +95,25 @@ def test_only_interleaved_takes_v():
         build_schedule("1f1b", 2, 4, 2)
     with pytest.raises(ValueError):
         build_schedule("interleaved", 2, 4, 1)
+
+
+def test_pictures_draw_from_the_clock():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab import viz
+
+    figures = [
+        viz.plot_pipeline_timeline([(n, simulate(n, 4, 8, v)) for n, v in CASES]),
+        viz.plot_bubble_vs_m(
+            {"1f1b": [(4, simulate("1f1b", 4, 4).bubble_fraction)]},
+            lambda name, m: bubble_formula(name, 4, m),
+            4,
+            8,
+        ),
+    ]
+    for fig in figures:
+        fig.canvas.draw()
+        plt.close(fig)

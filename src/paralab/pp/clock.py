@@ -1,5 +1,6 @@
 """The logical clock: run every rank's action list with F = 1, B = 2 (or B = W = 1 when
-split) and messages that take no time, and record when each action starts and ends.
+split; each 1/v of that for one of v stages per rank) and messages that take no time, and
+record when each action starts and ends.
 
 An action starts when its rank is free AND everything it needs has arrived: the
 messages it receives, the stage before it on the same rank, its own forward (for a
@@ -41,7 +42,7 @@ class Timeline:
 
     pp: int
     events: tuple[Event, ...]
-    label: str = "logical clock: F = 1, B = 2 (B = W = 1 when split)"
+    label: str = "logical clock: F = 1, B = 2, split B = W = 1 (1/v each for v stages per rank)"
 
     @property
     def makespan(self) -> float:
@@ -59,11 +60,13 @@ class Timeline:
         return sorted((e for e in self.events if e.rank == rank), key=lambda e: e.start)
 
 
-def cost(kind: str, split_backward: bool) -> int:
-    """Logical duration of one action: F = 1; a full backward B = 2; split, B = W = 1."""
-    if kind == "F":
-        return 1
-    return 1 if split_backward else 2
+def cost(kind: str, split_backward: bool, virtual: int = 1) -> float:
+    """Logical duration of one action: F = 1; a full backward B = 2; split, B = W = 1.
+
+    With v stages per rank each stage holds 1/v of a rank's blocks, so its actions take 1/v
+    of that: the clock's unit stays one rank's forward, whatever the schedule."""
+    units = 1 if kind == "F" or split_backward else 2
+    return units / virtual
 
 
 def _needs(action: Action, owner: Sequence[int], split: bool) -> list[tuple[str, int, int]]:
@@ -82,6 +85,7 @@ def run_clock(
 ) -> Timeline:
     """Run the lists on the logical clock; raise `Deadlock` if they wait on each other."""
     pp = len(actions)
+    virtual = len(owner) // pp
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * pp
     cursor = [0] * pp
@@ -95,7 +99,7 @@ def run_clock(
                 if any(n not in done for n in needs):
                     break
                 start = max([free[r], *(done[n] for n in needs)])
-                end = start + cost(action.kind, split_backward)
+                end = start + cost(action.kind, split_backward, virtual)
                 done[(action.kind, action.stage, action.microbatch)] = end
                 events.append(Event(r, action.kind, action.stage, action.microbatch, start, end))
                 free[r] = end

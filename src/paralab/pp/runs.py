@@ -72,6 +72,15 @@ def pp_worker(
     return {"params": params, "grads": grads, "step0": records[0], "records": ledger_records}
 
 
+SWEEP = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)]
+"""Every hand-written schedule with its stages per rank."""
+
+
+def sweep_configs(pp: int, steps: int = 2, seed: int = 0) -> list[tuple]:
+    """`pp_worker` arguments for every schedule at m = 1, pp and 2·pp."""
+    return [(name, m, v, steps, seed) for name, v in SWEEP for m in (1, pp, 2 * pp)]
+
+
 def pp_sweep(configs: list[tuple]) -> list[dict[str, Any]]:
     """On every rank: `pp_worker(*config)` for each config, in one launch."""
     return [pp_worker(*config) for config in configs]

@@ -89,6 +89,13 @@ def torch_worker(
     return {"grads": grads, "order": _compute_actions(order), "stages": indices}
 
 
+def torch_jobs(microbatches: int = 4) -> list[tuple]:
+    """`torch_worker` arguments for every class, then ScheduleInterleavedZeroBubble on one stage per rank."""
+    return [(name, microbatches) for name in TORCH_SCHEDULES] + [
+        ("ScheduleInterleavedZeroBubble", microbatches, 0, True)
+    ]
+
+
 def torch_sweep(jobs: list[tuple]) -> list[dict[str, Any]]:
     """On every rank: `torch_worker(*job)` for each job, in one launch."""
     return [torch_worker(*job) for job in jobs]

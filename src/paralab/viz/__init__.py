@@ -31,6 +31,7 @@ from paralab.viz.fsdp import (
 )
 from paralab.viz.mesh import plot_dp_grid, plot_overlay_vs_consuming, plot_rank_groups
 from paralab.viz.pipeline import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples
+from paralab.viz.pp import plot_bubble_vs_m, plot_pipeline_timeline
 from paralab.viz.train import plot_group_phase_bytes, plot_token_ownership
 from paralab.viz.vae_lb import plot_cost_fit, plot_lb_loads, plot_lb_protocol
 
@@ -38,6 +39,7 @@ __all__ = [
     "PALETTE",
     "fsdp_events",
     "plot_balance_history",
+    "plot_bubble_vs_m",
     "plot_bytes_by_phase",
     "plot_causal_ownership",
     "plot_cfg_branches",
@@ -56,6 +58,7 @@ __all__ = [
     "plot_memory",
     "plot_overlay_vs_consuming",
     "plot_pipeline_memory",
+    "plot_pipeline_timeline",
     "plot_pipeline_samples",
     "plot_rank_groups",
     "plot_rank_strip",

@@ -1,0 +1,613 @@
+# %% [markdown]
+# # Lab 08 — Pipeline parallelism: GPipe, 1F1B, interleaved and zero-bubble schedules by hand
+#
+# **You will learn** how a model is cut by depth into stages, one per rank (or `v` per rank,
+# interleaved); why a schedule is nothing but data, every rank's ordered list of forwards and
+# backwards with their sends and receives; how one executor runs any such list on real ranks
+# without deadlocking; where the *bubble* comes from and how GPipe, 1F1B, interleaving and
+# zero-bubble shrink it, measured on a clock that records waiting instead of assuming it; what
+# each schedule costs in activations held and in bytes on the wire; and how the same stages run
+# under `torch.distributed.pipelining`. **Prerequisites:** the collectives primer (send/recv),
+# and gradient accumulation. **Time:** about 45 minutes to read; the run time of this notebook
+# is printed by its last cell.
+#
+# **What is split.** The layers. With `pp` ranks, rank `r` holds blocks of depth `r`: it
+# receives an activation from rank `r - 1`, runs its blocks, sends the result to rank `r + 1`;
+# the backward goes the other way. Per stage boundary and per micro-batch that is one
+# `b·s·h` activation forward and its gradient backward, nothing else: no collective over the
+# group, which is why pipeline parallelism is the axis that crosses nodes.
+#
+# **The price.** Rank `r` cannot start before the first micro-batch reaches it, and must wait at
+# the end for the last gradient to come back: the *bubble*. Cutting the global batch into `m`
+# micro-batches fills the pipe; the schedules differ in the order in which each rank runs them:
+#
+# | schedule | the idea |
+# |---|---|
+# | GPipe | every forward, then every backward |
+# | 1F1B | start the backwards as soon as they can start, and alternate |
+# | interleaved 1F1B | 1F1B over `v` smaller stages per rank (`r, r+p, ...`) |
+# | ZB-H1 | 1F1B with each backward split into B (input gradient, which the previous rank waits for) and W (weight gradient, which nobody waits for) |
+#
+# The model is a float64 stack of 8 residual blocks on `(batch, seq, hidden)` tokens, so every
+# number this lab claims is checked bitwise against one process.
+
+# %%
+import time
+
+from IPython.display import Markdown, display
+
+from paralab import viz
+from paralab.check import claim, compare, summary, verdict_table
+from paralab.exercises.lab08 import p2p_clinic_change
+from paralab.launch import LaunchTimeout, run
+from paralab.patches import patched
+from paralab.pp import runs as pp_runs
+from paralab.pp.clock import simulate
+from paralab.pp.costs import (
+    boundary_bytes,
+    bubble_formula,
+    in_flight_formula,
+    step_bytes_sent,
+)
+from paralab.pp.model import HIDDEN, MICRO_BATCH, N_BLOCKS, SEQ
+from paralab.pp.runs import SWEEP, executed_timeline, sweep_configs
+from paralab.pp.schedules import build_schedule
+from paralab.pp.upstream import TORCH_SCHEDULES, torch_jobs, torch_sweep
+from paralab.tables import text_table
+from paralab.viz import show
+
+LAB_START = time.monotonic()
+PP_SIZES = (2, 4)
+print(f"{N_BLOCKS} blocks; a micro-batch is (b, s, h) = ({MICRO_BATCH}, {SEQ}, {HIDDEN}) float64")
+
+# %% [markdown]
+# ## 1. The model, cut by depth
+#
+# Every process builds the same 8 blocks from the same seed and keeps only its stage's, so the
+# parameters keep the whole model's names (`blocks.5.fc2.weight`) and the ranks' parts merge
+# into one dictionary. `stage_blocks` cuts as evenly as 8 allows; interleaving cuts `pp·v`
+# stages and gives rank `r` the stages `r, r + pp, ...`.
+
+# %%
+# show: paralab.pp.model.Block paralab.pp.model.stage_blocks paralab.pp.model.Stage
+
+# %%
+for pp, virtual in ((2, 1), (3, 1), (4, 1), (2, 2), (4, 2)):
+    stages = pp * virtual
+    cut = {
+        r: [list(stage_blocks(s, stages)) for s in range(stages) if s % pp == r] for r in range(pp)
+    }
+    print(f"pp={pp} v={virtual}:", "  ".join(f"rank {r} {b}" for r, b in cut.items()))
+
+# %% [markdown]
+# **Gradient accumulation.** A rank runs its stage on one micro-batch at a time, and the
+# gradients of the `m` micro-batches add up in `.grad`. For that sum to be the gradient of the
+# global batch's mean loss, each micro-batch contributes its mean over `m`:
+
+# %%
+# show: paralab.pp.model.microbatch_loss
+
+# %% [markdown]
+# ## 2. A schedule is data
+#
+# A schedule function returns, per rank, the order in which it computes: `("F", stage, i)` a
+# forward of micro-batch `i`, `("B", stage, i)` its backward, and for zero-bubble `("W", stage,
+# i)` its weight gradient. GPipe and 1F1B:
+
+# %%
+# show: paralab.pp.schedules.gpipe_order paralab.pp.schedules.one_f_one_b_order
+
+# %% [markdown]
+# **Predict before you run.** At `pp = 4`, `m = 8`, how many forwards does rank 0 run before its
+# first backward, and rank 3? How many micro-batches' activations does each then hold at most?
+
+# %%
+with patched({"paralab.pp.schedules": {"one_f_one_b_order": one_f_one_b_order}}):
+    demo = build_schedule("1f1b", 4, 8)
+for rank in range(4):
+    print(f"rank {rank}:", " ".join(demo.order(rank)))
+
+# %% [markdown]
+# Rank `r` warms up with `min(p - r, m)` forwards: exactly enough that its first backward's
+# gradient is on its way when the warm-up ends. Then one backward, one forward, in turn
+# (steady state), then the remaining backwards (cool-down). The micro-batches in flight on
+# rank `r` never exceed `p - r`, against `m` for GPipe.
+#
+# The interleaved and ZB-H1 orders are written the same way (`interleaved_order` follows
+# Megatron's and torch's depth-first rounds; `zbh1_order` runs W after B once more than `r`
+# of them are pending):
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.schedules.interleaved_order paralab.pp.schedules.zbh1_order
+
+# %% [markdown]
+# The sends and receives are not written by hand: `attach_messages` derives them from the
+# order and from which rank owns which stage, the same way for every schedule. A forward of
+# stage `s > 0` receives `act(s-1)` first; a backward (B) of stage `s < last` receives the
+# gradient of its output, `grad(s+1)`, first; W exchanges nothing.
+
+# %%
+# show: paralab.pp.schedules.attach_messages
+
+# %%
+plan = build_schedule("1f1b", 2, 4)
+print(
+    text_table(
+        ["step", "rank 0", "rank 1"],
+        [
+            [str(k), *(plan.actions[r][k].describe() for r in range(2))]
+            for k in range(len(plan.actions[0]))
+        ],
+    )
+)
+
+# %% [markdown]
+# ## 3. One executor for every list
+#
+# The executor walks a rank's list. Before each action it hands `exchange` the sends its
+# previous action left and the receives this one needs, **as one batch**, and waits for the
+# receives only. This matters because a gloo (or NCCL) send completes only when the peer has
+# posted the matching receive: two neighbours that each insist on sending first wait for each
+# other forever (section 8 shows it).
+
+# %%
+# show: paralab.pp.executor.exchange
+
+# %% [markdown]
+# The step itself: F runs the stage (the last stage adds `microbatch_loss`), B runs its
+# backward (full, or only the input gradient when the schedule splits it), W the weight
+# gradient from the graph B kept. Bytes saved for backward are counted with
+# `saved_tensors_hooks` from each forward until the action that frees its graph.
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.executor.run_actions
+
+# %% [markdown]
+# ## 4. Every schedule on real ranks: bitwise one process
+#
+# One launch per `pp` runs every schedule at `m = 1, pp, 2·pp` (interleaved with `v = 2`), two
+# SGD steps each, under the ledger (`pp_runs.pp_sweep`). The ranks import `paralab.pp` from its
+# file; this launch hands them this kernel's shown `one_f_one_b_order`, `microbatch_loss` and
+# `exchange` with `patches=KERNEL_EDIT`, so an edit of those cells reaches them. The reference
+# is one process, `reference_run`: the same blocks, the same global batch, the same micro-batch
+# losses backward one after another.
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.runs.pp_worker paralab.pp.runs.reference_run
+
+# %%
+KERNEL_EDIT = {
+    "paralab.pp.schedules": {"one_f_one_b_order": one_f_one_b_order},
+    "paralab.pp.model": {"microbatch_loss": microbatch_loss},
+    "paralab.pp.executor": {"exchange": exchange},
+}
+runs = {}
+for pp in PP_SIZES:
+    configs = sweep_configs(pp)
+    per_rank = run(pp_runs.pp_sweep, pp, configs, patches=KERNEL_EDIT, timeout=120)
+    for index, (name, m, v, _, _) in enumerate(configs):
+        runs[(pp, name, m)] = (build_schedule(name, pp, m, v), [r[index] for r in per_rank])
+print(len(runs), "runs:", ", ".join(sorted({f"{name}" for _, name, _ in runs})))
+
+# %% [markdown]
+# **Predict before you run.** Gradient accumulation sums `m` micro-batch gradients; one
+# process on the global batch sums the same terms. Bitwise equal, or only close?
+
+# %%
+training_rows = []
+for pp in PP_SIZES:
+    for name, v in SWEEP:
+        found = []
+        for m in (1, pp, 2 * pp):
+            plan, results = runs[(pp, name, m)]
+            found += pp_runs.check_training(results, name, m, v)
+        training_rows.append(
+            summary(f"{name} pp={pp}, m = 1, {pp}, {2 * pp}: grads + params = one process", found)
+        )
+full_batch = []
+for (_, _, m), (_, results) in runs.items():
+    full_batch += compare(
+        pp_runs.merged(results, "grads", 0), pp_runs.full_batch_grads(m), atol=1e-15
+    )
+training_rows.append(
+    summary("step-0 grads vs ONE backward on the global batch (atol 1e-15)", full_batch)
+)
+print(verdict_table(training_rows, "pipeline training = one process"))
+
+# %% [markdown]
+# Bitwise, for every schedule: each stage computes exactly the ops one process computes on the
+# same micro-batch, and every schedule here runs a stage's backwards in micro-batch order, so
+# the `.grad` sums are added in the same order. Against *one* backward on the whole global batch
+# (the last row) the sums are grouped differently, so they agree only to rounding: the `1/m`
+# scaling is what makes them the same number.
+
+# %% [markdown]
+# ## 5. The bubble, measured
+#
+# The bubble's closed forms, idle rank-time over all rank-time (`m >= p`):
+#
+# | schedule | bubble |
+# |---|---|
+# | GPipe, 1F1B | `(p-1)/(m+p-1)` |
+# | interleaved | `(p-1)/(v·m+p-1)` (`m` a multiple of `p`) |
+# | ZB-H1 | `(p-1)/(3m+p-1)` with B = W = F |
+#
+# The logical clock runs the lists with F = 1, B = 2 (B = W = 1 when split; a stage of `v` per
+# rank takes `1/v` of that), messages free, and starts each action when its rank is free **and**
+# everything it needs has arrived. The pictures below are the clock run on the order each rank
+# *recorded* while it ran (`executed_timeline`), `pp = 4`, `m = 8`.
+
+# %%
+# show: paralab.pp.clock.run_clock
+
+# %% [markdown]
+# **Predict before you run.** 1F1B starts its backwards early: does that shrink GPipe's bubble?
+# Where in ZB-H1's picture do the held-back W's go?
+
+# %%
+recorded = {
+    name: executed_timeline(runs[(4, name, 8)][1], runs[(4, name, 8)][0]) for name, _ in SWEEP
+}
+show(viz.plot_pipeline_timeline([(f"{name}, pp = 4, m = 8", t) for name, t in recorded.items()]))
+
+# %% [markdown]
+# 1F1B has GPipe's bubble: the same idle slots, moved from the middle to the warm-up and
+# cool-down. What 1F1B saves is memory (section 6). Interleaving makes each rank's stage
+# `v` times smaller, so the warm-up's `p - 1` idle slots are `v` times shorter; ZB-H1 makes
+# the backward that travels back only half as long (B without W) and fills the cool-down with
+# the W's it held back.
+#
+# The measured bubbles of every real run against the closed forms (which assume `m >= p`, and
+# for interleaving `m` a multiple of `p`):
+
+# %%
+bubble_rows, bubble_verdicts = [], []
+for (pp, name, m), (plan, results) in runs.items():
+    measured = executed_timeline(results, plan).bubble_fraction
+    formula = bubble_formula(name, pp, m, plan.virtual)
+    applies = m >= pp
+    bubble_rows.append(
+        [
+            name,
+            str(pp),
+            str(m),
+            f"{measured:.6f}",
+            f"{formula:.6f}",
+            "yes" if applies else "no (m < p)",
+        ]
+    )
+    if applies:
+        bubble_verdicts.append(
+            claim(f"{name} pp={pp} m={m}", abs(measured - formula) < 1e-12, f"{measured:.6f}")
+        )
+print(text_table(["schedule", "pp", "m", "measured", "closed form", "form applies"], bubble_rows))
+print(
+    verdict_table(
+        [summary("measured bubble = closed form where it applies", bubble_verdicts)], "the bubble"
+    )
+)
+
+# %% [markdown]
+# Below `m = p` the warm-up never fills, and interleaving and ZB-H1 do worse than their
+# forms: with one micro-batch, a pipeline is one long chain whatever the order.
+#
+# The bubble against `m` at `pp = 4`: the lines are the closed forms, the dots the clock on
+# the lists (`simulate`), the rings the real runs above.
+
+# %%
+with patched(KERNEL_EDIT):
+    swept = {
+        name: [(m, simulate(name, 4, m, v).bubble_fraction) for m in range(4, 17, 4)]
+        for name, v in SWEEP
+        if name != "gpipe"
+    }
+fig = viz.plot_bubble_vs_m(
+    swept, lambda name, m: bubble_formula(name, 4, m, 2 if name == "interleaved" else 1), 4, 16
+)
+for name in swept:
+    for m in (4, 8):
+        plan, results = runs[(4, name, m)]
+        fig.axes[0].plot(
+            m, executed_timeline(results, plan).bubble_fraction, "o", mfc="none", mec="black", ms=9
+        )
+show(fig)
+
+# %% [markdown]
+# And one real run on this machine's wall clock (1F1B, `pp = 4`, `m = 8`): the same shape, but
+# every span is whatever this CPU took, gaps include the time messages took, and it changes
+# from run to run; only the logical clock is a claim.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+show(
+    viz.plot_pipeline_timeline(
+        [("1F1B, pp = 4, m = 8, this machine", pp_runs.wall_timeline(runs[(4, "1f1b", 8)][1]))],
+        labels=False,
+    )
+)
+
+# %% [markdown]
+# ## 6. Memory: the activations a stage holds
+#
+# Counted from the bytes autograd saves for backward (parameters excluded), from each
+# forward until the action that frees its graph (B, or W when split). **Predict before you
+# run:** at `pp = 4`, `m = 8`, how many micro-batches does ZB-H1 hold on rank 3, which holds its
+# W's back longest? And interleaving, counted in stages of half a rank's blocks, on rank 0?
+
+# %%
+memory_rows, memory_verdicts = [], []
+for name, _ in SWEEP:
+    plan, results = runs[(4, name, 8)]
+    memory_rows.append([name, *(str(r["step0"].peak_in_flight) for r in results)])
+    memory_rows.append(
+        ["  formula", *(str(in_flight_formula(name, 4, 8, r, plan.virtual)) for r in range(4))]
+    )
+    memory_rows.append(["  peak bytes saved", *(str(r["step0"].peak_saved_bytes) for r in results)])
+print(text_table(["pp = 4, m = 8", "rank 0", "rank 1", "rank 2", "rank 3"], memory_rows))
+for plan, results in runs.values():
+    memory_verdicts += pp_runs.check_memory(results, plan)
+print(
+    verdict_table(
+        [summary("peak held = formula, every run and rank (bytes too, v = 1)", memory_verdicts)],
+        "memory",
+    )
+)
+
+# %% [markdown]
+# GPipe holds all `m` on every rank; 1F1B caps rank `r` at `p - r`, whatever `m`: that is why
+# 1F1B replaced GPipe. ZB-H1 holds `min(p, m)` on every rank (a micro-batch stays until its W),
+# the first rank's 1F1B peak. Interleaving holds more stages, each `1/v` of a rank's blocks
+# (the last stage saves a little more: the loss). The last rank of `pp = 4` saves more bytes
+# per micro-batch for the same reason.
+
+# %% [markdown]
+# ## 7. Bytes on the wire = formula
+#
+# Per stage boundary, each micro-batch sends `b·s·h·8 = 192` bytes forward and the same
+# backward. A rank sends forward from every stage whose next stage is on another rank, and
+# backward from every stage but the first. The ledger counts each `batch_isend_irecv` op at
+# the API:
+
+# %%
+# show: paralab.pp.costs.step_bytes_sent
+
+# %%
+byte_rows = []
+for name in ("1f1b", "interleaved"):
+    plan, results = runs[(4, name, 8)]
+    ledger = pp_runs.bytes_per_rank(results)
+    want = step_bytes_sent(plan.owner, 8, boundary_bytes())
+    for d, direction in enumerate(("forward", "backward")):
+        byte_rows.append(
+            [
+                name,
+                direction,
+                *(str(int(x)) for x in ledger[d]),
+                " ".join(str(w[direction]) for w in want),
+            ]
+        )
+print(
+    text_table(
+        ["pp = 4, m = 8", "direction", "rank 0", "rank 1", "rank 2", "rank 3", "formula"], byte_rows
+    )
+)
+byte_verdicts = []
+for plan, results in runs.values():
+    byte_verdicts += pp_runs.check_bytes(results, plan)
+print(
+    verdict_table(
+        [summary("ledger bytes = formula, every run, rank and direction", byte_verdicts)], "bytes"
+    )
+)
+
+# %% [markdown]
+# Interleaving doubles the traffic (twice the boundaries) for its smaller bubble. Compare a
+# tensor-parallel layer, which all-reduces a full `b·s·h` activation twice per layer over its
+# whole group in the forward alone: pipeline parallelism sends one `b·s·h` per *stage*,
+# point to point, and can wait. That is why it crosses nodes and tensor parallelism does not.
+
+# %% [markdown]
+# ## 8. The same stages under torch.distributed.pipelining
+#
+# `PipelineStage` wraps each of our `Stage`s, and each of torch 2.13's six schedule classes runs
+# one step on 2 gloo ranks, `m = 4`, with `loss_fn = microbatch_loss(·, ·, 4)` and
+# `scale_grads=False` (torch would otherwise divide the summed gradients by `m` at the end: the
+# same value to rounding, not bitwise). Looped classes get stages `r, r + 2`; the V-shaped ones
+# (ZBV, DualPipeV) stages `r` and `3 - r`. torch's schedules are data too: each class holds its
+# per-rank action list (`_Action(stage, type, microbatch)`, written `1F0`), which we read back.
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.upstream.torch_worker
+
+# %%
+torch_runs = run(torch_sweep, 2, torch_jobs(4), timeout=120)
+want = pp_runs.reference_run(4, 1)[1][0]
+torch_verdicts = []
+labels = [*TORCH_SCHEDULES, "ScheduleInterleavedZeroBubble, one stage per rank"]
+for index, label in enumerate(labels):
+    got = {}
+    for r in torch_runs:
+        got.update(r[index]["grads"])
+    torch_verdicts.append(
+        summary(f"{label}: grads = one process", compare(dict(sorted(got.items())), want))
+    )
+print(verdict_table(torch_verdicts, "torch.distributed.pipelining on gloo, CPU"))
+
+# %% [markdown]
+# All six run on CPU over gloo, and every gradient is bitwise ours. Their orders, side by side
+# with the hand-written lists where torch writes the same schedule:
+
+# %%
+ours = {
+    "ScheduleGPipe": build_schedule("gpipe", 2, 4),
+    "Schedule1F1B": build_schedule("1f1b", 2, 4),
+    "ScheduleInterleaved1F1B": build_schedule("interleaved", 2, 4, 2),
+    "ScheduleInterleavedZeroBubble, one stage per rank": build_schedule("zbh1", 2, 4),
+}
+order_rows, order_verdicts = [], []
+for index, label in enumerate(labels):
+    for rank in range(2):
+        theirs = [f"{k}{s}.{i}" for k, s, i in torch_runs[rank][index]["order"]]
+        mine = ours[label].order(rank) if label in ours else None
+        same = "—" if mine is None else ("same" if theirs == mine else "differs")
+        order_rows.append([label if rank == 0 else "", str(rank), " ".join(theirs), same])
+        if mine is not None and label != "Schedule1F1B":
+            order_verdicts.append(
+                claim(f"{label} rank {rank}: torch's order = ours", theirs == mine, same)
+            )
+one_f_one_b = [
+    [f"{k}{s}.{i}" for k, s, i in torch_runs[r][labels.index("Schedule1F1B")]["order"]]
+    for r in range(2)
+]
+late = [
+    f"F1.{int(a.split('.')[1]) + 1}" if a.startswith("F") else a
+    for a in ours["Schedule1F1B"].order(1)
+]
+order_verdicts.append(
+    claim(
+        "Schedule1F1B: rank 0 = ours; rank 1 = ours with every F one micro-batch late",
+        one_f_one_b[0] == ours["Schedule1F1B"].order(0) and one_f_one_b[1] == late,
+        " ".join(one_f_one_b[1]),
+    )
+)
+print(
+    text_table(
+        ["torch class", "rank", "torch's action list (compute only; I written B)", "vs ours"],
+        order_rows,
+    )
+)
+print(verdict_table(order_verdicts, "orders"))
+
+# %% [markdown]
+# - GPipe, interleaved 1F1B and ZB-H1 (ScheduleInterleavedZeroBubble given one stage per rank)
+#   are the same lists, action for action.
+# - Schedule1F1B's list differs on the last rank only: it numbers that rank's forwards 1 to `m`
+#   (`F1.1 ... F1.4`, a micro-batch 4 that does not exist). The order it *runs* is ours — the
+#   gradients above are bitwise — but the list it describes itself with, built by
+#   `_get_pipeline_order` for visualisation, starts the last rank's steady state one
+#   micro-batch late (torch 2.13).
+# - ScheduleZBVZeroBubble and ScheduleDualPipeV place two stages in a V (`r` and `2p-1-r`), so the
+#   last stage sits on rank 0 next to the first, and mix full backwards with B/W pairs;
+#   DualPipeV also fuses a forward of one micro-batch with a backward of another
+#   (`OVERLAP_F_B`, to hide the MoE all-to-all; listed here as its F and B). In their rows a `B`
+#   is either a full backward or an input backward whose `W` follows later. There is no
+#   hand-written counterpart here.
+
+# %% [markdown]
+# ## 9. Bug clinic: a deadlock at the turn
+#
+# A change planted in the executor, handed to the ranks as a patch set,
+# `run(..., patches=p2p_clinic_change())` (`paralab.exercises.lab08`; do not read it yet). It
+# replaces one function and touches no schedule. Below, GPipe and 1F1B run with it, `pp = 2`,
+# `m = 4`, with a short timeout.
+
+# %%
+clinic_verdicts = []
+gpipe_changed = run(pp_runs.pp_worker, 2, "gpipe", 4, 1, 1, timeout=30, patches=p2p_clinic_change())
+clinic_verdicts.append(
+    summary(
+        "clinic: GPipe still runs, bitwise",
+        pp_runs.check_training(gpipe_changed, "gpipe", 4, steps=1),
+    )
+)
+try:
+    run(pp_runs.pp_worker, 2, "1f1b", 4, 1, 1, timeout=3, patches=p2p_clinic_change())
+    hung = None
+except LaunchTimeout as exc:
+    hung = exc.hung_ranks
+    print(str(exc).splitlines()[0].replace("3 s", "the timeout"))
+clinic_verdicts.append(
+    claim("clinic: 1F1B stops, both ranks waiting", hung == [0, 1], f"hung ranks {hung}")
+)
+print(verdict_table(clinic_verdicts, "bug clinic"))
+
+# %% [markdown]
+# **What is wrong?** Both ranks are alive and waiting. Read the two lists side by side (the
+# table printed in section 2): what does each rank hand `exchange` between step 1 and step 2?
+# Why does GPipe never get there? Then open the answer.
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The change is `exchange_in_program_order`: each message as its own blocking call, the
+# previous action's sends first, then this action's receives. In 1F1B at `pp = 2` the turn
+# from warm-up to steady state comes after step 1: rank 0 has just run `F0.1` and must send
+# `act0.1`, then receive `grad1.0` for `B0.0`; rank 1 has just run `B1.0` and must send
+# `grad1.0`, then receive `act0.1` for `F1.1`. Each sends first, and a gloo send completes only when the peer posts the
+# matching receive, so both wait in `send` forever: a cycle of two. GPipe never has two
+# neighbours sending to each other at once (all activations flow up, then all gradients flow
+# down), so the same change runs, bitwise.
+#
+# The fix is what the package's `exchange` does: post the pending sends and the next
+# receives in one `batch_isend_irecv`, wait for the receives. torch's Schedule1F1B keeps the
+# last warm-up send back to fuse it with the first backward's receive ("fwd_send_bwd_recv"),
+# and Megatron calls `send_forward_recv_backward` there: the same pairing. The launcher names
+# both ranks because neither returned; the logical clock cannot see this bug, since it models
+# sends that never block: the lists themselves are fine.
+# </details>
+
+# %% [markdown]
+# ## Closing note
+
+# %%
+closing = ["| pp | m | GPipe | 1F1B | interleaved (v = 2) | ZB-H1 |", "|---|---|---|---|---|---|"]
+for pp in PP_SIZES:
+    for m in (pp, 2 * pp):
+        cells = [
+            f"{executed_timeline(runs[(pp, n, m)][1], runs[(pp, n, m)][0]).bubble_fraction:.4f} ({bubble_formula(n, pp, m, v):.4f})"
+            for n, v in SWEEP
+        ]
+        closing.append(f"| {pp} | {m} | " + " | ".join(cells) + " |")
+display(
+    Markdown(
+        "Bubble fraction measured on the logical clock from the ranks' recorded order (closed form in brackets):\n\n"
+        + "\n".join(closing)
+        + f"\n\nEvery gradient and the parameters after 2 steps matched one process bitwise (pp = 2 and 4, "
+        "m = 1, pp, 2pp, all four schedules); bytes per boundary per micro-batch: "
+        f"{boundary_bytes()} B each way, ledger = formula on every rank; activations held: m (GPipe) "
+        "against min(p − r, m) (1F1B). torch.distributed.pipelining's six classes ran on gloo with the same "
+        "gradients. The last cell prints this run's time."
+    )
+)
+
+# %% [markdown]
+# ## What to try
+#
+# 1. In the `one_f_one_b_order` cell, change the warm-up to `min(pp - r - 1, microbatches)`,
+#    re-run that cell, then section 4's launch. What does each run say, and on which rank?
+#
+#    <details><summary>Hint</summary>The last rank's list now starts with a backward before its
+#    forward: in the first launch (pp = 2) rank 1 raises `KeyError: (1, 0)` (no saved forward
+#    for stage 1, micro-batch 0) and its peer fails after it; the launcher names them.
+#    `with patched(KERNEL_EDIT): simulate("1f1b", 4, 8)` raises `Deadlock` instead, naming
+#    what every rank waits for (rank 3: `F3.0 before B3.0`).</details>
+# 2. `simulate("zbh1", 4, m).bubble_fraction` for `m = 1, 2, 3`: how far from `(p-1)/(3m+p-1)`?
+#    Why does the form need `m >= p`?
+#
+#    <details><summary>Hint</summary>0.667, 0.455, 0.308 against 0.5, 0.333, 0.25: with fewer
+#    micro-batches than stages, rank 0 has nothing left to run while the first gradient
+#    travels back.</details>
+# 3. `simulate("interleaved", 4, 8, 4).bubble_fraction`: does `v = 4` follow `(p-1)/(v·m+p-1)`?
+#    And what does it cost on the wire: `step_bytes_sent(build_schedule("interleaved", 4, 8,
+#    4).owner, 8, boundary_bytes())` against `v = 2`?
+#
+#    <details><summary>Hint</summary>Yes, `3/35`. Ranks 0 to 2 now feed 4 boundaries forward
+#    instead of 2 (rank 3: 3 instead of 1), about twice `v = 2`'s bytes: the traffic grows
+#    with `v` while the bubble shrinks.</details>
+# 4. In `microbatch_loss`, drop the `/ microbatches` and re-run section 4. Which rows fail, and
+#    by how much is every gradient off?
+#
+#    <details><summary>Hint</summary>All eight training rows fail (through their m = pp and 2pp
+#    runs; m = 1 is unchanged), and so does the row against one backward: each gradient is m
+#    times too large, and the parameters after the SGD steps differ with them. The reference
+#    is the package's own `microbatch_loss`, not the edited one.</details>
+# 5. Hand the clinic's change to ZB-H1: `run(pp_runs.pp_worker, 2, "zbh1", 4, 1, 1, timeout=3,
+#    patches=p2p_clinic_change())`. Does it deadlock? At which step of the lists?
+#
+#    <details><summary>Hint</summary>Yes: ZB-H1 has 1F1B's F and B order, so the same turn,
+#    `F0.1` then `B0.0` on rank 0 and `B1.0` then `F1.1` on rank 1, puts both ranks in a
+#    blocking send at once.</details>
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
