@@ -125,3 +125,23 @@ def test_the_check_sees_a_planted_upward_import():
     assert any("paralab.notebooks (build) imports paralab.grade.submission" in v for v in found)
     assert any("paralab.grade (classroom) imports paralab.site" in v for v in found)
     assert "paralab.train.runs" in graph and "paralab.patches" in graph["paralab.train.runs"]
+
+
+def test_viz_re_exports_every_picture_of_its_modules():
+    """Labs keep `from paralab import viz`: a picture added to a viz module must be re-exported."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import paralab.viz as viz
+
+    missing = [
+        f"paralab.viz.{info.name}.{name}"
+        for info in pkgutil.iter_modules(viz.__path__)
+        for name, obj in vars(importlib.import_module(f"paralab.viz.{info.name}")).items()
+        if inspect.isfunction(obj)
+        and not name.startswith("_")
+        and obj.__module__ == f"paralab.viz.{info.name}"
+        and getattr(viz, name, None) is not obj
+    ]
+    assert not missing, "add to paralab/viz/__init__.py: " + ", ".join(missing)

@@ -32,13 +32,21 @@ from paralab.viz.fsdp import (
 from paralab.viz.mesh import plot_dp_grid, plot_overlay_vs_consuming, plot_rank_groups
 from paralab.viz.pipeline import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples
 from paralab.viz.pp import plot_bubble_vs_m, plot_pipeline_timeline
-from paralab.viz.train import plot_group_phase_bytes, plot_token_ownership
+from paralab.viz.tp import (
+    plot_activation_memory,
+    plot_block_regions,
+    plot_phase_bytes,
+    plot_weight_split,
+)
+from paralab.viz.train import plot_group_phase_bytes, plot_token_ownership, plot_wrapper_nesting
 from paralab.viz.vae_lb import plot_cost_fit, plot_lb_loads, plot_lb_protocol
 
 __all__ = [
     "PALETTE",
     "fsdp_events",
+    "plot_activation_memory",
     "plot_balance_history",
+    "plot_block_regions",
     "plot_bubble_vs_m",
     "plot_bytes_by_phase",
     "plot_causal_ownership",
@@ -57,9 +65,10 @@ __all__ = [
     "plot_lb_protocol",
     "plot_memory",
     "plot_overlay_vs_consuming",
+    "plot_phase_bytes",
     "plot_pipeline_memory",
-    "plot_pipeline_timeline",
     "plot_pipeline_samples",
+    "plot_pipeline_timeline",
     "plot_rank_groups",
     "plot_rank_strip",
     "plot_ring_timeline",
@@ -72,5 +81,7 @@ __all__ = [
     "plot_tokens_per_expert",
     "plot_traffic",
     "plot_ulysses_reshape",
+    "plot_weight_split",
+    "plot_wrapper_nesting",
     "show",
 ]
