@@ -84,7 +84,8 @@ def test_a_function_passing_every_visible_case_can_fail_a_hidden_one_without_see
     assert visible.verdict == "PASS"
     hidden = grade(exercise, _combine_right_for_positive_scales_only, seed=3)
     text = report(exercise, hidden)
-    assert hidden.verdict == "PARTIAL" and 0 < hidden.points < exercise.points, text
+    # the hidden cases of a world size earn its points together: right in one regime earns nothing
+    assert hidden.verdict == "FAIL" and hidden.points == 0, text
     assert "hidden case: another shape, a negative guidance scale (in-process):" in text, text
     assert "output differs from the reference" in text and "expected" not in text, text
     assert "Outcome(" not in text

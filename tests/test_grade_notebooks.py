@@ -1,156 +1,151 @@
-"""Grading handed-in notebooks: nothing a notebook prints, patches or declares can raise its score.
+"""Grading handed-in notebooks: the real student release, each exercise typed into its stub cell in
+place, scores full marks on every lab; an untouched release scores 0; a half-solved one exactly its
+points; the check cell applies the grader's own rules.
 
-One batch of small submissions (two cheap labs, 02 and 04) through `python -m paralab.grade`, read
-back from its JSON: every known cheat scores 0 on the exercise it targets, a solved exercise
-scores full, an untouched release scores 0, a half-solved one exactly its points, a hanging notebook
-a row of zeros within the timeout.
+One batch through `python -m paralab.grade` (every lab's solved release, and two lab 04 variants),
+read back from its JSON: the sandbox runs all the exercises of one notebook in one process.
 """
 
+import ast
 import csv
+import importlib
+import inspect
 import json
 import re
-import time
+import textwrap
 
 import nbformat
 import pytest
 
 from paralab.exercises import EXERCISES, for_lab
+from paralab.grade import check
 from paralab.grade.__main__ import main
-from paralab.grade.submission import definition, screen, statements
+from paralab.grade.code import definition, screen, statements
 from paralab.notebooks import ROOT, show_cell
 from paralab.release import student_notebook
 from paralab.stubs import stub_package
 
 LAB02, LAB04 = "02_cp_ring_vs_ulysses", "04_vae_lb"
-HANG_TIMEOUT_S = 15
+LABS = sorted(
+    {e.lab for e in EXERCISES.values() if list((ROOT / "labs" / e.lab).glob("*_lab.ipynb"))}
+)
+SEED = 5
 
 
-def _notebook(path, *cells):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(
-        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), path
-    )
-
-
-def _retyped(spec: str, argument: str) -> str:
-    """The package's solution as a student who re-typed it would hand it in: its imports, its own argument name."""
-    code = show_cell(spec)[0].split("\n", 1)[1]
-    return re.sub(rf"\b{argument}\b", f"{argument}_in", code)
-
-
-def _untouched(lab: str) -> list[str]:
-    """The cells of the student release that hold the lab's stubs, as handed out."""
+def release(lab: str) -> nbformat.NotebookNode:
+    """The lab's notebook as the student release hands it out."""
     source = next((ROOT / "labs" / lab).glob("*_lab.ipynb"))
-    release = student_notebook(nbformat.read(source, as_version=4), lab)
-    return [
-        c.source
-        for c in release.cells
-        if c.cell_type == "code" and "raise NotImplementedError(" in c.source
-    ]
+    return student_notebook(nbformat.read(source, as_version=4), lab)
 
 
-CHEATS_02 = [
-    # merge_partials: stub left, a fake report printed, the grader patched, check redefined, the cases emptied
-    "from paralab.cp.blocks import attention_block\n\n"
-    "def merge_partials(out, lse, block_out, block_lse):\n    raise NotImplementedError\n",
-    "print('merge_partials: PASS — 2/2 points')\nprint('total 9/9')",
-    "import paralab.grade\nparalab.grade.grade = lambda *a, **k: None\n\ndef check(name, fn):\n"
-    "    print(f'{name}: PASS — 3/3 points')\n",
-    "from paralab.exercises import EXERCISES\nfor e in EXERCISES.values():\n    e.world_sizes = ()\n",
-    # pack_heads: the package's own, imported
-    "from paralab.cp.ulysses import pack_heads",
-    # ring_pass: the package's own, called through its module
-    "import paralab.cp.ring as ring_module\n\ndef ring_pass(t, group, tag):\n"
-    "    return ring_module.ring_pass(t, group, tag)\n",
-]
+def _solution_region(exercise) -> tuple[str, str]:
+    module_name, _, attr = exercise.target.rpartition(".")
+    source = inspect.getsource(getattr(importlib.import_module(module_name), attr))
+    found = re.search(
+        r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n", source, re.S | re.M
+    )
+    return found.group(1), textwrap.dedent(found.group(2))
+
+
+def solve_in_place(nb: nbformat.NotebookNode, exercise) -> nbformat.NotebookNode:
+    """Type the package's solution where the stub raises, in the cell handed out for it, as a
+    student who retyped it would (its first argument renamed), using what the stub imports."""
+    fn = exercise.target.rsplit(".", 1)[1]
+    indent, body = _solution_region(exercise)
+    stub = re.compile(
+        rf"^[ \t]*# YOUR CODE HERE\n[ \t]*raise NotImplementedError\(['\"]"
+        rf"{re.escape(exercise.name)}:[^\n]*\)\n?",
+        re.M,
+    )
+    cell = next(
+        c
+        for c in nb.cells
+        if c.cell_type == "code" and fn in c.metadata.get("paralab", {}).get("edit", [])
+    )
+    text, replaced = stub.subn(lambda _: textwrap.indent(body, indent), cell.source + "\n")
+    assert replaced == 1, f"{exercise.name}: no stub to replace in\n{cell.source}"
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == fn)
+    lines, argument = text.splitlines(), node.args.args[0].arg
+    span = re.sub(
+        rf"\b{argument}\b", f"{argument}_in", "\n".join(lines[node.lineno - 1 : node.end_lineno])
+    )
+    cell.source = "\n".join(lines[: node.lineno - 1] + [span] + lines[node.end_lineno :])
+    return nb
+
+
+def hand_in(path, nb: nbformat.NotebookNode):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def notebook_name(lab: str) -> str:
+    return next((ROOT / "labs" / lab).glob("*_lab.ipynb")).name
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("submissions")
-    paster = show_cell(EXERCISES["pack_seq"].target)[0].split("\n", 1)[
-        1
-    ]  # pasted from the lab notebook
-    _notebook(root / "cheater" / "cp_ring_vs_ulysses_lab.ipynb", *CHEATS_02, paster)
-    solved_two = [
-        _retyped(EXERCISES["normalize_pixels"].target, "video"),
-        _retyped(EXERCISES["plan_rebalance"].target, "costs"),
-    ]
-    stub_cells = _untouched(LAB04)
-    _notebook(root / "half" / "vae_lb_lab.ipynb", *stub_cells, *solved_two)  # later definitions win
-    _notebook(root / "untouched" / "vae_lb_lab.ipynb", *stub_cells)
-    _notebook(root / "sleeper" / "vae_lb_lab.ipynb", "import time\ntime.sleep(600)", *solved_two)
-    start = time.monotonic()
+    for lab in LABS:
+        nb = release(lab)
+        for exercise in for_lab(lab):
+            solve_in_place(nb, exercise)
+        hand_in(root / f"solved-{lab}" / notebook_name(lab), nb)
+    half = release(LAB04)
+    for name in ("normalize_pixels", "plan_rebalance"):
+        solve_in_place(half, EXERCISES[name])
+    # a later cell no one marked for answers redefines a function wrongly: it does not count
+    half.cells.append(nbformat.v4.new_code_cell("def normalize_pixels(video):\n    return video"))
+    hand_in(root / "half" / notebook_name(LAB04), half)
+    hand_in(root / "untouched" / notebook_name(LAB04), release(LAB04))
     code = main(
         [str(p) for p in sorted(root.glob("*/*.ipynb"))]
-        + [
-            "--timeout",
-            str(HANG_TIMEOUT_S),
-            "--seed",
-            "5",
-            "--json",
-            str(root / "scores.json"),
-            "--csv",
-            str(root / "scores.csv"),
-        ]
+        + ["--seed", str(SEED), "--json", str(root / "scores.json")]
+        + ["--csv", str(root / "scores.csv")]
     )
     rows = json.loads((root / "scores.json").read_text())
-    return code, {(r["student"], r["exercise"]): r for r in rows}, root, time.monotonic() - start
+    return code, {(r["student"], r["exercise"]): r for r in rows}, root
 
 
-def test_every_cheat_scores_zero_with_its_reason(graded):
-    code, rows, _, _ = graded
+@pytest.mark.parametrize("lab", LABS)
+def test_the_release_solved_in_place_scores_full_marks(graded, lab):
+    _, rows, _ = graded
+    for exercise in for_lab(lab):
+        row = rows[(f"solved-{lab}", exercise.name)]
+        assert (row["points"], row["verdict"]) == (exercise.points, "PASS"), row
+
+
+def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(graded):
+    code, rows, _ = graded
     assert code == 1
-    expected = {
-        "merge_partials": ("not implemented yet", "hint"),
-        "pack_heads": ("REFUSED", "imports paralab's own `pack_heads`"),
-        "pack_seq": ("REFUSED", "verbatim copy of paralab's solution"),
-        "unpack_heads": ("MISSING", "no definition of `unpack_heads`"),
-        "ring_pass": ("REFUSED", "uses paralab's own `ring_pass`"),
-    }
-    for exercise, (verdict, reason) in expected.items():
-        row = rows[("cheater", exercise)]
-        assert (row["points"], row["verdict"]) == (0, verdict), row
-        assert reason in row["reason"], row
-    assert rows[("cheater", "TOTAL")]["points"] == 0
-
-
-def test_solved_exercises_score_full_and_a_half_solved_lab_exactly_their_points(graded):
-    _, rows, _, _ = graded
     points = {e.name: e.points for e in for_lab(LAB04)}
     assert rows[("half", "normalize_pixels")]["points"] == points["normalize_pixels"]
     assert rows[("half", "plan_rebalance")]["points"] == points["plan_rebalance"]
     assert rows[("half", "return_latents")]["verdict"] == "not implemented yet"
-    assert (
-        rows[("half", "TOTAL")]["points"] == points["normalize_pixels"] + points["plan_rebalance"]
-    )
     assert rows[("untouched", "TOTAL")]["points"] == 0
     assert {rows[("untouched", e)]["verdict"] for e in points} == {"not implemented yet"}
 
 
-def test_a_hanging_notebook_gets_a_row_of_zeros_with_the_reason_and_the_batch_goes_on(graded):
-    _, rows, root, _ = graded
-    for exercise in (e.name for e in for_lab(LAB04)):
-        row = rows[("sleeper", exercise)]
-        assert (
-            row["points"] == 0 and f"did not finish within {HANG_TIMEOUT_S} s" in row["reason"]
-        ), row
-    assert rows[("untouched", "TOTAL")]["max_points"] == sum(
-        e.points for e in for_lab(LAB04)
-    )  # graded after it
-    feedback = (root / "sleeper" / "vae_lb_lab.feedback.txt").read_text()
-    assert "hangs: cell 1" in feedback
-
-
 def test_csv_has_one_row_per_student_and_exercise_plus_totals(graded):
-    _, rows, root, _ = graded
+    _, rows, root = graded
     with (root / "scores.csv").open() as f:
         table = list(csv.DictReader(f))
-    n02 = len(for_lab(LAB02))
-    assert (
-        len(table) == len(rows) == (n02 + 1) + 3 * (3 + 1)
-    )  # lab 02's exercises + total; 3 lab-04 notebooks
-    assert all(r["student"] in {"cheater", "half", "untouched", "sleeper"} for r in table)
+    n = sum(len(for_lab(lab)) + 1 for lab in LABS) + 2 * (len(for_lab(LAB04)) + 1)
+    assert len(table) == len(rows) == n
+    feedback = (root / "half" / "vae_lb_lab.feedback.txt").read_text()
+    assert "plan_rebalance: PASS" in feedback
+
+
+def test_the_release_marks_the_cells_a_student_edits_and_the_checks():
+    nb = release(LAB02)
+    edits = [c for c in nb.cells if c.metadata.get("paralab", {}).get("edit")]
+    marked = {fn for c in edits for fn in c.metadata["paralab"]["edit"]}
+    assert marked == {e.target.rsplit(".", 1)[1] for e in for_lab(LAB02)}
+    assert all("raise NotImplementedError(" in c.source for c in edits)
+    checks = [
+        c.metadata["paralab"]["check"] for c in nb.cells if "check" in c.metadata.get("paralab", {})
+    ]
+    assert sorted(checks) == sorted(e.name for e in for_lab(LAB02))
 
 
 def test_the_grading_copy_and_the_release_hold_no_solution(tmp_path):
@@ -161,31 +156,21 @@ def test_the_grading_copy_and_the_release_hold_no_solution(tmp_path):
         and "raise NotImplementedError('merge_partials withheld')" in blocks
     )
     lab = nbformat.read(next((ROOT / "labs" / LAB02).glob("*_lab.ipynb")), as_version=4)
-    release = student_notebook(lab, LAB02)
-    text = "\n".join(c.source for c in release.cells)
+    text = "\n".join(c.source for c in release(LAB02).cells)
     assert "### BEGIN SOLUTION" not in text
-    assert "logaddexp" not in "\n".join(
-        c.source for c in release.cells if "def merge_partials" in c.source
-    )
     prompts = len(for_lab(LAB02))
+    cells = release(LAB02).cells
     assert (
-        sum(c.cell_type == "markdown" for c in release.cells)
+        sum(c.cell_type == "markdown" for c in cells)
         == sum(c.cell_type == "markdown" for c in lab.cells) + prompts
     )
-    for exercise in for_lab(LAB02):
-        fn = exercise.target.rsplit(".", 1)[1]
-        at = next(i for i, c in enumerate(release.cells) if f"def {fn}(" in c.source)
-        checks = [c.source for c in release.cells[at + 1 : at + 1 + prompts]]
-        assert any(f'check("{exercise.name}", {fn})' in c for c in checks), checks
-    needs = [c for c in release.cells if c.cell_type == "code" and "# Runs your" in c.source]
+    needs = [c for c in cells if c.cell_type == "code" and "# Runs your" in c.source]
     assert needs and all(not c.outputs for c in needs)
-    kept = [
-        c
-        for c in release.cells
-        if c.cell_type == "code"
-        and any(o.get("data", {}).get("image/png") for o in c.get("outputs", []))
-    ]
-    assert kept, "pictures that do not depend on a student's function are kept"
+
+
+def _screened(code: str, exercise, fn: str):
+    cell = nbformat.v4.new_code_cell(code, metadata={"paralab": {"edit": [fn]}})
+    return screen(definition(statements([cell]), fn), exercise, fn)
 
 
 @pytest.mark.parametrize(
@@ -197,13 +182,44 @@ def test_the_screen_refuses_a_paste_and_lets_a_retyped_solution_run(name):
     pasted = show_cell(exercise.target)[0].split("\n", 1)[1]
     first_argument = re.search(rf"def {fn}\(\s*(\w+)", pasted).group(1)
     retyped = re.sub(rf"\b{first_argument}\b", f"{first_argument}_in", pasted)
+    assert _screened(retyped, exercise, fn) is None
+    tiny = name == "cfg_combine"  # a one-line formula: everyone writes it alike
+    screened = _screened(pasted, exercise, fn)
+    assert (screened is None) if tiny else "verbatim copy" in screened
 
-    def screened(code):
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
-        return screen(definition(statements(nb), fn), exercise, fn)
 
-    assert screened(retyped) is None
-    tiny = (
-        name == "cfg_combine"
-    )  # a one-line formula: everyone writes it alike, so equal is no proof
-    assert (screened(pasted) is None) if tiny else "verbatim copy" in screened(pasted)
+@pytest.mark.parametrize(
+    "code, refused",
+    [
+        ("from torch import os\n", "imports `os` from `torch`"),
+        ("import torch\n", "uses `.system`"),
+        ("import torch\n", "uses `.open`"),
+    ],
+)
+def test_the_screen_sees_modules_and_calls_reached_through_attributes(code, refused):
+    exercise = EXERCISES["cfg_combine"]
+    call = {"uses `.system`": "torch.os.system('x')", "uses `.open`": "torch.os.open('x', 0)"}
+    body = call.get(refused, "os.getcwd()")
+    source = code + f"def cfg_combine(c, u, s):\n    {body}\n    return u + s * (c - u)\n"
+    assert refused in _screened(source, exercise, "cfg_combine")
+
+
+def test_the_check_cell_applies_the_graders_rules_to_the_cell_alone(tmp_path, capsys, monkeypatch):
+    cell = tmp_path / "student_cell.py"
+    cell.write_text(
+        "from torch import os\n\n\ndef cfg_combine(cond, uncond, scale):\n"
+        "    os.getcwd()\n    return uncond + scale * (cond - uncond)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("student_cell")
+    check("cfg_combine", module.cfg_combine)
+    printed = capsys.readouterr().out
+    assert "cfg_combine: REFUSED — 0/1 points" in printed, printed
+    assert "imports `os` from `torch`" in printed and "requires that it imports only" in printed
+    helper = tmp_path / "student_helper.py"
+    helper.write_text(
+        "def cfg_combine(cond, uncond, scale):\n    return mix(cond, uncond, scale)\n\n\n"
+        "def mix(c, u, s):\n    return u + s * (c - u)\n"
+    )
+    check("cfg_combine", importlib.import_module("student_helper").cfg_combine)
+    assert "cfg_combine: PASS — 1/1 points" in capsys.readouterr().out

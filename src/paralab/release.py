@@ -17,6 +17,7 @@ import torch
 
 from paralab.exercises import for_lab
 from paralab.grade import reference_world
+from paralab.grade.code import EDIT_KEY
 from paralab.notebooks import ROOT, lab_sources, notebook_path, stable_cell_ids
 from paralab.stubs import (
     PACKAGE,
@@ -86,6 +87,7 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
                 stub_regions(cell.source, release_stub_message)[0], exercise_contracts()
             ).rstrip()
             cell.outputs, cell.execution_count = [], None
+            cell.metadata[EDIT_KEY] = {"edit": mine}  # the only cells the grader reads
             for fn in mine:
                 e = exercises[fn]
                 cells.append(
@@ -98,7 +100,8 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
             cells.append(cell)
             cells += [
                 nbformat.v4.new_code_cell(
-                    f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})'
+                    f'from paralab.grade import check\n\ncheck("{exercises[fn].name}", {fn})',
+                    metadata={EDIT_KEY: {"check": exercises[fn].name}},
                 )
                 for fn in mine
             ]

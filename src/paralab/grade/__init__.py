@@ -4,25 +4,25 @@ In a lab notebook, after the learner's version of a function:
 
     check("merge_partials", merge_partials)
 
-runs the learner's function on every case of the exercise (on real ranks
-through `paralab.launch` when the exercise is distributed), compares each
-output element by element with the reference, and prints a report whose first
-line is `<exercise>: <VERDICT> — <points>/<max> points`. Points are split
-evenly over the cases (every world size counts), so a function right on 2
-ranks but wrong on 4 earns part of them.
+rebuilds the learner's function from its own cell and applies the grader's rules to it
+(`paralab.grade.code`), then runs it on every visible case of the exercise (on real ranks
+through `paralab.launch` when the exercise is distributed), compares each output element by
+element with the reference, and prints a report whose first line is
+`<exercise>: <VERDICT> — <points>/<max> points`. On the visible cases, points are split evenly
+over the cases (every world size counts), so a function right on 2 ranks but wrong on 4 earns
+part of them.
 
 From a shell, an instructor grades handed-in notebooks:
 
     python -m paralab.grade submissions/*/cp_ring_vs_ulysses_lab.ipynb --seed 7 --csv scores.csv
 
-which never trusts what a notebook prints or its metadata: it executes each
-submission headless (per-cell `--timeout`), extracts the student's definitions
-of the lab's exercise functions from the cell sources, runs them in fresh
-processes of its own against this package's solutions on the visible cases and
-on hidden ones drawn from `--seed`, and writes a score table, a feedback file
-per submission, and optionally JSON and CSV (one row per student × exercise,
-plus a total row per student). `paralab.grade.submission` reads and runs a
-submission; `paralab.grade.__main__` is the command line.
+which never trusts what a notebook prints or holds: it reads each submission's answer cells,
+runs them in a sandbox (`paralab.grade.sandbox`) against a package copy without solutions, on
+the visible cases and on hidden ones drawn from `--seed`, and judges the returned outputs itself
+(`paralab.grade.submission`). There the hidden cases carry the points: each hidden world size
+earns its share when all its hidden cases pass, and the visible cases, whose reference outputs
+the hand-out ships, scale that by at most `VISIBLE_SHARE`. `paralab.grade.__main__` is the
+command line.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ from paralab.launch import LaunchError, LaunchTimeout, run
 NOT_IMPLEMENTED = "not implemented yet"
 WITHHELD = "is withheld while grading"
 """Text of the stubs that replace the package's solutions in the process that runs a student's code."""
+
+
+VISIBLE_SHARE = 0.1
+"""Where hidden cases are graded, the visible ones (whose reference outputs the hand-out ships)
+earn at most this share of the points, and only in proportion to the hidden points earned: outputs
+looked up from the shipped references earn nothing."""
 
 
 @dataclass
@@ -233,22 +239,25 @@ def score(exercise: Exercise, runs: list[WorldRun]) -> Outcome:
             n = len(kinds) if kinds else 1
             kinds = kinds or ["every case"]
             how = "timeout" if w.failure_verdict == "TIMEOUT" else _how(w.failure)
-            why = f"world {w.world}: {w.failure}" if w.world else w.failure
-            why = why.splitlines()[0] if w.hidden else why  # a hidden case's kind, never its data
+            why = without_data(w.failure) if w.hidden else w.failure  # its kind, never its data
+            why = f"world {w.world}: {why}" if w.world else why
             cases += [CaseResult(w.world, kinds[i], w.hidden, False, why, how) for i in range(n)]
             continue
         n_cases = len(w.expected[0])
         kinds = (kinds or []) + [f"case {i}" for i in range(len(kinds or []), n_cases)]
         for c in range(n_cases):
             cases.append(CaseResult(w.world, kinds[c], w.hidden, *_judge_case(exercise, w, c)))
+    if not cases:  # nothing was run: never a pass
+        return Outcome("ERROR", 0, ["no case was run, so there is nothing to grade"], cases)
     passed = sum(c.passed for c in cases)
-    points = round(exercise.points * passed / len(cases), 2) if cases else 0.0
+    points = share(exercise.points, cases)
     failed = [c for c in cases if not c.passed]
     if not failed:
         worlds = ", ".join(str(w) for w in sorted({c.world for c in cases}) if w) or "in-process"
         return Outcome(
             "PASS", exercise.points, [f"all {len(cases)} cases pass (world sizes: {worlds})"], cases
         )
+    passed = passed if points else 0
     verdict = _verdict(failed, passed)
     if verdict == NOT_IMPLEMENTED:
         return Outcome(NOT_IMPLEMENTED, 0, [f"hint: {exercise.hint}"], cases)
@@ -270,6 +279,22 @@ def score(exercise: Exercise, runs: list[WorldRun]) -> Outcome:
     return Outcome(verdict, points, details, cases)
 
 
+def share(points: int, cases: list[CaseResult]) -> float:
+    """The points earned. Without hidden cases: split evenly over the cases. With them: each hidden
+    world size earns its share only when every hidden case there passes (they are the exercise's
+    regimes together, so a version right in the easy regime only earns nothing), and the visible
+    cases scale that by at most `VISIBLE_SHARE`."""
+    hidden = [c for c in cases if c.hidden]
+    if not hidden:
+        return round(points * sum(c.passed for c in cases) / len(cases), 2) if cases else 0.0
+    visible = [c for c in cases if not c.hidden]
+    seen = sum(c.passed for c in visible) / len(visible) if visible else 1.0
+    worlds = {c.world for c in hidden}
+    right = [w for w in worlds if all(c.passed for c in hidden if c.world == w)]
+    fraction = len(right) / len(worlds) * (1 - VISIBLE_SHARE + VISIBLE_SHARE * seen)
+    return round(points * fraction, 2)
+
+
 def _verdict(failed: list[CaseResult], passed: int) -> str:
     how = {c.failure for c in failed}
     if "withheld" in how:
@@ -281,6 +306,15 @@ def _verdict(failed: list[CaseResult], passed: int) -> str:
     if "timeout" in how:
         return "TIMEOUT"
     return "FAIL" if how == {"differs"} else "ERROR"
+
+
+def without_data(why: str) -> str:
+    """What went wrong in a hidden case, without its message (which may quote the case's data):
+    `rank 1 raised ValueError: <data>` -> `rank 1 raised ValueError`."""
+    first = why.splitlines()[0] if why else ""
+    if WITHHELD in first:
+        return first
+    return first.split(": ", 1)[0] if ": " in first else first
 
 
 def _how(why: str) -> str:
@@ -303,9 +337,8 @@ def _judge_case(exercise: Exercise, w: WorldRun, c: int) -> tuple[bool, str, str
             failures, key=lambda f: (f[1].startswith("the result has the wrong form"), f[0])
         )
         where = "" if w.world == 0 else f"world {w.world}, rank {rank}: "
-        if w.hidden and not out.startswith(("NotImplementedError", "the result")):
-            out = out.splitlines()[0]
-        return False, where + out, _how(out)
+        how = _how(out)
+        return False, where + (without_data(out) if w.hidden else out), how
     actual = [rank_results[c][1] for rank_results in w.actual]
     expected = [rank_expected[c] for rank_expected in w.expected]
     failed = [
@@ -369,13 +402,32 @@ def grade(exercise: Exercise, learner: Callable, seed: int | None = None) -> Out
 def report(exercise: Exercise, outcome: Outcome) -> str:
     head = f"{exercise.name}: {outcome.verdict} — {outcome.points:g}/{exercise.points} points"
     if outcome.cases:
-        head += f" ({sum(c.passed for c in outcome.cases)}/{len(outcome.cases)} cases pass, points split evenly)"
+        how = (
+            "the hidden cases of each world size earn its points together"
+            if any(c.hidden for c in outcome.cases)
+            else "points split evenly"
+        )
+        head += f" ({sum(c.passed for c in outcome.cases)}/{len(outcome.cases)} cases pass, {how})"
     return "\n".join([head, *("  " + d for d in outcome.details)])
 
 
 def check(name: str, fn: Callable) -> None:
-    """Grade the learner's `fn` for exercise `name` on the visible cases and print the report."""
+    """Grade the learner's `fn` for exercise `name` on the visible cases and print the report.
+
+    `fn` is first rebuilt from its own cell alone and screened by the grader's rules
+    (`paralab.grade.code`), so what passes here is what the grader runs, and a refusal here is
+    the grader's refusal, with the rule it broke."""
+    from paralab.grade.code import RULES, as_graded
+
     if name not in EXERCISES:
         raise KeyError(f"no exercise named {name!r}; known: {', '.join(sorted(EXERCISES))}")
     exercise = EXERCISES[name]
-    print(report(exercise, grade(exercise, fn)))
+    graded, why = as_graded(fn, exercise)
+    if graded is None:
+        verdict, _, reason = why.partition(": ")
+        print(
+            f"{exercise.name}: {verdict} — 0/{exercise.points} points (as the grader will score it)\n"
+            f"  {reason}\n  The grader reads only this cell, and requires that {RULES}."
+        )
+        return
+    print(report(exercise, grade(exercise, graded)))

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import os
+import secrets
 import sys
-import time
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from paralab.exercises import EXERCISES, for_lab
-from paralab.grade.submission import Row, grade_submission, grading_copy, lab_of
+from paralab.grade.sandbox import isolation
+from paralab.grade.submission import (
+    Graded,
+    Row,
+    grade_safely,
+    pristine_package,
+    read_submission,
+)
 from paralab.tables import text_table
 
 
@@ -23,6 +33,14 @@ def score_table(rows: list[Row]) -> str:
     return text_table(("exercise", "points", "verdict"), table)
 
 
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: a reader never sees half a score file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.partial")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def write_results(rows: list[Row], json_path: Path | None, csv_path: Path | None) -> None:
     """One row per student × exercise, then one `TOTAL` row per student."""
     totals = {}
@@ -32,31 +50,37 @@ def write_results(rows: list[Row], json_path: Path | None, csv_path: Path | None
         t.max_points += r.max_points
     everything = rows + list(totals.values())
     if json_path:
-        json_path.write_text(json.dumps([asdict(r) for r in everything], indent=1) + "\n")
+        _write(json_path, json.dumps([asdict(r) for r in everything], indent=1) + "\n")
     if csv_path:
-        with csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(
-                f, fieldnames=list(asdict(everything[0])) if everything else ["student"]
-            )
-            writer.writeheader()
-            writer.writerows(asdict(r) for r in everything)
+        table = io.StringIO()
+        writer = csv.DictWriter(
+            table, fieldnames=list(asdict(everything[0])) if everything else ["student"]
+        )
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in everything)
+        _write(csv_path, table.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m paralab.grade",
-        description="Grade handed-in paralab notebooks (executes them headless: "
-        "untrusted code, see labs/README.md's safety note).",
+        description="Grade handed-in paralab notebooks: each submission's cells run in a sandbox "
+        "of their own (untrusted code, see labs/README.md's safety note).",
     )
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument(
         "--lab", help="the lab of every notebook (default: inferred from each file name)"
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="draws the hidden cases (keep it to yourself)"
+        "--seed",
+        type=int,
+        help="draws the hidden cases (keep it to yourself; default: a random one, printed)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300, help="seconds each notebook cell may run"
+        "--budget",
+        type=float,
+        default=600,
+        help="seconds one submission may run, all its exercises together",
     )
     parser.add_argument(
         "--json", type=Path, help="write every row (student × exercise, and totals) as JSON"
@@ -74,25 +98,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"no exercises for lab {args.lab!r}; labs: {', '.join(sorted({e.lab for e in EXERCISES.values()}))}"
         )
-    rows: list[Row] = []
-    full = True
-    with grading_copy() as package:
-        for path in args.notebooks:
-            start = time.monotonic()
-            student, lab, mine, reports, run_s = grade_submission(
-                path, args.lab or lab_of(path), args.seed, args.timeout, package
+    seed = args.seed if args.seed is not None else secrets.randbelow(10**9)
+    drawn = "" if args.seed is not None else f" (drawn at random: --seed {seed} grades these again)"
+    print(f"seed {seed}{drawn}")
+    print(isolation().describe(), flush=True)
+    submissions = [read_submission(path, args.lab) for path in args.notebooks]  # before any runs
+    graded: list[Graded] = []
+    with tempfile.TemporaryDirectory(prefix="paralab-grading-") as tmp:
+        pristine = pristine_package(Path(tmp) / "src")
+        for sub in submissions:
+            result = grade_safely(sub, seed, args.budget, pristine)
+            print(
+                f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
+                f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",
+                flush=True,
             )
-            text = (
-                f"{path}  (student {student}, lab {lab}; graded in {time.monotonic() - start:.0f} s, "
-                f"{run_s:.0f} s of it re-running the notebook)\n{score_table(mine)}\n"
-            )
-            print(text, flush=True)
-            target = (args.feedback or path.parent) / f"{path.stem}.feedback.txt"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text + "\n" + "\n\n".join(reports) + "\n")
-            rows += mine
-            full &= bool(mine) and all(r.points == r.max_points for r in mine)
+            graded.append(result)
+    # Every sandbox is gone (each took its processes with it): only now is anything written.
+    for result in graded:
+        sub = result.submission
+        target = (args.feedback or sub.path.parent) / f"{sub.path.stem}.feedback.txt"
+        _write(
+            target,
+            f"{sub.path}\n{score_table(result.rows)}\n\n" + "\n\n".join(result.feedback) + "\n",
+        )
+    rows = [r for result in graded for r in result.rows]
     write_results(rows, args.json, args.csv)
+    full = all(bool(g.rows) and all(r.points == r.max_points for r in g.rows) for g in graded)
     return 0 if full else 1
 
 

@@ -1,54 +1,46 @@
-"""Read a handed-in notebook without trusting it.
+"""Grade handed-in notebooks without trusting them, and without one hurting another.
 
-Nothing a notebook prints, and none of its metadata, counts. A submission is
+Nothing a notebook prints, and none of its outputs, count, and the notebook is never run as a
+whole. A submission is
 
-1. executed headless in a fresh kernel, each cell within a timeout: a notebook
-   that hangs or kills its kernel scores zeros, with the reason;
-2. read from its cell sources: for each exercise function of the lab, the
-   student's last top-level definition of it, plus the top-level statements
-   that bind the names it needs (imports, constants, helpers), nothing else;
-3. screened: a definition that imports or names paralab's own version of an
-   exercise function, imports modules other than torch and a few helpers of the
-   standard library, loads code dynamically (`exec`, `getattr`, `open`, dunder
-   attributes), or is a verbatim copy of the package's solution scores 0, with
-   the reason;
-4. run in a fresh process of its own (`python -m paralab.grade.submission`) against a
-   copy of the package whose solutions raise, on the visible cases and on hidden
-   ones drawn from the grading seed; its outputs come back as plain tensors and
-   are compared, in the grader's own process, with the outputs of this
-   package's solutions.
+1. read once, into the grader's memory, before any student code runs;
+2. read from the cells the release marks as the student's (`paralab.grade.code`): for each
+   exercise function, its definition there and the statements of those cells it needs;
+3. screened by the rules the notebook's check cell applies too (a refusal scores 0, with its rule);
+4. run in a sandbox (`paralab.grade.sandbox`) against its own throwaway copy of the package with
+   every solution stubbed, all of the lab's exercises in one process, within one time budget:
+   the visible cases and the hidden ones, drawn from a seed derived from the grading seed (the
+   grading seed itself never reaches the student's process);
+5. judged in the grader's own process: the raw outputs come back over a pipe the grader opened,
+   are checked against the grader's plan (every planned world, every case, nothing else), are
+   refused when they are not plain tensors and containers, and are compared with the outputs of
+   this package's solutions, computed by the grader.
 
 Tracebacks name the student's cell (`File "<cell 12>", line 5, in ring_pass`).
 """
 
 from __future__ import annotations
 
-import ast
-import builtins
-import contextlib
-import dataclasses
-import importlib
-import inspect
+import argparse
+import hashlib
+import io
 import json
 import os
-import subprocess
-import symtable
+import shutil
+import signal
+import struct
 import sys
 import tempfile
-import textwrap
-import time
-import types
-from collections.abc import Iterator
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import cloudpickle
 import nbformat
 import torch
 
 from paralab.exercises import EXERCISES, Exercise, for_lab
 from paralab.grade import (
-    NOT_IMPLEMENTED,
     WITHHELD,
     WorldRun,
     case_outputs,
@@ -59,39 +51,15 @@ from paralab.grade import (
     report,
     score,
 )
-from paralab.stubs import release_stub_message, stub_package, stub_regions
+from paralab.grade.code import definition, load, refusal, statements
+from paralab.grade.sandbox import RESULT_BYTES, run_sandboxed
+from paralab.stubs import stub_package
 
-ALLOWED_IMPORTS = {
-    "torch",
-    "math",
-    "numpy",
-    "itertools",
-    "functools",
-    "collections",
-    "dataclasses",
-    "typing",
-    "operator",
-    "__future__",
-    "paralab",
-}
-FORBIDDEN_CALLS = {
-    "exec",
-    "eval",
-    "compile",
-    "__import__",
-    "open",
-    "getattr",
-    "setattr",
-    "delattr",
-    "globals",
-    "locals",
-    "vars",
-    "breakpoint",
-    "input",
-}
-COPY_MIN_NODES = 30
-"""A body this small (a one-line formula) is written alike by everyone: equal to the solution is no proof of a paste."""
-TARGET_NAMES = {e.target.rsplit(".", 1)[1]: e for e in EXERCISES.values()}
+WORKER = "paralab.grade.submission"
+FRAME = struct.Struct(">Q")
+MAX_NODES = 100_000
+MAX_DEPTH = 32
+MAX_TEXT = 2000
 _EXPECTED: dict[tuple, list] = {}
 
 
@@ -108,6 +76,25 @@ class Row:
     reason: str
 
 
+@dataclass
+class Submission:
+    """A handed-in notebook as the grader read it, before any of it ran."""
+
+    path: Path
+    student: str
+    lab: str | None
+    cells: list[dict] = field(default_factory=list)
+    unreadable: str = ""
+
+
+@dataclass
+class Graded:
+    submission: Submission
+    rows: list[Row]
+    feedback: list[str]
+    seconds: float = 0.0
+
+
 def lab_of(path: Path) -> str | None:
     """The lab a notebook belongs to, from its file name (never from its metadata)."""
     labs = sorted({e.lab for e in EXERCISES.values()})
@@ -121,369 +108,253 @@ def student_of(path: Path) -> str:
     return path.parent.name if lab_of(path) and path.stem.endswith("_lab") else path.stem
 
 
-@dataclass
-class Statement:
-    """One top-level statement of a code cell, as the student wrote it."""
-
-    cell: int
-    start: int
-    text: str
-    node: ast.stmt
-
-    def binds(self) -> set[str]:
-        node = self.node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return {node.name}
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            return {(a.asname or a.name).split(".")[0] for a in node.names}
-        targets = {
-            n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-        }
-        return targets
-
-    needed_for: set[str] = field(default_factory=set)
-    """The names the grader took this statement for (the ones it binds that the definition needs)."""
-
-    def uses(self) -> set[str]:
-        """The global names the statement reads when it runs or when its functions are called."""
-        table = symtable.symtable(self.text, f"<cell {self.cell}>", "exec")
-        names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
-        scopes = list(table.get_children())
-        while scopes:
-            scope = scopes.pop()
-            names |= {
-                s.get_name() for s in scope.get_symbols() if s.is_global() and s.is_referenced()
-            }
-            scopes += scope.get_children()
-        return names
-
-
-def statements(nb: nbformat.NotebookNode) -> list[Statement]:
-    """Every top-level statement of every code cell, in notebook order (IPython magics blanked)."""
-    found = []
-    for number, cell in enumerate(nb.cells, 1):
-        if cell.cell_type != "code":
-            continue
-        lines = [
-            "" if line.lstrip().startswith(("%", "!")) else line
-            for line in cell.source.splitlines()
-        ]
-        try:
-            tree = ast.parse("\n".join(lines))
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            found.append(
-                Statement(number, start, "\n".join(lines[start - 1 : node.end_lineno]), node)
-            )
-    return found
-
-
-def definition(stmts: list[Statement], name: str) -> list[Statement] | None:
-    """The statements that make `name` what it is at the end of the notebook, in notebook order."""
-    last: dict[str, int] = {}
-    for i, s in enumerate(stmts):
-        for bound in s.binds():
-            last[bound] = i
-    if name not in last:
-        return None
-    needed: dict[int, Statement] = {}
-    todo = [name]
-    while todo:
-        wanted = todo.pop()
-        index = last.get(wanted)
-        if index is None:
-            continue
-        if index in needed:
-            needed[index].needed_for.add(wanted)
-            continue
-        needed[index] = dataclasses.replace(stmts[index], needed_for={wanted})
-        todo += sorted(stmts[index].uses() - set(dir(builtins)))
-    return [needed[i] for i in sorted(needed)]
-
-
-def _body(fn: ast.FunctionDef) -> list[ast.stmt]:
-    """The function's statements without its docstring."""
-    first = fn.body[0]
-    has_doc = (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    )
-    return fn.body[1:] if has_doc else fn.body
-
-
-def _solution_body(exercise: Exercise) -> tuple[str, int]:
-    """The package function's body as an AST dump, and its number of nodes."""
-    module_name, _, attr = exercise.target.rpartition(".")
-    body = _body(
-        ast.parse(inspect.getsource(getattr(importlib.import_module(module_name), attr))).body[0]
-    )
-    return ast.dump(ast.Module(body=body, type_ignores=[])), sum(
-        1 for s in body for _ in ast.walk(s)
-    )
-
-
-def untouched(stmts: list[Statement], exercise: Exercise, name: str) -> bool:
-    """Whether the definition is still the release's stub (then there is nothing to run)."""
-    mine = next(
-        (s.node for s in stmts if isinstance(s.node, ast.FunctionDef) and s.node.name == name), None
-    )
-    module_name, _, attr = exercise.target.rpartition(".")
-    source = inspect.getsource(getattr(importlib.import_module(module_name), attr))
-    stub = ast.parse(stub_regions(textwrap.dedent(source), release_stub_message)[0]).body[0]
-    return mine is not None and ast.dump(ast.Module(_body(mine), [])) == ast.dump(
-        ast.Module(_body(stub), [])
-    )
-
-
-def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
-    """Why this definition scores 0 without being run, or None."""
-    for s in stmts:
-        for node in ast.walk(s.node):
-            where = f"cell {s.cell}, line {getattr(node, 'lineno', s.start)}"
-            if isinstance(
-                node, (ast.Import, ast.ImportFrom)
-            ):  # only the names the definition needs count
-                taken = [
-                    a for a in node.names if (a.asname or a.name).split(".")[0] in s.needed_for
-                ]
-                modules = (
-                    [a.name for a in taken]
-                    if isinstance(node, ast.Import)
-                    else [node.module or ""] * bool(taken)
-                )
-                for module in modules:
-                    if module.split(".")[0] not in ALLOWED_IMPORTS or getattr(node, "level", 0):
-                        return (
-                            f"imports `{module}` ({where}); exercise code may import only "
-                            f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}"
-                        )
-                for alias in taken:
-                    if isinstance(node, ast.ImportFrom) and alias.name in TARGET_NAMES:
-                        return f"imports paralab's own `{alias.name}` ({where}), the solution of an exercise"
-            elif isinstance(node, ast.Attribute):
-                if node.attr in TARGET_NAMES:
-                    return (
-                        f"uses paralab's own `{node.attr}` ({where}), the solution of an exercise"
-                    )
-                if node.attr.startswith("__") and node.attr.endswith("__"):
-                    return f"reaches into `{node.attr}` ({where}); exercise code may not"
-            elif isinstance(node, ast.Name) and node.id in FORBIDDEN_CALLS:
-                return f"uses `{node.id}` ({where}); exercise code may not load or look up code dynamically"
-    mine = next(
-        (s.node for s in stmts if isinstance(s.node, ast.FunctionDef) and s.node.name == name), None
-    )
-    if mine is None:
-        return (
-            f"`{name}` is not a function defined in the notebook (a `def {name}(...)` is expected)"
-        )
-    solution, size = _solution_body(exercise)
-    if (
-        size >= COPY_MIN_NODES
-        and ast.dump(ast.Module(body=_body(mine), type_ignores=[])) == solution
-    ):
-        return f"`{name}` is a verbatim copy of paralab's solution"
-    return None
-
-
-# --------------------------------------------------------------------------- the package without its solutions
-@contextlib.contextmanager
-def grading_copy() -> Iterator[Path]:
-    """A copy of this package whose exercise solutions raise: the student's code runs against it."""
-    with tempfile.TemporaryDirectory(prefix="paralab-grading-") as tmp:
-        src = Path(tmp) / "src"
-        stub_package(src / "paralab", lambda fn: f"paralab's own {fn} {WITHHELD}")
-        yield src
-
-
-# --------------------------------------------------------------------------- execution
-def execute_headless(
-    nb: nbformat.NotebookNode, cwd: Path, cell_timeout: float, package: Path
-) -> str | None:
-    """Run every cell in a fresh kernel (errors allowed); why the notebook could not be run through, or None."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    current = {"index": 0}
-    client = NotebookClient(
-        nb,
-        timeout=cell_timeout,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index + 1)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(package), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-    }
+def read_submission(path: Path, lab: str | None) -> Submission:
+    """The notebook's cells, in memory: later changes to the file (by anyone) change nothing."""
+    submission = Submission(path, student_of(path), lab or lab_of(path))
     try:
-        client.execute(stderr=subprocess.DEVNULL, env=env)
-    except CellTimeoutError:
-        return f"hangs: cell {current['index']} did not finish within {cell_timeout:g} s"
-    except DeadKernelError:
-        return f"crashes: the kernel died in cell {current['index']}"
-    except Exception as exc:  # noqa: BLE001 - any other reason the notebook cannot be run through
-        return f"could not be run: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return None
+        nb = nbformat.reads(path.read_text(), as_version=4)
+        submission.cells = [
+            {
+                "cell_type": str(c.get("cell_type", "")),
+                "source": str(c.get("source", "")),
+                "metadata": dict(c.get("metadata", {})),
+            }
+            for c in nb.cells
+        ]
+    except Exception as exc:  # noqa: BLE001 - not a notebook at all
+        submission.unreadable = f"is not a readable notebook ({type(exc).__name__})"
+    return submission
 
 
-def run_definition(
-    exercise: Exercise, name: str, stmts: list[Statement], seed: int, package: Path
-) -> list:
-    """Run the student's definition in a fresh process against the stubbed package; its WorldRuns (no reference yet)."""
-    plan = [(w, False) for w in exercise.world_sizes] + [
+def hidden_seed(seed: int, exercise: Exercise) -> int:
+    """The seed the hidden cases of one exercise are drawn from: it reveals nothing of `seed`."""
+    digest = hashlib.sha256(f"paralab hidden cases:{seed}:{exercise.name}".encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
+def plan_of(exercise: Exercise) -> list[tuple[int, bool]]:
+    """Every (world size, hidden) the grader runs, in order: a result must match it exactly."""
+    return [(w, False) for w in exercise.world_sizes] + [
         (w, True) for w in exercise.hidden_worlds()
-    ]
-    with tempfile.TemporaryDirectory(prefix="paralab-student-") as tmp:
-        job, result = Path(tmp) / "job.json", Path(tmp) / "result.pt"
-        job.write_text(
-            json.dumps(
-                {
-                    "exercise": exercise.name,
-                    "function": name,
-                    "seed": seed,
-                    "plan": plan,
-                    "statements": [[s.cell, s.start, s.text] for s in stmts],
-                }
-            )
-        )
-        env = {**os.environ, "PYTHONPATH": str(package)}
-        budget = exercise.timeout * len(plan) + 60
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "paralab.grade.submission", str(job), str(result)],
-                env=env,
-                cwd=tmp,
-                capture_output=True,
-                text=True,
-                timeout=budget,
-            )
-        except subprocess.TimeoutExpired:
-            return [
-                WorldRun(
-                    w,
-                    h,
-                    failure=f"the grading process never finished within {budget:g} s",
-                    failure_verdict="TIMEOUT",
-                )
-                for w, h in plan
-            ]
-        try:
-            outcome = torch.load(result, weights_only=True)
-        except Exception:  # noqa: BLE001 - no readable result: the student's code broke the process
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            return [
-                WorldRun(
-                    w, h, failure=f"the grading process stopped (exit {done.returncode}): {tail[0]}"
-                )
-                for w, h in plan
-            ]
-    if isinstance(outcome, str):  # the definition could not even be loaded
-        return [WorldRun(w, h, failure=outcome) for w, h in plan]
-    return [
-        WorldRun(
-            r["world"],
-            r["hidden"],
-            r["actual"],
-            failure=r["failure"],
-            failure_verdict=r["verdict"] or "ERROR",
-        )
-        for r in outcome
     ]
 
 
 def expected(exercise: Exercise, world: int, hidden: bool, seed: int) -> list:
     """The package solution's outputs, computed once per batch in the grader's own process."""
-    key = (exercise.name, world, hidden, seed if hidden else None)
+    key = (exercise.name, world, hidden, hidden_seed(seed, exercise) if hidden else None)
     if key not in _EXPECTED:
-        _EXPECTED[key] = reference_world(exercise, world, hidden, seed)
+        _EXPECTED[key] = reference_world(exercise, world, hidden, key[3] or 0)
     return _EXPECTED[key]
 
 
-def grade_submission(path: Path, lab: str | None, seed: int, cell_timeout: float, package: Path):
-    """(student, lab, rows, feedback per exercise, seconds spent re-running the notebook) for one submission."""
-    student = student_of(path)
-    if lab is None:
-        return (
-            student,
-            "?",
-            [],
-            [f"{path}: cannot tell the lab from the file name; pass --lab"],
-            0.0,
-        )
-    exercises = for_lab(lab)
-    why_zero = None
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as exc:  # noqa: BLE001 - not a notebook at all
-        why_zero = f"is not a readable notebook ({type(exc).__name__})"
-    started = time.monotonic()
-    if why_zero is None:
-        why_zero = execute_headless(
-            nbformat.from_dict(nb), path.parent.resolve(), cell_timeout, package
-        )
-    run_s = time.monotonic() - started
-    rows, feedback = [], []
+# --------------------------------------------------------------------------- what comes back
+class Refused(ValueError):
+    """A result the grader will not compare: not the grader's plan, or not plain values."""
+
+
+def plain(value: Any, budget: list[int], depth: int = 0) -> Any:
+    """`value` if it is plain tensors (strided, not a subclass) in plain containers, else Refused."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > MAX_DEPTH:
+        raise Refused("the result is too large or too deeply nested")
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor:
+            raise Refused(f"the result holds a tensor subclass ({type(value).__name__})")
+        if value.layout != torch.strided:
+            raise Refused(f"the result holds a non-strided tensor ({value.layout})")
+        return value.detach()
+    if isinstance(value, (bool, int, float, complex, str, type(None))):
+        return value
+    if isinstance(value, dict):
+        return {plain(k, budget, depth + 1): plain(v, budget, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, budget, depth + 1) for v in value]
+    raise Refused(f"the result holds a {type(value).__name__}")
+
+
+def accept(frame: Any, exercise: Exercise, seed: int) -> list[WorldRun]:
+    """The frame's worlds, checked against the grader's plan and made plain, else Refused."""
+    planned = plan_of(exercise)
+    if not isinstance(frame, dict) or frame.get("exercise") != exercise.name:
+        raise Refused("the result is not the one the grader asked for")
+    worlds = frame.get("worlds")
+    if not isinstance(worlds, list) or len(worlds) != len(planned):
+        raise Refused("the result's worlds do not match the grader's plan")
+    budget, runs = [MAX_NODES], []
+    for got, (world, hidden) in zip(worlds, planned, strict=True):
+        if not isinstance(got, dict) or (got.get("world"), got.get("hidden")) != (world, hidden):
+            raise Refused("the result's worlds do not match the grader's plan")
+        failure = got.get("failure") or ""
+        if not isinstance(failure, str):
+            raise Refused("the result's failure is not text")
+        if failure:
+            verdict = "TIMEOUT" if got.get("verdict") == "TIMEOUT" else "ERROR"
+            runs.append(
+                WorldRun(world, hidden, failure=failure[:MAX_TEXT], failure_verdict=verdict)
+            )
+            continue
+        want = expected(exercise, world, hidden, seed)
+        actual = got.get("actual")
+        if not isinstance(actual, list) or len(actual) != len(want):
+            raise Refused(f"the result has the wrong number of ranks at world {world}")
+        checked = []
+        for rank_results, rank_want in zip(actual, want, strict=True):
+            if not isinstance(rank_results, list) or len(rank_results) != len(rank_want):
+                raise Refused(f"the result's cases do not match the grader's plan at world {world}")
+            row = []
+            for item in rank_results:
+                if (
+                    not isinstance(item, (list, tuple))
+                    or len(item) != 2
+                    or item[0]
+                    not in (
+                        True,
+                        False,
+                    )
+                ):
+                    raise Refused("a case's result is not (ok, value)")
+                ok, value = bool(item[0]), item[1]
+                if not ok:
+                    row.append((False, value[:MAX_TEXT] if isinstance(value, str) else "failed"))
+                    continue
+                try:
+                    row.append((True, plain(value, budget)))
+                except Refused as exc:
+                    row.append((False, f"the result has the wrong form ({exc})"))
+            checked.append(row)
+        runs.append(WorldRun(world, hidden, checked, want))
+    return runs
+
+
+def frames(data: bytes) -> list[Any]:
+    """The length-prefixed results in what came back; a broken tail is dropped."""
+    found, at = [], 0
+    while at + FRAME.size <= len(data):
+        (size,) = FRAME.unpack_from(data, at)
+        at += FRAME.size
+        if size > RESULT_BYTES or at + size > len(data):
+            break
+        try:
+            found.append(torch.load(io.BytesIO(data[at : at + size]), weights_only=True))
+        except Exception:  # noqa: BLE001 - unreadable bytes: that exercise gets no result
+            found.append(None)
+        at += size
+    return found
+
+
+# --------------------------------------------------------------------------- one submission
+def _zero(sub: Submission, exercise: Exercise, verdict: str, reason: str) -> Row:
+    return Row(sub.student, sub.lab or "?", exercise.name, 0, exercise.points, verdict, reason)
+
+
+def _stopped(run: Any, budget_s: float) -> tuple[str, str]:
+    """Why the sandbox gave no result for an exercise (never its output, which may hold data)."""
+    if run.timed_out:
+        return "TIMEOUT", f"the submission's time budget of {budget_s:g} s ran out"
+    if run.overflowed:
+        return "ERROR", "the result is larger than the grader reads"
+    code = run.returncode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        hint = {"SIGXFSZ": " (over the output cap)", "SIGKILL": " (killed)"}.get(name, "")
+        return "ERROR", f"the grading process was stopped by {name}{hint}"
+    return "ERROR", f"the grading process stopped (exit {code}) before this exercise's result"
+
+
+def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path) -> Graded:
+    """Rows and feedback for one submission, graded in its own throwaway copy of the package."""
+    if sub.lab is None:
+        return Graded(sub, [], [f"{sub.path}: cannot tell the lab from the file name; pass --lab"])
+    exercises = for_lab(sub.lab)
+    rows: dict[str, Row] = {}
+    jobs = []
+    stmts = statements(sub.cells) if not sub.unreadable else []
+    if not sub.unreadable and not any(
+        c["cell_type"] == "code" and c["metadata"].get("paralab") for c in sub.cells
+    ):
+        sub.unreadable = "has no cell marked for your answers: hand in the release's notebook"
     for exercise in exercises:
         name = exercise.target.rsplit(".", 1)[1]
-        if why_zero:
-            row = Row(
-                student, lab, exercise.name, 0, exercise.points, "ERROR", f"the notebook {why_zero}"
-            )
-        elif (found := definition(statements(nb), name)) is None:
-            row = Row(
-                student,
-                lab,
-                exercise.name,
-                0,
-                exercise.points,
-                "MISSING",
-                f"no definition of `{name}`",
-            )
-        elif (refused := screen(found, exercise, name)) is not None:
-            row = Row(student, lab, exercise.name, 0, exercise.points, "REFUSED", refused)
-        elif untouched(found, exercise, name):
-            row = Row(
-                student,
-                lab,
-                exercise.name,
-                0,
-                exercise.points,
-                NOT_IMPLEMENTED,
-                f"still the release's stub; hint: {exercise.hint}",
-            )
-        else:
-            runs = run_definition(exercise, name, found, seed, package)
-            for w in runs:
-                if not w.failure:
-                    w.expected = expected(exercise, w.world, w.hidden, seed)
-            outcome = score(exercise, runs)
-            text = report(exercise, outcome)
-            row = Row(
-                student,
-                lab,
+        if sub.unreadable:
+            rows[exercise.name] = _zero(sub, exercise, "ERROR", f"the notebook {sub.unreadable}")
+            continue
+        try:
+            found = definition(stmts, name)
+            refused = refusal(found, exercise, name)
+        except (RecursionError, MemoryError, SyntaxError, ValueError) as exc:
+            found, refused = None, ("REFUSED", f"cannot be read ({type(exc).__name__})")
+        if refused is not None:
+            rows[exercise.name] = _zero(sub, exercise, *refused)
+            continue
+        jobs.append(
+            {
+                "exercise": exercise.name,
+                "function": name,
+                "statements": [[s.cell, s.start, s.text] for s in found],
+                "plan": plan_of(exercise),
+                "case_seed": hidden_seed(seed, exercise),
+            }
+        )
+    feedback: dict[str, str] = {}
+    seconds = 0.0
+    if jobs:
+        for job in jobs:  # the references first: the grader's plan of cases
+            exercise = EXERCISES[job["exercise"]]
+            for world, hidden in plan_of(exercise):
+                expected(exercise, world, hidden, seed)
+        with tempfile.TemporaryDirectory(prefix="paralab-submission-") as tmp:
+            package = Path(tmp) / "src"
+            shutil.copytree(pristine, package)
+            run = run_sandboxed(package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s)
+        seconds = run.seconds
+        got = {f.get("exercise"): f for f in frames(run.result) if isinstance(f, dict)}
+        for job in jobs:
+            exercise = EXERCISES[job["exercise"]]
+            if exercise.name not in got:
+                verdict, why = _stopped(run, budget_s)
+                rows[exercise.name] = _zero(sub, exercise, verdict, why)
+                continue
+            try:
+                outcome = score(exercise, accept(got[exercise.name], exercise, seed))
+            except Refused as exc:
+                rows[exercise.name] = _zero(sub, exercise, "REFUSED", str(exc))
+                continue
+            feedback[exercise.name] = report(exercise, outcome)
+            rows[exercise.name] = Row(
+                sub.student,
+                sub.lab,
                 exercise.name,
                 outcome.points,
                 exercise.points,
                 outcome.verdict,
                 "\n".join(outcome.details),
             )
-            feedback.append(text)
-            rows.append(row)
-            continue
-        feedback.append(
-            f"{exercise.name}: {row.verdict} — 0/{exercise.points} points\n  {row.reason}"
-        )
-        rows.append(row)
-    return student, lab, rows, feedback, run_s
+    ordered = [rows[e.name] for e in exercises]
+    texts = [
+        feedback.get(r.exercise)
+        or f"{r.exercise}: {r.verdict} — {r.points:g}/{r.max_points} points\n  {r.reason}"
+        for r in ordered
+    ]
+    return Graded(sub, ordered, texts, seconds)
 
 
-# --------------------------------------------------------------------------- the fresh process
+def grade_safely(sub: Submission, seed: int, budget_s: float, pristine: Path) -> Graded:
+    """`grade_submission`, where anything that still goes wrong is this student's zero rows."""
+    try:
+        return grade_submission(sub, seed, budget_s, pristine)
+    except Exception as exc:  # noqa: BLE001 - one submission must never stop the batch
+        why = f"the grader could not grade it ({type(exc).__name__})"
+        rows = [_zero(sub, e, "ERROR", why) for e in for_lab(sub.lab or "")]
+        return Graded(sub, rows, [f"{r.exercise}: ERROR — 0/{r.max_points}\n  {why}" for r in rows])
+
+
+def pristine_package(root: Path) -> Path:
+    """The package with every solution withheld, copied once per batch, then once per submission."""
+    stub_package(root / "paralab", lambda fn: f"paralab's own {fn} {WITHHELD}")
+    return root
+
+
+# --------------------------------------------------------------------------- the sandboxed process
 def _only_stubs(result: dict) -> bool:
     return bool(result["actual"]) and all(
         not ok and out.startswith("NotImplementedError")
@@ -492,52 +363,43 @@ def _only_stubs(result: dict) -> bool:
     )
 
 
-def _worker(job_path: Path, result_path: Path) -> None:
-    """Load the student's statements, run their function on every planned world, save plain outputs."""
-    job = json.loads(job_path.read_text())
+def _run_job(job: dict) -> dict:
+    """One exercise in the sandbox: define the student's function, run it on every planned world."""
     exercise = EXERCISES[job["exercise"]]
-    # A real module (dataclasses look their class's module up), whose functions and classes still
-    # travel to the ranks by value: the ranks cannot import it.
-    module = types.ModuleType("__student__")
-    sys.modules[module.__name__] = module
-    cloudpickle.register_pickle_by_value(module)
-    try:
-        for cell, start, text in job["statements"]:
-            exec(compile("\n" * (start - 1) + text, f"<cell {cell}>", "exec"), module.__dict__)  # noqa: S102
-        fn = module.__dict__[job["function"]]
-    except Exception as exc:  # noqa: BLE001 - the student's cell fails on its own
-        import traceback
+    from paralab.grade.code import Statement, cell_statements
 
-        torch.save(
-            "\n".join(
-                [
-                    f"defining it raised {type(exc).__name__}: {exc}",
-                    *learner_frames(traceback.format_exc()),
-                ]
-            ),
-            result_path,
+    stmts: list[Statement] = []
+    for cell, start, text in job["statements"]:
+        for s in cell_statements(cell, "\n" * (start - 1) + text):
+            stmts.append(s)
+    try:
+        fn = load(stmts, exercise)[job["function"]]
+    except Exception as exc:  # noqa: BLE001 - the student's cell fails on its own
+        why = "\n".join(
+            [
+                f"defining it raised {type(exc).__name__}: {exc}",
+                *learner_frames(traceback.format_exc()),
+            ]
         )
-        return
+        return {
+            "exercise": exercise.name,
+            "worlds": [
+                {"world": w, "hidden": h, "actual": None, "failure": why, "verdict": "ERROR"}
+                for w, h in job["plan"]
+            ],
+        }
     results: list[dict] = []
     for world, hidden in job["plan"]:
-        if results and _only_stubs(
-            results[0]
-        ):  # an untouched stub raises everywhere: no need to launch again
+        if results and _only_stubs(results[0]):  # an untouched stub raises everywhere
+            first = results[0]["actual"][0][0][1].splitlines()[0]
             results.append(
-                {
-                    **results[0],
-                    "world": world,
-                    "hidden": hidden,
-                    "actual": None,
-                    "failure": results[0]["actual"][0][0][1].splitlines()[0],
-                    "verdict": "ERROR",
-                }
+                {"world": world, "hidden": hidden, "actual": None, "failure": first, "verdict": ""}
             )
             continue
         per_rank, why, verdict = launch_world(
             case_outputs,
             world,
-            (fn, cases_of(exercise, hidden, job["seed"]), exercise.normalize),
+            (fn, cases_of(exercise, hidden, job["case_seed"]), exercise.normalize),
             exercise.timeout,
         )
         results.append(
@@ -549,8 +411,20 @@ def _worker(job_path: Path, result_path: Path) -> None:
                 "verdict": verdict,
             }
         )
-    torch.save(results, result_path)
+    return {"exercise": exercise.name, "worlds": results}
+
+
+def _worker(result_fd: int) -> None:
+    """Read the jobs from stdin; write one length-prefixed result per exercise to the pipe."""
+    jobs = json.loads(sys.stdin.read())["jobs"]
+    with os.fdopen(result_fd, "wb", buffering=0) as pipe:
+        for job in jobs:
+            buffer = io.BytesIO()
+            torch.save(_run_job(job), buffer)
+            pipe.write(FRAME.pack(len(buffer.getvalue())) + buffer.getvalue())
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), Path(sys.argv[2]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--result-fd", type=int, required=True)
+    _worker(parser.parse_args().result_fd)

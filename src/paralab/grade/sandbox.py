@@ -1,0 +1,225 @@
+"""Run a submission's code where it can hurt neither the grader nor a classmate.
+
+On Linux with bubblewrap (`bwrap`, the Debian package `bubblewrap`), the student's process sees:
+
+- the Python installation and the system libraries, bound read-only;
+- this submission's own copy of the package with every solution stubbed, read-only;
+- a fresh, size-capped tmpfs as /tmp and its working directory, gone when it ends;
+- no network (only its own loopback, which the gloo ranks use), its own PID namespace
+  (the grader and every other process are invisible; when its first process ends, every process
+  it started is killed), its own session, no capabilities;
+
+and never the instructor's checkout, its solutions, the other submissions, the seed, or the
+score files. Its results come back over a pipe the grader opened; its output goes to a file the
+grader opened, capped by RLIMIT_FSIZE; its memory is capped by RLIMIT_AS per process; the grader
+kills it when its time budget is spent.
+
+Without bubblewrap (macOS, or a Linux without it) the same process runs with the same limits,
+pipe and budget, in its own session and working directory, against its own package copy, with a
+cleared environment; but its file system, network and signals are NOT isolated: it can read and
+write whatever the grader's user can, and a child that starts its own session outlives the
+kill. `isolation()` says which applies; the grader prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MEMORY_BYTES = 3 << 30
+"""Address space per process (torch with gloo ranks needs about 0.9 GiB of it)."""
+OUTPUT_BYTES = 8 << 20
+"""Largest file the student's processes may write (their captured output included)."""
+RESULT_BYTES = 64 << 20
+"""Largest result the grader reads back; beyond it the result is refused."""
+TMPFS_BYTES = 256 << 20
+INSIDE_PACKAGE = "/grading/src"
+INSIDE_TMP = "/tmp"
+
+
+@dataclass
+class Isolation:
+    """Which sandbox applies, and what it does and does not isolate."""
+
+    kind: str
+    isolated: str
+    not_isolated: str
+
+    def describe(self) -> str:
+        text = f"sandbox: {self.kind}; isolated: {self.isolated}"
+        return text + (f"; NOT isolated: {self.not_isolated}" if self.not_isolated else "")
+
+
+BUBBLEWRAP = Isolation(
+    "bubblewrap",
+    "files (read-only system and package copy, fresh tmpfs), network, processes (own PID "
+    "namespace and session), memory, output, time",
+    "",
+)
+PROCESS_ONLY = Isolation(
+    "process limits only (bubblewrap not found)",
+    "memory, output, time, environment, the package copy on the path",
+    "files (it can read and write whatever the grader's user can), network, processes that "
+    "start their own session, signals to the grader",
+)
+
+
+def bwrap() -> str | None:
+    """The bubblewrap executable, if this machine has one that works."""
+    path = shutil.which("bwrap")
+    if path is None or not sys.platform.startswith("linux"):
+        return None
+    probe = subprocess.run(
+        [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+        capture_output=True,
+        check=False,
+    )
+    return path if probe.returncode == 0 else None
+
+
+def isolation() -> Isolation:
+    return BUBBLEWRAP if bwrap() else PROCESS_ONLY
+
+
+@dataclass
+class SandboxRun:
+    """What came back: the bytes the student's process wrote to the result pipe, its output tail."""
+
+    result: bytes
+    output_tail: str
+    returncode: int | None
+    timed_out: bool
+    overflowed: bool
+    seconds: float
+
+
+def _python_roots() -> list[str]:
+    """The folders the interpreter and its installed packages live in (bound read-only)."""
+    import site
+
+    roots = {sys.base_prefix, sys.prefix, *site.getsitepackages()}
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        roots.add(site.getusersitepackages())
+    roots.add(str(Path(sys.executable).resolve().parent.parent))
+    kept = sorted(r for r in roots if Path(r).exists())
+    return [r for r in kept if not any(r != o and r.startswith(o + os.sep) for o in kept)]
+
+
+def _bwrap_command(executable: str, package: Path) -> list[str]:
+    command = [executable]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            command += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            command += ["--ro-bind", top, top]
+    command += ["--ro-bind", "/usr", "/usr"]
+    for name in ("ld.so.cache", "hosts", "passwd", "group", "nsswitch.conf", "localtime"):
+        command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for root in _python_roots():
+        command += ["--ro-bind", root, root]
+    command += ["--ro-bind", str(package), INSIDE_PACKAGE]
+    command += ["--size", str(TMPFS_BYTES), "--tmpfs", INSIDE_TMP]
+    command += ["--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    command += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    command += ["--chdir", INSIDE_TMP, "--clearenv"]
+    for key, value in _environment(INSIDE_PACKAGE, INSIDE_TMP).items():
+        command += ["--setenv", key, value]
+    return command
+
+
+def _environment(package: str, home: str) -> dict[str, str]:
+    """All the student's process gets: no seed, no instructor paths, no credentials."""
+    return {
+        "PYTHONPATH": package,
+        "HOME": home,
+        "TMPDIR": home,
+        "PATH": "/usr/bin:/bin",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+        "LANG": "C.UTF-8",
+    }
+
+
+def _limits() -> None:
+    """In the child, before it runs anything: cap its memory and the files it writes."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _read_capped(fd: int, into: bytearray, flags: dict) -> None:
+    """Drain the result pipe; past RESULT_BYTES keep reading (so the writer never blocks) but drop."""
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(1 << 16):
+            if len(into) + len(chunk) > RESULT_BYTES:
+                flags["overflowed"] = True
+                continue
+            into += chunk
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """The whole session the sandbox started (bubblewrap takes its PID namespace down with it)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def run_sandboxed(package: Path, module: str, job: bytes, budget_s: float) -> SandboxRun:
+    """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`."""
+    executable = bwrap()
+    read_end, write_end = os.pipe()
+    with tempfile.TemporaryDirectory(prefix="paralab-sandbox-") as tmp:
+        workdir = Path(tmp) / "work"
+        workdir.mkdir()
+        output_path, job_path = Path(tmp) / "output.txt", Path(tmp) / "job"
+        job_path.write_bytes(job)
+        if executable:
+            command = _bwrap_command(executable, package)
+            command += [sys.executable, "-m", module, "--result-fd", str(write_end)]
+            env = None
+        else:
+            command = [sys.executable, "-m", module, "--result-fd", str(write_end)]
+            env = _environment(str(package), str(workdir))
+        started = time.monotonic()
+        with output_path.open("wb") as output, job_path.open("rb") as stdin:
+            process = subprocess.Popen(
+                command,
+                stdin=stdin,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=env if env is not None else {"PATH": "/usr/bin:/bin"},
+                pass_fds=(write_end,),
+                start_new_session=True,
+                preexec_fn=_limits,
+            )
+        os.close(write_end)
+        result, flags = bytearray(), {"overflowed": False}
+        reader = threading.Thread(target=_read_capped, args=(read_end, result, flags), daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            process.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill(process)  # also every process it left behind in its session
+        reader.join(timeout=10)
+        seconds = time.monotonic() - started
+        with output_path.open("rb") as output:
+            output.seek(max(0, output_path.stat().st_size - 4096))
+            tail = output.read().decode("utf-8", "replace")
+    return SandboxRun(
+        bytes(result), tail, process.returncode, timed_out, flags["overflowed"], seconds
+    )
