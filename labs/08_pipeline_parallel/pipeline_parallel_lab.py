@@ -43,12 +43,7 @@ from paralab.launch import LaunchTimeout, run
 from paralab.patches import patched
 from paralab.pp import runs as pp_runs
 from paralab.pp.clock import simulate
-from paralab.pp.costs import (
-    boundary_bytes,
-    bubble_formula,
-    in_flight_formula,
-    step_bytes_sent,
-)
+from paralab.pp.costs import boundary_bytes
 from paralab.pp.model import HIDDEN, MICRO_BATCH, N_BLOCKS, SEQ
 from paralab.pp.runs import SWEEP, executed_timeline, sweep_configs
 from paralab.pp.schedules import build_schedule
@@ -231,7 +226,11 @@ print(verdict_table(training_rows, "pipeline training = one process"))
 # | GPipe, 1F1B | `(p-1)/(m+p-1)` |
 # | interleaved | `(p-1)/(v·m+p-1)` (`m` a multiple of `p`) |
 # | ZB-H1 | `(p-1)/(3m+p-1)` with B = W = F |
-#
+
+# %%
+# show: paralab.pp.costs.bubble_formula
+
+# %% [markdown]
 # The logical clock runs the lists with F = 1, B = 2 (B = W = 1 when split; a stage of `v` per
 # rank takes `1/v` of that), messages free, and starts each action when its rank is free **and**
 # everything it needs has arrived. The pictures below are the clock run on the order each rank
@@ -333,6 +332,10 @@ show(
 # forward until the action that frees its graph (B, or W when split). **Predict before you
 # run:** at `pp = 4`, `m = 8`, how many micro-batches does ZB-H1 hold on rank 3, which holds its
 # W's back longest? And interleaving, counted in stages of half a rank's blocks, on rank 0?
+# The closed forms the run is checked against:
+
+# %%
+# show: paralab.pp.costs.in_flight_formula
 
 # %%
 memory_rows, memory_verdicts = [], []
