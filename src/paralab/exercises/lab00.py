@@ -46,10 +46,12 @@ def _kinds(world: int) -> list[str]:
 
 
 def _hidden_cases(rank: int, world: int, seed: int) -> list[tuple]:
-    """Two layouts of the world drawn from the seed."""
+    """A layout of the world drawn from the seed, and always the one with the overlay mesh
+    (cfgp and cp together, the layout a wrong overlay order gets wrong)."""
+    *others, overlay = HIDDEN_CONFIGS[world]
     return [
         (ParallelDims(world, **config), rank)
-        for config in random.Random(seed).sample(HIDDEN_CONFIGS[world], 2)
+        for config in (random.Random(seed).choice(others), overlay)
     ]
 
 
@@ -111,7 +113,7 @@ EXERCISES = [
         hidden=_hidden_cases,
         hidden_kinds=lambda world: [
             f"another layout of {world} ranks",
-            f"a second other layout of {world} ranks",
+            f"another layout of {world} ranks, with the overlay mesh (cfgp and cp)",
         ],
         hidden_world_sizes=(6, 8),
         world_sizes=(4, 8),

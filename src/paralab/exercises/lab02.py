@@ -50,20 +50,23 @@ MERGE_KINDS = [
 
 
 def _hidden_merge_cases(rank: int, world: int, seed: int) -> list[tuple]:
-    """Other shapes and key splits, drawn from the grading seed, at the same three score regimes."""
+    """Other shapes and key splits, drawn from the grading seed, at the same three score regimes.
+
+    Never a degenerate shape (a batch, a head, a query or a key block of 1) and scores large
+    enough that exp(lse) overflows, on which a known-wrong merge could still pass."""
     draw = random.Random(seed)
     cases = []
     for q_scale, k2_scale in [
         (1.0, 1.0),
-        (draw.uniform(100, 500), 1.0),
-        (draw.uniform(200, 400), 0.001),
+        (draw.uniform(800, 1200), 1.0),
+        (draw.uniform(800, 1200), 0.001),
     ]:
         b, h, n, d, split = (
-            draw.randint(1, 3),
-            draw.randint(1, 4),
-            draw.randint(1, 9),
+            draw.randint(2, 3),
+            draw.randint(2, 4),
+            draw.randint(2, 9),
             draw.randint(2, 8),
-            draw.randint(1, 6),
+            draw.randint(2, 6),
         )
         g = torch.Generator().manual_seed(draw.randrange(10**6))
         q = torch.randn(b, h, n, d, dtype=torch.float64, generator=g) * q_scale
@@ -79,7 +82,7 @@ def _hidden_merge_cases(rank: int, world: int, seed: int) -> list[tuple]:
 
 HIDDEN_MERGE_KINDS = [
     "another shape, ordinary scores",
-    "another shape, scores in the hundreds",
+    "another shape, scores around 1e3 (exp(lse) overflows)",
     "another shape, one block's lse far below the other's",
 ]
 
@@ -143,9 +146,10 @@ HIDDEN_CP_KINDS = ["another shape, cp = 5", "another shape, cp = 6"]
 
 
 def _hidden_sizes(seed: int) -> tuple[int, int, int, int]:
-    """(batch, heads per rank, tokens per rank, head_dim) drawn from the grading seed."""
+    """(batch, heads per rank, tokens per rank, head_dim) drawn from the grading seed, each at least
+    2: with a size of 1, a known-wrong layout (strided, interleaved) equals the right one."""
     draw = random.Random(seed)
-    return draw.randint(1, 3), draw.randint(1, 3), draw.randint(1, 6), draw.randint(1, 4)
+    return draw.randint(2, 3), draw.randint(2, 3), draw.randint(2, 6), draw.randint(2, 4)
 
 
 def _hidden_pack_heads_cases(rank: int, world: int, seed: int) -> list[tuple]:

@@ -122,16 +122,24 @@ def _planner_cases(rank: int, world: int) -> list[tuple]:
 
 
 def _hidden_planner_cases(rank: int, world: int, seed: int) -> list[tuple]:
-    """Batches drawn from the seed: 3 to 6 ranks with scattered labels, small integer costs (so ties happen)."""
+    """Batches drawn from the seed: 3 to 6 ranks with scattered labels, small integer costs (so ties
+    happen), the first one unbalanced enough to need moves; then, relabeled and scaled, the two
+    batches on which a planner that moves without shrinking the gap, or aims at the whole gap
+    instead of half of it, goes wrong (random batches alone may never test either)."""
     draw = random.Random(seed)
     cases = []
-    for _ in range(3):
+    for i in range(3):
         labels = draw.sample(range(12), draw.randint(3, 6))
+        costs = {r: [float(draw.randint(1, 9)) for _ in range(draw.randint(0, 4))] for r in labels}
+        if i == 0:
+            costs[labels[0]] += [9.0, 9.0]
+            costs[labels[-1]] = []
+        cases.append((costs, None))
+    for costs, _ in (PLANNER_CASES[5], PLANNER_CASES[9]):
+        scale = float(draw.randint(1, 5))
+        labels = draw.sample(range(12), len(costs))
         cases.append(
-            (
-                {r: [float(draw.randint(1, 9)) for _ in range(draw.randint(0, 4))] for r in labels},
-                None,
-            )
+            ({new: [c * scale for c in v] for new, v in zip(labels, costs.values())}, None)
         )
     return cases
 
@@ -229,7 +237,14 @@ def _hidden_return_cases(rank: int, world: int, seed: int) -> list[tuple]:
         if draw.random() < 0.6
     ]
     draw.shuffle(moves)
-    return [_return_case(moves, None, varied_shapes=True)]
+    # and one owner whose returns arrive neither in index order nor in helper order
+    owner = draw.randrange(world)
+    low, high = sorted(draw.sample([r for r in range(world) if r != owner], 2))
+    scrambled = [Move(owner, high, 1), Move(owner, low, 0)]
+    return [
+        _return_case(moves, None, varied_shapes=True),
+        _return_case(scrambled, None, varied_shapes=True),
+    ]
 
 
 def latents_by_index(latents: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -319,6 +334,8 @@ EXERCISES = [
             "a random batch",
             "a second random batch",
             "a third random batch",
+            "the only move leaves the gap as it is (relabeled, scaled)",
+            "nearest the whole gap is not nearest half of it (relabeled, scaled)",
         ],
         points=3,
         minutes=25,
@@ -362,7 +379,10 @@ EXERCISES = [
         cases=_return_cases,
         kinds=_return_kinds,
         hidden=_hidden_return_cases,
-        hidden_kinds=lambda world: [f"a random plan over {world} ranks"],
+        hidden_kinds=lambda world: [
+            f"a random plan over {world} ranks",
+            f"returns that arrive out of index and helper order over {world} ranks",
+        ],
         hidden_world_sizes=(3,),
         world_sizes=(2, 4),
         points=2,

@@ -117,14 +117,22 @@ CAPACITY_KINDS = [
 
 
 def _hidden_capacity_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Top-2 cases have at most 2 slots per expert: with looser ones, first and second choices
+    rarely compete for a slot and filling in token order could pass."""
     draw = random.Random(seed)
     return [
-        (_choices(seed + i, draw.randint(8, 16), 6, k, True), 6, slots)
-        for i, (k, slots) in enumerate([(2, draw.randint(2, 5)), (1, draw.randint(1, 3))])
+        (_choices(seed + i, draw.randint(8, 16), 6, k, skew), 6, slots)
+        for i, (k, slots, skew) in enumerate(
+            [(2, draw.randint(1, 2), True), (1, draw.randint(1, 3), True), (2, 1, False)]
+        )
     ]
 
 
-HIDDEN_CAPACITY_KINDS = ["E = 6, top-2, skewed, tight slots", "E = 6, top-1, skewed"]
+HIDDEN_CAPACITY_KINDS = [
+    "E = 6, top-2, skewed, tight slots",
+    "E = 6, top-1, skewed",
+    "E = 6, top-2, one slot each",
+]
 
 
 def keep_in_token_order(experts, num_experts, slots):

@@ -1,0 +1,60 @@
+"""Over 20 grading seeds, every known-wrong version of every exercise scores 0 on the hidden cases,
+even with every visible case passed: no hidden draw is degenerate enough to let it through.
+
+In-process exercises run here; a distributed one runs all seeds and all its known-wrong versions
+in one launch per hidden world size.
+"""
+
+import functools
+
+import pytest
+
+from paralab.check import compare
+from paralab.exercises import EXERCISES
+from paralab.grade import CaseResult, case_outputs, share
+from paralab.launch import run
+
+SEEDS = range(20)
+
+
+def hidden_passes(name: str, seeds: list[int], rank: int | None = None, world: int | None = None):
+    """On every rank: (bug, seed) -> whether each hidden case's output matches the reference."""
+    exercise = EXERCISES[name]
+    found = {}
+    for seed in seeds:
+        cases = functools.partial(exercise.hidden, seed=seed)
+        expected = [
+            out
+            for _, out in case_outputs(exercise.reference(), cases, exercise.normalize, rank, world)
+        ]
+        for what, bug, _ in exercise.bugs:
+            got = case_outputs(bug, cases, exercise.normalize, rank, world)
+            found[(what, seed)] = [
+                ok
+                and all(
+                    v.passed for v in compare([out], [want], atol=exercise.atol, rtol=exercise.rtol)
+                )
+                for (ok, out), want in zip(got, expected, strict=True)
+            ]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXERCISES.items() if e.hidden))
+def test_every_known_wrong_version_scores_zero_over_twenty_seeds(name):
+    exercise = EXERCISES[name]
+    cases: dict[tuple[str, int], list[CaseResult]] = {}
+    for world in exercise.hidden_worlds():
+        if world == 0:
+            per_rank = [hidden_passes(name, list(SEEDS), 0, 1)]
+        else:
+            per_rank = run(hidden_passes, world, name, list(SEEDS), timeout=4 * exercise.timeout)
+        for key in per_rank[0]:
+            flags = [all(rank[key][c] for rank in per_rank) for c in range(len(per_rank[0][key]))]
+            cases.setdefault(key, []).extend(
+                CaseResult(world, f"case {c}", True, ok) for c, ok in enumerate(flags)
+            )
+    visible = [CaseResult(0, "visible", False, True)]
+    earned = {key: share(exercise.points, visible + found) for key, found in cases.items()}
+    assert not {key: points for key, points in earned.items() if points}, (
+        f"{name}: a known-wrong version earns points at these (bug, seed): {earned}"
+    )
