@@ -492,8 +492,8 @@ print(verdict_table(order_verdicts, "orders"))
 # - ScheduleZBVZeroBubble and ScheduleDualPipeV place two stages in a V (`r` and `2p-1-r`), so the
 #   last stage sits on rank 0 next to the first, and mix full backwards with B/W pairs;
 #   DualPipeV also fuses a forward of one micro-batch with a backward of another
-#   (`OVERLAP_F_B`, to hide the MoE all-to-all; listed here as its F and B). In their rows a `B`
-#   is either a full backward or an input backward whose `W` follows later. There is no
+#   (`OVERLAP_F_B`, to hide the MoE all-to-all; listed here as its F and B), whose backward is
+#   a full one: its rows have fewer `W` than `B`. ZBV splits every backward. There is no
 #   hand-written counterpart here.
 
 # %% [markdown]
