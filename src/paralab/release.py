@@ -17,7 +17,7 @@ import torch
 
 from paralab.exercises import for_lab
 from paralab.grade import reference_world
-from paralab.grade.code import EDIT_KEY
+from paralab.grade.code import EDIT_KEY, RULE_LIST
 from paralab.notebooks import ROOT, lab_sources, notebook_path, stable_cell_ids
 from paralab.stubs import (
     PACKAGE,
@@ -130,22 +130,94 @@ def student_notebook(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNo
     return student
 
 
-STUDENT_README = """# paralab labs: student copy
+STUDENT_README = """# paralab labs: your copy
 
-Install (Python 3.10+, a CPU is enough):
+Each lab is one notebook, `labs/NN_name/*_lab.ipynb`: the whole lesson, with exercises in it.
+Each lab's folder has a README listing its exercises.
 
+## Install
+
+Python 3.10 or later; a laptop CPU is enough (the "ranks" are processes on your machine).
+
+    python -m venv .venv && . .venv/bin/activate
     pip install -r requirements.txt
+    jupyter lab labs/
 
-then open the labs with `pip install jupyterlab && jupyter lab labs/`.
+`requirements.txt` holds only what the hand-out runs: torch, numpy, matplotlib, cloudpickle,
+JupyterLab, and this folder's `paralab` package. torch is pinned to one version; on Linux,
+pip's default torch wheel is the CUDA build (several GB, it runs on a CPU too), so the file
+points pip at PyTorch's CPU index and pip takes the CPU-only build (about 200 MB). On macOS the
+torch wheel is CPU-only (with MPS) either way.
 
-Each lab notebook is the full lesson. Where it asks you to write a function, the
-function raises `NotImplementedError`: fill it in, run its cell, then run the
-`check(...)` cell under it. The check runs your function on real ranks (gloo
-processes on this machine) and compares it, element by element, with the
-reference outputs shipped in `src/paralab/exercises/expected/`. Cells that run
-your function say so on their first line. Hand in the lab notebook file itself;
-the instructor's grader re-runs your functions on further cases.
+## Work
+
+Where a lab asks you to write a function, its cell raises `NotImplementedError`. Write the
+function there, run the cell, then run the `check(...)` cell under it: it runs your function
+on real ranks and compares it, element by element, with the reference outputs shipped in
+`src/paralab/exercises/expected/`. Cells that run your function say so on their first line.
+
+## Hand in
+
+The lab notebook file itself, under its own name (`cp_ring_vs_ulysses_lab.ipynb`). The
+instructor's grader runs your functions again, on further cases you have not seen (other shapes
+and world sizes): those carry the points; the visible cases add at most a tenth.
+
+## What the grader refuses
+
+The grader reads your answer only from the cells that held a `NotImplementedError` stub (the
+notebook marks them); everything else in your notebook is ignored (the package's own helpers stay
+available, as the package defines them), so a helper of your own goes in that cell. It runs your code in a sandbox, without the package's solutions, and scores 0, with
+the reason, an answer that breaks one of these rules:
+
+{rules}
+
+The `check` cell applies the same rules, so a refusal shows up there first, with the rule it broke.
+""".format(rules="\n".join(f"- {rule[0].upper()}{rule[1:]}." for rule in RULE_LIST))
+STUDENT_REQUIREMENTS = """# What the student hand-out runs, nothing more (no build, test, lint or site tools).
+# On Linux, pip's default torch==2.13.0 is the CUDA build (several GB); this index serves the
+# CPU-only build, which pip then prefers. On macOS the wheel is CPU-only either way.
+--extra-index-url https://download.pytorch.org/whl/cpu
+torch==2.13.0
+numpy>=1.26
+matplotlib>=3.8
+cloudpickle>=3.0
+jupyterlab>=4.0
+-e .
 """
+
+
+def student_lab_readme(lab: Path, notebook: str) -> str:
+    """A lab's README for the hand-out: its title, the notebook to open, its exercises, how to
+    hand in (the instructor's README speaks of sources, chapters and commands the hand-out lacks)."""
+    readme = lab / "README.md"
+    heading = next(
+        (line[2:].strip() for line in readme.read_text().splitlines() if line.startswith("# ")),
+        lab.name,
+    )
+    lines = [
+        f"# {heading}",
+        "",
+        f"Open `{notebook}` (`jupyter lab` in this folder) and run it from the top: it is the "
+        "whole lesson. Its exercises:",
+        "",
+    ]
+    for e in for_lab(lab.name):
+        fn = e.target.rsplit(".", 1)[1]
+        lines.append(
+            f"- `{fn}` ({e.points} point{'s' if e.points != 1 else ''}, about {e.minutes} min): "
+            f"{e.hint}."
+        )
+    lines += [
+        "",
+        "For each, write the function where its cell raises `NotImplementedError`, run that cell, "
+        "then the `check(...)` cell under it. Put everything your answer needs in that cell: it "
+        'is all the grader reads (the hand-out\'s README, section "What the grader refuses", '
+        "says why).",
+        "",
+        f"Hand in `{notebook}` itself, under this name.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def write_student(out: Path, only: str | None = None) -> Path:
@@ -171,9 +243,11 @@ def write_student(out: Path, only: str | None = None) -> Path:
         nbformat.write(
             student_notebook(committed, lab), out / "labs" / lab / notebook_path(source).name
         )
-        shutil.copy(source.parent / "README.md", out / "labs" / lab / "README.md")
-    for name in ("pyproject.toml", "requirements.txt"):
-        shutil.copy(ROOT / name, out / name)
+        (out / "labs" / lab / "README.md").write_text(
+            student_lab_readme(source.parent, notebook_path(source).name)
+        )
+    shutil.copy(ROOT / "pyproject.toml", out / "pyproject.toml")
+    (out / "requirements.txt").write_text(STUDENT_REQUIREMENTS)
     (out / "README.md").write_text(STUDENT_README)
     (out / ".paralab-student").write_text("written by python _build_nb.py --student\n")
     return Path(shutil.make_archive(str(out), "zip", out.parent, out.name))

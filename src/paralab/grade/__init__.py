@@ -427,7 +427,7 @@ def check(name: str, fn: Callable) -> None:
         verdict, _, reason = why.partition(": ")
         print(
             f"{exercise.name}: {verdict} — 0/{exercise.points} points (as the grader will score it)\n"
-            f"  {reason}\n  The grader reads only this cell, and requires that {RULES}."
+            f"  {reason}\n  The grader reads only the cells that held a stub, and requires that {RULES}."
         )
         return
     print(report(exercise, grade(exercise, graded)))

@@ -81,15 +81,16 @@ COPY_MIN_NODES = 30
 MAX_NODES = 5000
 """Beyond this, a definition is refused rather than parsed further (a 10,000-term expression)."""
 TARGET_NAMES = {e.target.rsplit(".", 1)[1]: e for e in EXERCISES.values()}
-RULES = (
+RULE_LIST = (
     "it imports only torch, numpy, paralab and a few helpers of the standard library "
-    "(math, itertools, functools, collections, dataclasses, typing, operator); "
-    "it neither imports nor calls paralab's own version of an exercise function; "
+    "(math, itertools, functools, collections, dataclasses, typing, operator)",
+    "it neither imports nor calls paralab's own version of an exercise function",
     "it loads no code dynamically and touches no file or process "
-    f"({', '.join(sorted(FORBIDDEN_NAMES))}, dunder attributes); "
-    "it is not a verbatim copy of the package's solution"
+    f"({', '.join(sorted(FORBIDDEN_NAMES))}, dunder attributes)",
+    "it is not a verbatim copy of the package's solution",
 )
-"""What the grader refuses, in one sentence (the hand-out's README and the check cell quote it)."""
+RULES = "; ".join(RULE_LIST)
+"""What the grader requires of an answer, in one sentence (the check cell quotes it)."""
 
 
 @dataclass
