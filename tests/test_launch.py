@@ -7,6 +7,7 @@ checker that is slow to import), or every launch pays for them.
 
 import multiprocessing.util
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -57,18 +58,26 @@ def _children_alive() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def private_tmp(tmp_path, monkeypatch) -> Path:
+def private_tmp(monkeypatch, tmp_path_factory) -> Path:
     """Every test's temp files go to a folder of its own, which must be empty afterwards:
-    no launch may leave a rendezvous dir, a rank's `pymp-*` or anything else behind."""
+    no launch may leave a rendezvous dir, a rank's `pymp-*` or anything else behind.
+
+    It sits right in the temp dir, not in the deeper `tmp_path`: a forkserver's socket
+    lives in it, and a socket path may not exceed 107 bytes.
+    """
     multiprocessing.util.get_temp_dir()  # this process's own, made once, removed at its exit
-    root = tmp_path / "tmp"
-    root.mkdir()
+    tmp_path_factory.getbasetemp()  # pytest's, made once, before the temp dir moves
+    root = Path(tempfile.mkdtemp(prefix="launch-test-"))
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     monkeypatch.setenv("TMPDIR", str(root))
-    yield root
-    assert not _children_alive()
-    # torch's per-user compile cache is shared by every process and kept on purpose
-    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("torchinductor_")) == []
+    try:
+        yield root
+        assert not _children_alive()
+        # torch's per-user compile cache is shared by every process and kept on purpose
+        left = [p.name for p in root.iterdir() if not p.name.startswith("torchinductor_")]
+        assert sorted(left) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
