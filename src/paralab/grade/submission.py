@@ -57,6 +57,8 @@ from paralab.stubs import stub_package
 
 WORKER = "paralab.grade.submission"
 FRAME = struct.Struct(">Q")
+UNREADABLE = object()
+"""A result frame the grader's safe loader refused."""
 MAX_NODES = 100_000
 MAX_DEPTH = 32
 MAX_TEXT = 2000
@@ -236,8 +238,8 @@ def frames(data: bytes) -> list[Any]:
             break
         try:
             found.append(torch.load(io.BytesIO(data[at : at + size]), weights_only=True))
-        except Exception:  # noqa: BLE001 - unreadable bytes: that exercise gets no result
-            found.append(None)
+        except Exception:  # noqa: BLE001 - weights_only refuses any class but plain ones
+            found.append(UNREADABLE)
         at += size
     return found
 
@@ -307,15 +309,20 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
             shutil.copytree(pristine, package)
             run = run_sandboxed(package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s)
         seconds = run.seconds
-        got = {f.get("exercise"): f for f in frames(run.result) if isinstance(f, dict)}
-        for job in jobs:
+        got = frames(run.result)  # one per job, in the order of the jobs
+        for i, job in enumerate(jobs):
             exercise = EXERCISES[job["exercise"]]
-            if exercise.name not in got:
+            if i >= len(got):
                 verdict, why = _stopped(run, budget_s)
                 rows[exercise.name] = _zero(sub, exercise, verdict, why)
                 continue
             try:
-                outcome = score(exercise, accept(got[exercise.name], exercise, seed))
+                if got[i] is UNREADABLE:
+                    raise Refused(
+                        "the result holds objects the grader does not load (a class of your own, "
+                        "such as a tensor subclass)"
+                    )
+                outcome = score(exercise, accept(got[i], exercise, seed))
             except Refused as exc:
                 rows[exercise.name] = _zero(sub, exercise, "REFUSED", str(exc))
                 continue
@@ -420,7 +427,22 @@ def _worker(result_fd: int) -> None:
     with os.fdopen(result_fd, "wb", buffering=0) as pipe:
         for job in jobs:
             buffer = io.BytesIO()
-            torch.save(_run_job(job), buffer)
+            result = _run_job(job)
+            try:
+                torch.save(result, buffer)
+            except Exception as exc:  # noqa: BLE001 - an output that cannot travel
+                why = f"the result could not be sent back ({type(exc).__name__})"
+                buffer = io.BytesIO()
+                torch.save(
+                    {
+                        "exercise": result["exercise"],
+                        "worlds": [
+                            {**w, "actual": None, "failure": why, "verdict": "ERROR"}
+                            for w in result["worlds"]
+                        ],
+                    },
+                    buffer,
+                )
             pipe.write(FRAME.pack(len(buffer.getvalue())) + buffer.getvalue())
 
 
