@@ -5,12 +5,17 @@ labs/06_inference_pipeline/02_reshard_after_forward_for_inference.md cite these
 tests by name: which forward ops a backward re-runs under no, full and
 selective activation checkpointing (counted at the dispatcher, so an op that
 selective checkpointing serves from its cache is not counted), and how many
-all-gathers FSDP2 makes per forward with and without `reshard_after_forward`.
+all-gathers FSDP2 makes per forward with and without `reshard_after_forward`;
+which variant `checkpoint()` runs when `use_reentrant` is not given, what the
+engines' wrapper passes, and that a checkpoint Dynamo traces needs
+TorchDispatchMode contexts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 from collections import Counter
 
 import pytest
@@ -29,6 +34,7 @@ from torch.utils.checkpoint import (
 
 from paralab.launch import run
 from paralab.ledger import Ledger
+from paralab.train.parallelism import checkpointed
 
 MATMULS = (torch.ops.aten.addmm.default, torch.ops.aten.mm.default)
 
@@ -166,3 +172,33 @@ def test_activation_checkpointing_adds_no_collective(fsdp_counts):
             == rank_counts["AC outside FSDP"]
             == step
         )
+
+
+def test_checkpoint_without_use_reentrant_is_reentrant():
+    """torch 2.13: `checkpoint(fn, x)` with no `use_reentrant` warns and runs the reentrant variant."""
+    model, x = block(), torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    with pytest.warns(UserWarning, match="use_reentrant"):
+        implicit = checkpoint(model, x)
+    explicit = checkpoint(model, x, use_reentrant=False)
+    assert type(implicit.grad_fn).__name__ == "CheckpointFunctionBackward"
+    assert type(explicit.grad_fn).__name__ != "CheckpointFunctionBackward"
+
+
+def test_checkpoint_wrapper_is_non_reentrant_and_keeps_early_stop():
+    """The wrapper both engines use defaults to NO_REENTRANT; without `early_stop` it keeps True."""
+    wrapped = checkpointed(block())
+    assert wrapped.checkpoint_fn.keywords["use_reentrant"] is False
+    assert "early_stop" not in wrapped.checkpoint_fn.keywords
+    assert inspect.signature(checkpoint).parameters["early_stop"].default is True
+
+
+def test_a_traced_checkpoint_needs_dispatch_mode_contexts():
+    """Compiling through a checkpoint whose context_fn returns plain context managers fails."""
+    wrapped = checkpoint_wrapper(
+        block(), context_fn=lambda: (contextlib.nullcontext(), contextlib.nullcontext())
+    )
+    compiled = torch.compile(wrapped, backend="aot_eager")
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(Exception, match="must generate a tuple of two `TorchDispatchMode`s"):
+        compiled(x)
+    torch._dynamo.reset()

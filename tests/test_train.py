@@ -7,6 +7,7 @@ full AC, Adam).
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from paralab.check import assert_match
 from paralab.exercises.lab05 import sample_by_global_rank
@@ -14,6 +15,7 @@ from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
 from paralab.train import apply_ac, apply_compile, reference, train
 from paralab.train.costs import shard_bytes_of_unit, step_bytes, unit_shapes
+from paralab.train.memory import activation_memory, activation_terms, saved_for_backward
 from paralab.train.model import SequenceShard, build_model
 from paralab.train.parallelism import CPAttention
 from paralab.train.runs import full_parameters, sample_index, samples_in_batch
@@ -168,3 +170,23 @@ def test_local_mean_is_wrong_when_shards_hold_unequal_loss_tokens():
     assert [r["local mean"]["loss tokens"] for r in per_rank] == [16, 16, 16, 4]
     assert all(_max_diff(r["global token count"]["params"], expected) <= 1e-12 for r in per_rank)
     assert all(_max_diff(r["local mean"]["params"], expected) > 1e-6 for r in per_rank)
+
+
+def test_activation_memory_per_ac_mode_matches_its_closed_form():
+    memory = activation_memory()
+    assert {ac: m["counted"] for ac, m in memory.items()} == {
+        ac: m["formula"] for ac, m in memory.items()
+    }
+    assert memory["full"]["counted"] < memory["selective"]["counted"] < memory["none"]["counted"]
+
+
+def test_compiled_full_ac_keeps_the_eager_bytes():
+    """AC then compile per block (the engines' nesting): one graph, same bytes, same gradients."""
+    eager = saved_for_backward(apply_ac(build_model(), "full"))
+    model = apply_compile(apply_ac(build_model(), "full", label_recompute=False), True)
+    before = counters["stats"]["unique_graphs"]
+    compiled = saved_for_backward(model)
+    assert counters["stats"]["unique_graphs"] - before == 1
+    assert compiled[0] == eager[0] == sum(activation_terms("full").values())
+    for got, want in zip(compiled[1], eager[1]):
+        assert torch.equal(got, want)

@@ -7,11 +7,12 @@
 # fixed order: **apply_cp → apply_ac → apply_compile → apply_fsdp**.
 #
 # **Learning goals.** After this lab you can
-# 1. say which sample and which tokens each rank loads (`rest = rank // (cfgp·cp)`), and why
+# 1. say which sample and which tokens each rank loads (`rest = rank // cp`), and why
 #    the plain local mean loss gives the right gradient with no extra cp all-reduce;
 # 2. read the four `apply_*` functions and say what each wraps;
 # 3. predict the bytes one training step sends per group (dp_shard, dp_replicate, cp) and
 #    phase (forward, backward, recompute), and what activation checkpointing adds;
+#    and the bytes each AC mode keeps for backward, counted and in closed form;
 # 4. predict, then see on real ranks, what each arrangement of the four steps does: an
 #    attribute swap after compile recompiles, CP hooks registered after a compiled call are
 #    silently skipped, AC before this lab's CP swap is silently wrong;
@@ -30,9 +31,12 @@
 # Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1: the shape a
 # vision-language model trains in, lab 00's workload table, whose sequences need no cp), each
 # with AC none / full / selective, and compiled once (a causal ring, so the zigzag shards
-# are checked too). Every byte of every step against its closed form.
+# are checked too). Every byte of every step against its closed form: modelled bytes,
+# counted at the `torch.distributed` API by the ledger, not measured on a wire.
 # Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
-# its positions) and `apply_fsdp` alone (the shards stack to the full weight); six
+# its positions) and `apply_fsdp` alone (the shards stack to the full weight); in this
+# process, the bytes saved for backward per AC mode against a closed form, and AC then
+# compile per block (the engines' nesting) against eager, element by element; six
 # arrangements of the four steps on 2 ranks (section 3); and one SGD step on a padded batch
 # with two loss normalizations (section 4d).
 
@@ -48,6 +52,7 @@ from paralab.parallel_dims import ParallelDims
 from paralab.tables import text_table
 from paralab.train import apply_ac, apply_compile, reference, runs
 from paralab.train.costs import measured_step_bytes, step_bytes
+from paralab.train.memory import activation_memory, activation_terms
 from paralab.train.model import SHAPE, SequenceShard, build_model
 from paralab.train.order import order_cases
 from paralab.train.runs import (
@@ -61,7 +66,7 @@ from paralab.train.runs import (
 )
 from paralab.train.tokens import RULES, masked_reference, masked_step
 from paralab.viz import show
-from paralab.viz.train import plot_wrapper_nesting
+from paralab.viz.train import plot_activation_memory, plot_wrapper_nesting
 
 LAB_START = time.monotonic()
 torch.set_num_threads(
@@ -96,9 +101,11 @@ for shard in (SequenceShard(), SequenceShard(1, 2), SequenceShard(1, 2, zigzag=T
 
 # %% [markdown]
 # **Which sample a rank loads** follows the overlay (lab 00): the cp partners of a sample are
-# consecutive ranks, `rest = rank // (cfgp·cp)` numbers the groups, so the global batch has
-# `world / (cfgp·cp)` samples (× the micro-batch, 1 here) and every cp partner loads the same
-# sample and keeps its shard of the tokens.
+# consecutive ranks, `rest = rank // cp` numbers the groups, so the global batch has
+# `world / cp` samples (× the micro-batch, 1 here) and every cp partner loads the same
+# sample and keeps its shard of the tokens. (Lab 00's overlay rule is `rank // (cfgp·cp)`;
+# cfgp, the guidance branches of inference, is 1 in training, and `sample_index` keeps the
+# general form.)
 
 # %%
 # show: paralab.train.runs.sample_index paralab.train.runs.make_sample
@@ -245,6 +252,73 @@ for ac in AC_MODES:
     )
 
 # %% [markdown]
+# **What AC buys: the bytes a forward keeps for backward.** One process, one sample, no cp
+# (the memory of a rank's block depends on its `N/cp` tokens and on the attention code it
+# runs; the closed form is for `LocalAttention`). `saved_for_backward` counts, with
+# `torch.autograd.graph.saved_tensors_hooks`, every tensor an op saves for its backward, once
+# per storage, parameters left out. A non-reentrant checkpoint saves its inputs before it
+# installs its own hooks, so those are counted; what is saved *inside* a checkpointed region
+# goes to the checkpoint's hooks, and is dropped. The closed form (`activation_terms`, `T = N`
+# tokens, `d` = 16, `F` = 32, `h` = 8, float64) counts, per block:
+#
+# | mode | kept per block |
+# |---|---|
+# | none | the block input, q, k, v, the scores and the probabilities (`h·N²` each), their log-sum-exp, four other `(T, d)` inputs of norms and matmuls, the tanh output `(T, F)`, two norms' mean and rstd |
+# | full | the block input (the checkpoint's input) |
+# | selective | the qkv checkpoint's input, the attention's q, k, v, scores, probabilities and log-sum-exp, the out projection's input, the MLP checkpoint's input |
+#
+# and outside the blocks, in every mode, the inputs, the final norm's input and statistics,
+# the head's input and the loss difference. **Predict** the order of the three totals, and
+# how much the region split saves.
+
+# %%
+# show: paralab.train.memory.saved_for_backward
+
+# %%
+memory = activation_memory()
+print(
+    text_table(
+        ["mode", "counted (hooks)", "closed form", "of none"],
+        [
+            [
+                f"ac={ac}",
+                f"{m['counted']:,} B",
+                f"{m['formula']:,} B",
+                f"{m['counted'] / memory['none']['counted']:.0%}",
+            ]
+            for ac, m in memory.items()
+        ],
+    )
+)
+show(
+    plot_activation_memory(
+        {ac: activation_terms(ac) for ac in memory}, {ac: m["counted"] for ac, m in memory.items()}
+    )
+)
+memory_verdicts = [
+    claim(
+        f"ac={ac}: bytes saved for backward = closed form",
+        m["counted"] == m["formula"],
+        f"{m['counted']:,} B",
+    )
+    for ac, m in memory.items()
+]
+print(verdict_table(memory_verdicts, "activation memory per AC mode"))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Full AC keeps 5% of what no AC keeps: per block only its input, `T·d·8` = 4 096 B. The
+# region split keeps 90%: it saves what it set out to save, the attention, and this
+# attention is not a fused kernel: it keeps its `h·N²` scores and probabilities, 2 × 65 536 B
+# per block, the largest tensors of the model. A fused attention (flash, cuDNN, the `fmha`
+# kernels Cosmos's selective policy saves) keeps only q, k, v, its output and the log-sum-exp,
+# linear in `N`, which is why saving the attention is the cheap choice in production and the
+# expensive one here. The numbers are modelled at autograd's API, one process: a rank with cp
+# keeps its own `N/cp` tokens' share, and lab 02's ring saves what each of its steps needs.
+# </details>
+
+# %% [markdown]
 # Why not torch's selective policy (`create_selective_checkpoint_contexts`, which Cosmos feeds
 # op-name MUST_SAVE/RECOMPUTE lists; torchtitan's `_op_sac_save_list` at 238fa99 starts with
 # `aten.mm`, then the SDPA ops, the functional `reduce_scatter_tensor` and `aten.max`)? The policy sees ATen ops; our ring and Ulysses are
@@ -265,6 +339,63 @@ print(
     f"blocks[0]: {type(block).__name__} -> {type(block._orig_mod).__name__} -> "
     f"{type(unwrapped(block._orig_mod)).__name__} (compiled lazily, at the first call)"
 )
+
+# %% [markdown]
+# **Compile and AC together, as both engines run them**: AC first, then `torch.compile` per
+# block, so the checkpoint is *inside* the compiled block and Dynamo traces it (a higher-order
+# op). In this process there is no cp, so no collective breaks the graph, and the block
+# compiles whole. One limit of that: a traced checkpoint's `context_fn` must return two
+# `TorchDispatchMode`s (torch 2.13 asserts it), and the ledger's recompute label is a plain
+# context manager, so these runs leave it off (`apply_ac(..., label_recompute=False)`, the
+# engines' plain wrapper). Each mode's gradients are compared with the eager run above,
+# element by element, and its saved bytes counted the same way:
+
+# %%
+compiled_memory = activation_memory(compiled=True)
+print(
+    text_table(
+        ["mode", "graphs", "counted, compiled", "counted, eager", "gradients vs eager"],
+        [
+            [
+                f"ac={ac}",
+                m["graphs"],
+                f"{m['counted']:,} B",
+                f"{memory[ac]['counted']:,} B",
+                f"max |diff| {max((a - b).abs().max().item() for a, b in zip(m['grads'], memory[ac]['grads'])):.1e}",
+            ]
+            for ac, m in compiled_memory.items()
+        ],
+    )
+)
+compiled_ac_verdicts = [
+    summary(
+        f"compiled, ac={ac}: gradients = eager",
+        compare(m["grads"], memory[ac]["grads"]),
+    )
+    for ac, m in compiled_memory.items()
+] + [
+    claim(
+        "compiled, ac=full: one graph, the same bytes kept as eager full AC",
+        compiled_memory["full"]["graphs"] == 1
+        and compiled_memory["full"]["counted"] == memory["full"]["counted"],
+        f"{compiled_memory['full']['graphs']} graph, {compiled_memory['full']['counted']:,} B",
+    ),
+    claim(
+        "compiled, ac=selective: keeps no more than eager",
+        compiled_memory["selective"]["counted"] <= memory["selective"]["counted"],
+        f"{compiled_memory['selective']['counted']:,} B <= {memory['selective']['counted']:,} B",
+    ),
+]
+print(verdict_table(compiled_ac_verdicts, "compile and AC together, one process"))
+
+# %% [markdown]
+# Full AC survives compile: the compiled block keeps the same 19 208 B and gives the same
+# gradients. Under compile, what the rest of the graph saves is AOTAutograd's partitioner's
+# choice, not the eager rule: with the region split it keeps 16 384 B less than eager here,
+# two fewer `(8, 32, 2)` q/k/v-shaped tensors per block. On real ranks with the ring, the same
+# nesting compiles nothing: case (e) of [section 3](#3-the-order-predict-then-run) shows
+# the ring's point-to-point calls breaking the graph inside the checkpoint, and the whole
+# checkpointed block running eagerly.
 
 # %% [markdown]
 # **`apply_fsdp`**: FSDP2 `fully_shard` on every block, then the root, on `fsdp_mesh` (2-D only
@@ -755,7 +886,9 @@ print(verdict_table(masked_verdicts, "loss normalization on a padded batch"))
 # %% [markdown]
 # ## 5. What crosses the wire in one step, by group and phase
 #
-# One step sends bytes in three groups (dp_shard, dp_replicate, cp) and three phases
+# Modelled bytes, counted at the API: the ledger (`paralab.ledger`) records, per
+# `torch.distributed` call, the bytes that call's algorithm sends per rank, not bytes measured
+# on a wire. One step sends bytes in three groups (dp_shard, dp_replicate, cp) and three phases
 # (forward, backward, and the recompute of activation checkpointing).
 #
 # **Predict** before reading the closed form below. Start from AC none and turn on *full* AC:
@@ -894,30 +1027,68 @@ print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per 
 
 # %%
 compiled = RESULTS[4][0]["compiled"]
-print(f"graphs compiled: {compiled['graphs']}")
 print(
     text_table(
         ["graph break reason", "count"], [[reason, n] for reason, n in compiled["breaks"].items()]
     )
 )
+graphs = [f for f in compiled["frames"] if f["ops"]]
+
+
+def frame_name(function):
+    """`torch_dynamo_resume_in_forward_at_102` -> `forward, resumed`: the frame after a graph break."""
+    if function.startswith("torch_dynamo_resume_in_"):
+        return function.removeprefix("torch_dynamo_resume_in_").rsplit("_at_", 1)[0] + ", resumed"
+    return function
+
+
+print(f"\ngraphs compiled: {compiled['graphs']}; the frames that hold them:")
+print(
+    text_table(
+        ["function", "file", "ops", "compiled again because"],
+        [
+            [
+                frame_name(f["function"]),
+                f["where"].split(":")[0],
+                f["ops"],
+                f["recompiled because"][:60],
+            ]
+            for f in graphs
+        ],
+    )
+)
+recompiles = [f for f in graphs if f["recompiled because"]]
 compile_verdicts = [
     claim(
         "every graph break is at one of the ring's point-to-point ops",
         bool(compiled["breaks"]) and all("P2P" in reason for reason in compiled["breaks"]),
         f"{sum(compiled['breaks'].values())} breaks, every reason names P2P",
-    )
+    ),
+    claim(
+        "the graph count = the compiled frames with ops, recompiles included",
+        compiled["graphs"] == len(graphs),
+        f"{len(graphs)} frames ({len(recompiles)} recompiles) = {compiled['graphs']} graphs",
+    ),
 ]
 print(verdict_table(compile_verdicts, "what torch.compile captured"))
 
 # %% [markdown]
-# How the counts map to the model: the graphs are the block's code before the attention
-# (norm, qkv projection), the pieces of the ring's forward between its point-to-point calls
-# (chunking, a block's scores and log-sum-exp, the merge), and the code after it (output
-# projection, MLP). Both blocks run the same code, so the second block reuses the first
-# one's graphs: the count does not double with `L`. A break count is how many times Dynamo
-# stopped tracing at that kind of call while compiling, not how many messages the ring
-# sends; the exact counts follow the torch version, which is why the claim is about the
-# reasons. (The full break reason names the switch: `TORCHDYNAMO_ENABLE_P2P_COMPILATION=1`.)
+# How the count maps to the model: Dynamo compiles one *frame* (a Python function call) at a
+# time, and a graph break ends the frame's graph and resumes in a new frame after the
+# untraceable call. The table lists every forward frame that produced a graph: the block's
+# code before the attention (norm, qkv projection) and after it (a resume frame: output
+# projection, MLP), and the ring's own functions that run between its point-to-point calls
+# (`ring_attention`, `_chunks`, `ring_pass` up to its `P2POp`, `attention_block`,
+# `merge_partials`). Frames with no ops (the P2P resume points, `CPAttention.forward`) are
+# not graphs. Two of the graphs are **recompiles** of code already compiled, each with its
+# guard's reason printed: `_chunks` is called once on a tensor that requires grad and once on
+# one that does not, and the causal ring calls `attention_block` with `diagonal=True` on its
+# diagonal step and `False` on the others. Both blocks run the same code with the same
+# guards, so the second block reuses the first one's graphs: the count does not double with
+# `L`. A break count is how many times Dynamo stopped tracing at that kind of call while
+# compiling, not how many messages the ring sends; the counts follow the torch version (this
+# is torch 2.13), which is why the claims compare the count with the frames rather than with
+# a number. (The full break reason names the switch: `TORCHDYNAMO_ENABLE_P2P_COMPILATION=1`.)
 
 # %% [markdown]
 # ## 7. A method other than `forward`: `register_fsdp_forward_method`
@@ -1005,7 +1176,7 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # <details><summary>Answer</summary>
 #
 # The loader picks the sample by **global rank** (`sample_by_global_rank`: `rank` instead of
-# `rank // (cfgp·cp)`). Ranks 0 and 1, meant to be the two cp halves of sample 0, load samples
+# `rank // cp`). Ranks 0 and 1, meant to be the two cp halves of sample 0, load samples
 # 0 and 1; ranks 2 and 3 load samples 2 and 3, which are not in the global batch at all. Each
 # rank still takes its own half of the tokens, so every "sequence" the ring attends over is a
 # chimera: the first half of one sample glued to the second half of another. Nothing
@@ -1030,6 +1201,8 @@ show(
 # %%
 sections = {
     "2 apply_cp on 2 ranks": cp_verdicts,
+    "2 activation memory per AC mode": memory_verdicts,
+    "2 compile and AC, one process": compiled_ac_verdicts,
     "2 apply_fsdp on 2 ranks": fsdp_verdicts,
     "3 the order, on 2 ranks": order_verdicts,
     "4a loss normalization": loss_verdicts,

@@ -85,12 +85,19 @@ def _recompute_labelled() -> tuple[
     return contextlib.nullcontext(), in_phase("recompute")
 
 
-def checkpointed(module: nn.Module) -> nn.Module:
-    """torch.utils.checkpoint (non-reentrant) around `module`, the wrapper torchtitan and Cosmos use."""
+def checkpointed(module: nn.Module, label_recompute: bool = True) -> nn.Module:
+    """torch.utils.checkpoint (non-reentrant) around `module`, the wrapper torchtitan and Cosmos use.
+
+    `label_recompute`: the ledger's recompute label as `context_fn`. Leave it off when
+    Dynamo will trace the checkpoint: a traced checkpoint's context_fn must return two
+    TorchDispatchModes, and the label is a plain context manager.
+    """
+    if not label_recompute:
+        return checkpoint_wrapper(module, preserve_rng_state=False)
     return checkpoint_wrapper(module, preserve_rng_state=False, context_fn=_recompute_labelled)
 
 
-def apply_ac(model: nn.Module, mode: str = "none") -> nn.Module:
+def apply_ac(model: nn.Module, mode: str = "none", *, label_recompute: bool = True) -> nn.Module:
     """Activation checkpointing per block.
 
     full: checkpoint each whole block; its backward re-runs the block's forward,
@@ -98,16 +105,18 @@ def apply_ac(model: nn.Module, mode: str = "none") -> nn.Module:
     selective (a region split): checkpoint the two regions around the attention
       (norm + qkv projection; the MLP) and leave the attention outside, so its
       output is saved and the recompute sends nothing.
+
+    label_recompute: see `checkpointed`.
     """
     if mode not in AC_MODES:
         raise ValueError(f"apply_ac: mode = {mode!r}, expected one of {AC_MODES}")
     blocks = blocks_of(model)
     for i, block in enumerate(blocks):
         if mode == "full":
-            blocks[i] = checkpointed(block)
+            blocks[i] = checkpointed(block, label_recompute)
         elif mode == "selective":
-            block.qkv = checkpointed(block.qkv)
-            block.mlp = checkpointed(block.mlp)
+            block.qkv = checkpointed(block.qkv, label_recompute)
+            block.mlp = checkpointed(block.mlp, label_recompute)
     return model
 
 

@@ -178,11 +178,30 @@ def run_variants(
 
 
 def compile_report() -> dict:
-    """What torch.compile captured in this process so far: graphs, and each graph break's reason."""
-    from torch._dynamo.utils import counters
+    """What torch.compile captured in this process so far: graphs, graph breaks, and where each graph is.
+
+    "frames": one row per forward frame Dynamo compiled (its compile id, function,
+    file:line, ops in its graph, and why it was compiled again, if it was); a frame
+    with ops is one of the "graphs", a recompile is a second graph of the same code.
+    """
+    from torch._dynamo.utils import counters, get_compilation_metrics
 
     breaks = {str(reason).splitlines()[0][:90]: n for reason, n in counters["graph_break"].items()}
-    return {"graphs": counters["stats"]["unique_graphs"], "breaks": breaks}
+    frames = [
+        {
+            "id": m.compile_id,
+            "function": m.co_name,
+            "where": f"{(m.co_filename or '').rsplit('/', 1)[-1]}:{m.co_firstlineno}",
+            "ops": m.graph_op_count or 0,
+            "recompiled because": (m.recompile_reason or "")
+            .split("#")[0]
+            .split(":", 1)[-1]
+            .strip(),
+        }
+        for m in get_compilation_metrics()
+        if m.is_forward and m.co_name
+    ]
+    return {"graphs": counters["stats"]["unique_graphs"], "breaks": breaks, "frames": frames}
 
 
 def local_losses(

@@ -117,3 +117,32 @@ def plot_wrapper_nesting(cases: dict[str, dict]) -> Figure:
         ax.text(0.5, -0.1, "\n".join(textwrap.wrap(case["outcome"], 30)), ha="center", fontsize=7.5)
     fig.tight_layout()
     return fig
+
+
+def plot_activation_memory(terms: dict[str, dict[str, int]], counted: dict[str, int]) -> Figure:
+    """One bar per AC mode: the closed form's bytes stacked by kind of tensor; a black tick = counted.
+
+    terms: {mode: {kind of tensor: bytes}}; counted: {mode: bytes the saved-tensor hooks saw}.
+    """
+    kinds = list(dict.fromkeys(kind for by_kind in terms.values() for kind in by_kind))
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.7 * len(terms)))
+    for row, (mode, by_kind) in enumerate(terms.items()):
+        left = 0
+        for k, kind in enumerate(kinds):
+            width = by_kind.get(kind, 0)
+            ax.barh(row, width, left=left, color=PALETTE[2 * k], edgecolor="white", label=kind)
+            left += width
+        ax.plot([counted[mode]] * 2, [row - 0.42, row + 0.42], "k-", lw=2)
+        ax.text(left, row, f"  {counted[mode]:,} B counted", va="center", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.set_yticks(range(len(terms)), [f"ac={mode}" for mode in terms])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(counted.values()) * 1.3)
+    ax.set_xlabel("bytes saved for backward (one process, one sample, parameters excluded)")
+    ax.set_title(
+        "What each AC mode keeps for backward: closed form by kind, and counted", fontsize=10
+    )
+    fig.tight_layout()
+    return fig
