@@ -24,7 +24,7 @@ LAYERS = {
         "models",
         "tables",
     ],
-    "axes": ["collectives", "fsdp", "cp", "cfgp", "vae_lb", "tp", "pp", "ep", "scale"],
+    "axes": ["collectives", "fsdp", "cp", "cfgp", "vae_lb", "tp", "pp", "ep", "scale", "plan"],
     "composition": ["train", "pipeline", "compose"],
     "pictures": ["viz"],
     "classroom": ["exercises", "grade", "stubs", "release"],

@@ -1,0 +1,84 @@
+"""`python -m paralab.scale check [CASES.toml] [--json FILE]` and `python -m paralab.scale fit`.
+
+`check` prints each case's prediction, measurement and signed error (predicted - measured) /
+measured, and exits 1 if any |error| exceeds 25 %. `fit` re-derives the fitted efficiencies
+from the cases and prints them next to the ones the predictor uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paralab.scale.cases import SHIPPED, load_cases
+from paralab.scale.fit import FITTED, fit, predict_case
+
+TOLERANCE = 0.25
+
+
+def check_rows(path: str) -> list[dict]:
+    rows = []
+    for case in load_cases(path):
+        predicted = predict_case(case).value(case.measure)
+        rows.append(
+            {
+                "name": case.name,
+                "measure": case.measure,
+                "predicted": predicted,
+                "measured": case.measured,
+                "relative_error": (predicted - case.measured) / case.measured,
+            }
+        )
+    return rows
+
+
+def print_constants() -> None:
+    print("fitted efficiencies (share of peak), per fit group:")
+    for group, effs in FITTED.items():
+        print(f"  {group:10s} GEMM {effs['gemm']:.2f}  attention {effs['attention']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m paralab.scale")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="predicted vs measured on a case file")
+    check.add_argument("cases", nargs="?", default=str(SHIPPED))
+    check.add_argument("--json", dest="json_path")
+    refit = sub.add_parser("fit", help="re-derive the fitted efficiencies")
+    refit.add_argument("cases", nargs="?", default=str(SHIPPED))
+    args = parser.parse_args(argv)
+
+    if args.command == "fit":
+        print("refitted:", fit(load_cases(args.cases)))
+        print_constants()
+        return 0
+    rows = check_rows(args.cases)
+    print_constants()
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'case':{width}s} {'measure':>21s} {'predicted':>11s} {'measured':>11s} {'error':>7s}")
+    for r in rows:
+        print(
+            f"{r['name']:{width}s} {r['measure']:>21s} {r['predicted']:11.4g} "
+            f"{r['measured']:11.4g} {r['relative_error']:+7.1%}"
+        )
+    worst = max(abs(r["relative_error"]) for r in rows)
+    failed = [r["name"] for r in rows if abs(r["relative_error"]) > TOLERANCE]
+    print(
+        f"{len(rows) - len(failed)}/{len(rows)} within {TOLERANCE:.0%} (largest |error| {worst:.1%})"
+    )
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(
+                [
+                    {k: r[k] for k in ("name", "predicted", "measured", "relative_error")}
+                    for r in rows
+                ],
+                f,
+                indent=2,
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Hardware presets: one set of constants per GPU, each with the source it comes from.
+
+Every figure is a datasheet number, a measurement in a public thread, or NCCL's own latency
+table; none is tuned to a case. Link bandwidths are *bus* bandwidths as nccl-tests defines them,
+so the time of a ring collective is simply (bytes one rank sends) / busbw, whatever the
+collective: all-gather, reduce-scatter and all-to-all send (n-1)/n S, all-reduce 2(n-1)/n S,
+and busbw is algbw times exactly that factor (nccl-tests' PERFORMANCE.md).
+
+The bus bandwidth a ring reaches is the per-direction line rate times NCCL's protocol
+efficiency, 370 / 450 on H100 NVLink (S. Jeaugey, NVIDIA/nccl-tests#212: "450GB/s is the line
+rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
+370GB/s"); the same factor is applied to every other link, NVLink or network.
+
+Latency per collective (alpha) follows NCCL's tuning model (`src/graph/tuning.cc`,
+NVIDIA/nccl@b647562): ring, Simple protocol, a base latency of 8.4 us per call plus a per-step
+latency of 3.4 us over NVLink, 5.7 us over PCI and 14.0 us over the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TB = 1e12
+GB = 1e9
+GiB = 2**30
+
+PROTOCOL_EFFICIENCY = 370 / 450
+"""NCCL's achieved busbw over the line rate (NVIDIA/nccl-tests#212, H100 NVLink)."""
+
+BASE_LATENCY = 8.4e-6
+"""NCCL `baseLat` for Ring / Simple, seconds per collective call."""
+STEP_LATENCY = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}
+"""NCCL `hwLat` for Ring / Simple, seconds per ring step, by link class."""
+
+SOURCES = {
+    "h100": "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/): "
+    "SXM 989 TFLOP/s bf16 dense (1,979 with sparsity), fp8 1,979 dense, HBM3 80 GB at "
+    "3.35 TB/s, NVLink 900 GB/s; NVL 835 TFLOP/s bf16 dense, fp8 1,671, 94 GB at 3.9 TB/s, "
+    "NVLink bridge 600 GB/s between a pair, PCIe Gen5 128 GB/s",
+    "h200": "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200/): 141 GB HBM3e at "
+    "4.8 TB/s; SXM 989 TFLOP/s bf16 dense, NVLink 900 GB/s; NVL 835 TFLOP/s, NVLink bridge "
+    "900 GB/s (2- or 4-way), PCIe Gen5 128 GB/s",
+    "h800": "NVIDIA H800 SXM5 (the H100 SXM die with NVLink cut to 400 GB/s): 989 TFLOP/s bf16 "
+    "dense, 80 GB HBM3 at 3.35 TB/s (NVIDIA/nccl-tests#153 runs 8 of them per node)",
+    "a100": "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100/): SXM 80 GB, 312 TFLOP/s "
+    "bf16 dense, no fp8, HBM2e 2,039 GB/s, NVLink 600 GB/s, 200 Gb/s HDR per GPU in a DGX A100",
+    "b200": "NVIDIA DGX B200 datasheet: 8 B200, 72 PFLOP/s fp8 training (sparse) = 4.5 dense "
+    "per GPU, bf16 2.25 PFLOP/s dense, 1,440 GB HBM3e (180 per GPU) at 8 TB/s, NVLink 5 "
+    "1.8 TB/s, 400 Gb/s ConnectX-7 per GPU",
+    "pcie-pairs": "8 GPUs joined by NVLink in pairs and PCIe between the pairs reach 20 GB/s "
+    "all-reduce busbw over PCIe Gen4 (32 GB/s a direction) in NVIDIA/nccl-tests#178: 62 % of "
+    "the line; the same share of Gen5's 64 GB/s is 40 GB/s",
+    "ib-400": "400 Gb/s RDMA per GPU between hosts (torchtitan's benchmark hosts, "
+    "pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md; DGX H100/H200)",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU of an 8-GPU node: peaks, memory, and the links its collectives cross.
+
+    `pair_busbw` is for NVL cards, bridged in pairs: a group of 2 neighbours uses the bridge,
+    any larger group in the node runs at `intra_busbw` (PCIe). `intra_link` names NCCL's
+    latency class of `intra_busbw`.
+    """
+
+    name: str
+    peak_bf16: float
+    peak_fp8: float
+    hbm_bandwidth: float
+    hbm_bytes: float
+    intra_busbw: float
+    inter_busbw: float
+    intra_link: str = "nvlink"
+    pair_busbw: float | None = None
+    gpus_per_node: int = 8
+    efficiency_from: str = ""
+    """The preset whose fitted kernel efficiencies this one uses (its own name if fitted)."""
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        if dtype == "fp8" and self.peak_fp8 <= 0:
+            raise ValueError(f"{self.name} has no fp8 tensor cores")
+        return self.peak_fp8 if dtype == "fp8" else self.peak_bf16
+
+
+def _line(per_direction_bytes_per_s: float) -> float:
+    """A link's per-direction line rate turned into the busbw NCCL reaches on it."""
+    return per_direction_bytes_per_s * PROTOCOL_EFFICIENCY
+
+
+IB_400 = _line(400e9 / 8)
+PCIE_PAIRS = 0.62 * 64 * GB
+
+HARDWARE: dict[str, Hardware] = {
+    h.name: h
+    for h in [
+        Hardware(
+            "h100-sxm",
+            989 * TB,
+            1979 * TB,
+            3.35 * TB,
+            80 * GB,
+            _line(450 * GB),
+            IB_400,
+            efficiency_from="h100-sxm",
+            source="h100; ib-400",
+        ),
+        Hardware(
+            "h100-nvl",
+            835 * TB,
+            1671 * TB,
+            3.9 * TB,
+            94 * GB,
+            PCIE_PAIRS,
+            IB_400,
+            intra_link="pci",
+            pair_busbw=_line(300 * GB),
+            efficiency_from="h100-nvl",
+            source="h100; pcie-pairs; ib-400",
+        ),
+        Hardware(
+            "h200-sxm",
+            989 * TB,
+            1979 * TB,
+            4.8 * TB,
+            141 * GB,
+            _line(450 * GB),
+            IB_400,
+            efficiency_from="h100-sxm",
+            source="h200; ib-400",
+        ),
+        Hardware(
+            "h200-nvl",
+            835 * TB,
+            1671 * TB,
+            4.8 * TB,
+            141 * GB,
+            PCIE_PAIRS,
+            IB_400,
+            intra_link="pci",
+            pair_busbw=_line(450 * GB),
+            efficiency_from="h100-nvl",
+            source="h200; pcie-pairs; ib-400",
+        ),
+        Hardware(
+            "h800",
+            989 * TB,
+            1979 * TB,
+            3.35 * TB,
+            80 * GB,
+            _line(200 * GB),
+            IB_400,
+            efficiency_from="h100-sxm",
+            source="h800; ib-400",
+        ),
+        Hardware(
+            "a100-sxm-80g",
+            312 * TB,
+            0.0,
+            2.039 * TB,
+            80 * GB,
+            _line(300 * GB),
+            _line(25 * GB),
+            efficiency_from="h100-sxm",
+            source="a100",
+        ),
+        Hardware(
+            "b200",
+            2250 * TB,
+            4500 * TB,
+            8.0 * TB,
+            180 * GB,
+            _line(900 * GB),
+            IB_400,
+            efficiency_from="h100-sxm",
+            source="b200",
+        ),
+    ]
+}
+"""H800, H200 SXM, A100 and B200 have no visible case of their own: they borrow the H100 SXM
+fit (the same kernels on a faster or slower chip), H200 NVL the H100 NVL fit."""
+
+
+def hardware(name: str) -> Hardware:
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; presets: {sorted(HARDWARE)}")
+    return HARDWARE[name]

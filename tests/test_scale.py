@@ -1,0 +1,228 @@
+"""The scale model's formulas at real sizes, each against a hand calculation written here, the
+case format, the check command, the fit, and the planner."""
+
+import json
+import math
+
+import pytest
+
+from paralab.cp.costs import ring_bytes, shard_bytes
+from paralab.scale import FITTED, Layout, Workload, hardware, load_cases, model, predict
+from paralab.scale.__main__ import main as scale_main
+from paralab.scale.cases import SHIPPED, parse_case
+from paralab.scale.fit import fit, predict_case, relative_error
+from paralab.scale.plan import main as plan_main
+from paralab.scale.plan import plan_inference, plan_train, why
+from paralab.scale.predict import (
+    BACKWARD_ATTENTION_SPEED,
+    fsdp_unit_bytes,
+    inference_links,
+    link_for,
+    train_links,
+)
+
+H100 = hardware("h100-sxm")
+EIGHT_B = model("llama3.1-8b")
+BUSBW = 450e9 * 370 / 450  # NVLink line rate times NCCL's protocol efficiency
+
+
+def test_llama_shapes_match_their_published_sizes():
+    # 8B: ffn = 1024 * ceil(1.3 * int(8 * 4096 / 3) / 1024) = 1024 * ceil(14198.6 / 1024) = 14336
+    assert EIGHT_B.ffn == 14336 and model("llama3.1-70b").ffn == 28672
+    assert model("llama3.1-405b").ffn == 53248
+    # one block: q, o 4096^2; k, v 4096 * 1024; MLP 3 * 4096 * 14336; two norms 4096
+    block = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert block == 218_112_000 == EIGHT_B.block_params()
+    assert EIGHT_B.params == 32 * block + 2 * 128256 * 4096 + 4096 == 8_030_261_248
+
+
+def test_video_tokens_of_the_cases():
+    # HunyuanVideo 1280x720, 129 frames: 33 latent frames of 45 x 80 patches
+    assert model("hunyuanvideo").video_tokens(1280, 720, 129) == 33 * 45 * 80 == 118_800
+    assert model("consisid").video_tokens(720, 480, 49) == 13 * 30 * 45 == 17_550
+    assert model("cosmos-transfer2.5-2b").video_tokens(1280, 704, 93) == 24 * 44 * 80
+
+
+def test_alpha_beta_of_an_all_gather_over_nvlink():
+    # 1 GiB gathered over 8 H100s: each rank sends 7/8 GiB; 7 ring steps of 3.4 us + 8.4 us
+    link = link_for(H100, stride=1, size=8)
+    sent = 7 * 2**30 // 8
+    hand = 8.4e-6 + 7 * 3.4e-6 + 939_524_096 / BUSBW
+    assert link.time(sent, 7) == pytest.approx(hand, rel=1e-12)
+    assert hand == pytest.approx(2.5715e-3, rel=1e-4)
+
+
+def test_groups_cross_the_network_beyond_a_node():
+    links = train_links(H100, Layout(dp_shard=8, tp=8))
+    assert links["tp"].name == "nvlink" and links["dp_shard"].name == "network"
+    assert links["dp_shard"].busbw == pytest.approx(50e9 * 370 / 450)
+    nvl = hardware("h100-nvl")
+    assert link_for(nvl, 1, 2).name == "nvlink bridge" and link_for(nvl, 1, 8).name == "pci"
+    overlay = inference_links(nvl, Layout(cp=4, cfgp=2))
+    assert overlay["cp"].name == "pci" and overlay["cfgp"].name == "pci"  # cfgp stride 4
+
+
+def test_fsdp_bytes_of_one_8b_block_come_from_lab_01s_formula():
+    unit = fsdp_unit_bytes(EIGHT_B.block_params(), Layout(dp_shard=8))
+    # per gather 7/8 of the bf16 block; the reduce-scatter 7/8 of its fp32 gradient
+    assert unit["all_gather"] == 7 * 218_112_000 * 2 / 8 == 381_696_000
+    assert unit["reduce_scatter"] == 7 * 218_112_000 * 4 / 8 == 763_392_000
+    assert unit["all_reduce"] == 0
+    hsdp = fsdp_unit_bytes(EIGHT_B.block_params(), Layout(dp_shard=8, dp_replicate=2))
+    # replicas all-reduce a shard (1/8 of the fp32 gradient): 2 (2-1)/2 of it
+    assert hsdp["all_reduce"] == 218_112_000 * 4 / 8
+
+
+def test_fsdp_at_8_and_128_gpus():
+    # the per-rank bytes barely move (7/8 vs 127/128 of the block), the link does
+    eight = fsdp_unit_bytes(EIGHT_B.block_params(), Layout(dp_shard=8))["all_gather"]
+    many = fsdp_unit_bytes(EIGHT_B.block_params(), Layout(dp_shard=128))["all_gather"]
+    assert many / eight == pytest.approx((127 / 128) / (7 / 8))
+    assert train_links(H100, Layout(dp_shard=128))["dp_shard"].name == "network"
+
+
+def test_training_compute_of_torchtitans_8b_row():
+    p = predict(
+        EIGHT_B,
+        H100,
+        Layout(dp_shard=8),
+        Workload("train", seq=8192, micro_batch=2, ac="selective"),
+        FITTED["h100-sxm"],
+    )
+    tokens = 2 * 8192
+    # GEMM: 2 x matmul weights x tokens, times 1 + 2 (backward) + 0.5 (every other mm recomputed);
+    # the head (128256 x 4096) forward and backward
+    matmuls = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    gemm = 2 * matmuls * tokens * 3.5 + 2 * 128256 * 4096 * tokens * 3
+    assert p.breakdown["compute: GEMM"] == pytest.approx(gemm / (989e12 * 0.44))
+    # causal attention 2 s^2 x 4096 a sequence and layer, backward 2.5x at 1117.9/1418.1 speed
+    attn = 2 * 8192**2 * 4096 * 2 * 32 * (1 + 2.5 / (1117.9 / 1418.1))
+    assert p.breakdown["compute: attention"] == pytest.approx(attn / (989e12 * 0.25))
+    assert BACKWARD_ATTENTION_SPEED == pytest.approx(0.7883, abs=1e-4)
+
+
+def test_ring_bytes_at_256k_tokens_hide_behind_attention():
+    # one rank's K shard: 32768 tokens x 8 kv heads x 128 x 2 bytes = 64 MiB; K and V, 7 hops
+    s = shard_bytes(1, 8, 262144, 128, 8, itemsize=2)
+    assert s == 32768 * 8 * 128 * 2 == 67_108_864
+    assert ring_bytes(s, 8)["forward"] == 2 * 7 * 67_108_864
+    p = predict(
+        EIGHT_B,
+        H100,
+        Layout(cp=8, cp_kind="zigzag"),
+        Workload("train", seq=262144, dtype="fp8", ac="full"),
+        FITTED["h100-sxm"],
+    )
+    # a hop (128 MiB at 370 GB/s, 0.36 ms) against 1/64 of a layer's attention (about 11 ms)
+    assert p.breakdown["exposed: cp"] == 0.0
+
+
+def test_ulysses_all_to_alls_of_hunyuanvideo_are_exposed():
+    hy = model("hunyuanvideo")
+    p = predict(
+        hy,
+        H100,
+        Layout(cp=8, cp_kind="ulysses"),
+        Workload("diffusion", seq=119056, steps=50),
+        FITTED["h100-sxm"],
+    )
+    s = 24 * (119056 // 8) * 128 * 2  # one rank's q: all 24 heads of its 14,882 tokens
+    per_layer = 4 * (8.4e-6 + 7 * 3.4e-6) + 4 * 7 * s / 8 / BUSBW
+    assert p.breakdown["exposed: cp"] == pytest.approx(50 * 60 * per_layer)
+
+
+def test_cfgp_swap_of_consisid():
+    p = predict(
+        model("consisid"),
+        H100,
+        Layout(cfgp=2),
+        Workload("diffusion", seq=17776, steps=50),
+        FITTED["h100-sxm"],
+    )
+    # a step swaps the video latent's prediction: 17,550 tokens x 64 values (16 x 2 x 2) x 2 bytes
+    swap = 17550 * 64 * 2
+    assert p.breakdown["exposed: cfgp swap"] == pytest.approx(50 * (8.4e-6 + 3.4e-6 + swap / BUSBW))
+
+
+def test_the_pp_bubble_comes_from_the_schedule_simulator():
+    lo = Layout(pp=4, dp_shard=2, schedule="1f1b", microbatches=8)
+    p = predict(EIGHT_B, H100, lo, Workload("train", seq=8192, micro_batch=8), FITTED["h100-sxm"])
+    busy = sum(v for k, v in p.breakdown.items() if k not in ("pp bubble", "exposed: pp sends"))
+    # 1F1B: (p-1)/(m+p-1) = 3/11 of the time idle, so bubble = busy x 3/8
+    assert p.breakdown["pp bubble"] == pytest.approx(busy * 3 / 8)
+
+
+def test_shipped_cases_are_within_25_percent_and_the_check_says_so(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert scale_main(["check", str(SHIPPED), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) >= 10
+    for row in rows:
+        assert set(row) == {"name", "predicted", "measured", "relative_error"}
+        assert row["relative_error"] == pytest.approx(
+            (row["predicted"] - row["measured"]) / row["measured"]
+        )
+        assert abs(row["relative_error"]) <= 0.25
+    assert "10/10 within 25%" in capsys.readouterr().out
+
+
+def test_the_check_fails_on_a_case_the_model_misses(tmp_path):
+    bad = SHIPPED.read_text().replace("tokens_per_s_per_gpu = 5762", "tokens_per_s_per_gpu = 2000")
+    path = tmp_path / "bad.toml"
+    path.write_text(bad)
+    assert scale_main(["check", str(path)]) == 1
+
+
+def test_the_stored_efficiencies_are_the_fit_of_the_shipped_cases():
+    assert fit(load_cases()) == FITTED
+    assert set(FITTED) == {"h100-sxm", "h100-nvl"}
+
+
+def test_case_format_needs_exactly_one_measurement_and_fills_missing_axes():
+    raw = {
+        "name": "x",
+        "source": "s",
+        "hardware": "b200",
+        "gpus": 8,
+        "model": "llama3.1-8b",
+        "workload": {"kind": "train", "seq": 4096},
+        "layout": {"dp_shard": 8},
+        "measured": {"seconds": 1.0, "efficiency": 0.5},
+    }
+    with pytest.raises(ValueError, match="exactly one"):
+        parse_case(raw)
+    raw["measured"] = {"seconds": 1.0}
+    case = parse_case(raw)
+    assert (case.layout.cp, case.layout.tp, case.layout.pp, case.layout.cfgp) == (1, 1, 1, 1)
+    inline = dict(raw, model={"kind": "dit", "layers": 2, "hidden": 64, "heads": 4})
+    assert parse_case(inline).model.matmul_per_layer == 12 * 64**2
+
+
+def test_every_case_names_its_source_and_errors_are_signed():
+    for case in load_cases():
+        assert "@" in case.source
+        predicted = predict_case(case).value(case.measure)
+        assert math.copysign(1, relative_error(case)) == math.copysign(1, predicted - case.measured)
+
+
+def test_planner_marks_oom_and_ranks_fitting_layouts_first():
+    seventy = model("llama3.1-70b")
+    rows = plan_train(seventy, H100, 8, 8192, 16, "full", "bf16")
+    dp_only = next(r for r in rows if r.layout.dp_shard == 8)
+    # 16 bytes x 70.55B parameters / 8 = 141 GB of states alone: more than 80 GB of HBM
+    assert dp_only.oom and dp_only.memory["params + grads + Adam"] > 140e9
+    assert all(r.oom for r in rows) and why(rows).startswith("No layout fits")
+    rows = plan_train(seventy, H100, 64, 8192, 64, "full", "bf16")
+    first_oom = next(i for i, r in enumerate(rows) if r.oom)
+    assert first_oom > 0 and all(r.oom for r in rows[first_oom:])
+    video = plan_inference(model("cosmos-transfer2.5-2b"), hardware("h100-nvl"), 8, 84480, 35)
+    assert video[0].prediction.seconds == min(r.prediction.seconds for r in video if not r.oom)
+
+
+def test_planner_command_runs_for_training_and_inference(capsys):
+    plan_main(["--model", "llama3.1-8b", "--hardware", "h100-sxm", "--gpus", "64", "--train"])
+    plan_main(
+        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-nvl", "--gpus", "8", "--inference"]
+    )
+    out = capsys.readouterr().out
+    assert out.count(" wins: ") == 2 and "tokens/s/GPU" in out and "s for one video" in out
