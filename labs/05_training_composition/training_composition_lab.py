@@ -66,7 +66,7 @@ from paralab.train.runs import (
 )
 from paralab.train.tokens import RULES, masked_reference, masked_step
 from paralab.viz import show
-from paralab.viz.train import plot_activation_memory, plot_wrapper_nesting
+from paralab.viz.train import plot_ac_activation_memory, plot_wrapper_nesting
 
 LAB_START = time.monotonic()
 torch.set_num_threads(
@@ -291,7 +291,7 @@ print(
     )
 )
 show(
-    plot_activation_memory(
+    plot_ac_activation_memory(
         {ac: activation_terms(ac) for ac in memory}, {ac: m["counted"] for ac, m in memory.items()}
     )
 )

@@ -32,18 +32,33 @@ from paralab.viz.fsdp import (
 from paralab.viz.mesh import plot_dp_grid, plot_overlay_vs_consuming, plot_rank_groups
 from paralab.viz.pipeline import plot_bytes_by_phase, plot_pipeline_memory, plot_pipeline_samples
 from paralab.viz.pp import plot_bubble_vs_m, plot_pipeline_timeline
+from paralab.viz.scale import (
+    plot_alpha_beta,
+    plot_axis_seconds,
+    plot_cosmos_step_bytes,
+    plot_plan,
+    plot_prediction_scatter,
+    plot_ring_efficiency,
+    plot_roofline,
+)
 from paralab.viz.tp import (
     plot_activation_memory,
     plot_block_regions,
     plot_phase_bytes,
     plot_weight_split,
 )
-from paralab.viz.train import plot_group_phase_bytes, plot_token_ownership, plot_wrapper_nesting
+from paralab.viz.train import (
+    plot_ac_activation_memory,
+    plot_group_phase_bytes,
+    plot_token_ownership,
+    plot_wrapper_nesting,
+)
 from paralab.viz.vae_lb import plot_cost_fit, plot_lb_loads, plot_lb_protocol
 
 __all__ = [
     "PALETTE",
     "fsdp_events",
+    "plot_ac_activation_memory",
     "plot_activation_memory",
     "plot_balance_history",
     "plot_block_regions",
@@ -84,4 +99,11 @@ __all__ = [
     "plot_weight_split",
     "plot_wrapper_nesting",
     "show",
+    "plot_alpha_beta",
+    "plot_axis_seconds",
+    "plot_cosmos_step_bytes",
+    "plot_plan",
+    "plot_prediction_scatter",
+    "plot_ring_efficiency",
+    "plot_roofline",
 ]

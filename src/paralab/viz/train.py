@@ -119,7 +119,7 @@ def plot_wrapper_nesting(cases: dict[str, dict]) -> Figure:
     return fig
 
 
-def plot_activation_memory(terms: dict[str, dict[str, int]], counted: dict[str, int]) -> Figure:
+def plot_ac_activation_memory(terms: dict[str, dict[str, int]], counted: dict[str, int]) -> Figure:
     """One bar per AC mode: the closed form's bytes stacked by kind of tensor; a black tick = counted.
 
     terms: {mode: {kind of tensor: bytes}}; counted: {mode: bytes the saved-tensor hooks saw}.
