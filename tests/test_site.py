@@ -18,6 +18,7 @@ import functools
 import http.server
 import importlib.util
 import os
+import re
 import shutil
 import threading
 import time
@@ -58,7 +59,7 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+needs_browser = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,7 @@ def _typeset(page) -> None:
     page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
 
 
+@needs_browser
 def test_site_in_a_real_browser(served_site):
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
@@ -170,6 +172,8 @@ def test_site_in_a_real_browser(served_site):
                     .filter(s => !s.querySelector('span.MathJax, .MathJax_MathML')).length,
             })""")
             ids[url] = set(state["ids"])
+            if path in notebooks and not any(link.endswith(".ipynb") for link in state["links"]):
+                problems.append(f"{path}: a notebook page without a download link")
             if path in notebooks:
                 if not state["images"]:
                     problems.append(f"{path}: a notebook page with no picture")
@@ -209,6 +213,15 @@ def test_site_in_a_real_browser(served_site):
         page.keyboard.type("Ulysses")  # typed: Material's search listens to key events
         page.wait_for_selector(".md-search-result__item", timeout=20_000)
         hits = page.locator(".md-search-result__item").count()
+        page.keyboard.press("Control+A")
+        page.keyboard.type("ranks")  # a word beside math on many pages: no snippet shows TeX
+        page.wait_for_selector(".md-search-result__item", timeout=20_000)
+        snippets = page.locator(".md-search-result__item").all_inner_texts()
+        problems += [
+            f"search snippet shows raw TeX: {t[:120]!r}"
+            for t in snippets
+            if re.search(r"\$[^\s$]{1,40}\$|\\\(", t)
+        ]
         browser.close()
 
     pages = len(seen)
@@ -226,3 +239,31 @@ def test_site_in_a_real_browser(served_site):
         "a notebook page is not reachable from the landing page"
     )
     assert math_pages > 0 and hits > 0
+
+
+def test_navigation_sections_have_distinct_names():
+    from paralab.site import nav
+
+    titles = [
+        next(iter(section)) for section in nav() if isinstance(next(iter(section.values())), list)
+    ]
+    starts = [title.split(" — ")[0] for title in titles]
+    assert len(set(starts)) == len(starts), starts
+
+
+def test_numbered_lists_keep_their_start_and_math_stays_out_of_search():
+    import markdown
+
+    from paralab.site import download_link, mkdocs_config, searchable
+
+    extensions = [e for e in mkdocs_config()["markdown_extensions"] if isinstance(e, str)]
+    html = markdown.markdown("1. one\n\ntext\n\n4. four\n", extensions=extensions)
+    assert '<ol start="4">' in html, html
+    page = (
+        '<span class="arithmatex">\\(n\\)</span><div class="jp-RenderedHTMLCommon '
+        'jp-RenderedMarkdown"><p>on $n$ ranks</p></div><pre>echo $HOME</pre>'
+    )
+    marked = searchable(page)
+    assert '<span class="arithmatex" data-search-exclude>' in marked
+    assert "<span data-search-exclude>$n$</span>" in marked and "echo $HOME" in marked
+    assert 'href="x_lab.ipynb" download' in download_link("x_lab.ipynb")

@@ -38,6 +38,9 @@ CHAPTER = re.compile(r"^\d\d_.+\.md$")
 MATHJAX_PLACEHOLDER = "paralab-mathjax-placeholder.js"
 EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>')
 HEADING = re.compile(r'<h([1-3]) id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
+ARITHMATEX = re.compile(r'<(span|div) (class="arithmatex")>')
+NOTEBOOK_MARKDOWN = re.compile(r'<div class="[^"]*jp-RenderedMarkdown[^"]*"[^>]*>.*?</div>', re.S)
+INLINE_MATH = re.compile(r"(?<![\\$])\$\$?[^$<>\n]+?\$\$?")
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|#|/)([^)\s]+)\)")
 
 MATHJAX_CONFIG = """\
@@ -107,6 +110,19 @@ def lab_nav(lab: Path) -> dict:
     return {(first_heading(readme) if readme.exists() else None) or lab.name: entries}
 
 
+def section_titles(labs: list[Path], titles: list[str]) -> list[str]:
+    """Labs that share a number (`00_collectives_primer`, `00_parallel_dims`) get a letter in
+    folder order, `Lab 00a`, `Lab 00b`, so no two navigation sections start alike."""
+    numbers = [lab.name[:2] for lab in labs]
+    renamed = []
+    for i, (number, title) in enumerate(zip(numbers, titles, strict=True)):
+        if numbers.count(number) > 1:
+            letter = "abcdefghij"[numbers[:i].count(number)]
+            title = re.sub(rf"^Lab {number}\b", f"Lab {number}{letter}", title, count=1)
+        renamed.append(title)
+    return renamed
+
+
 def landing_page() -> str:
     """The home page: what paralab is (README's first paragraph), then labs/README.md's map
     and reading order, its links re-rooted from labs/ to the site root."""
@@ -127,7 +143,10 @@ def landing_page() -> str:
 
 def nav() -> list:
     """Home, the labs overview, one section per lab (README -> chapters -> notebook), docs/, the repo README."""
-    sections = [lab_nav(lab) for lab in lab_dirs()]
+    labs = lab_dirs()
+    navs = [lab_nav(lab) for lab in labs]
+    titles = section_titles(labs, [next(iter(n)) for n in navs])
+    sections = [{title: next(iter(n.values()))} for title, n in zip(titles, navs, strict=True)]
     contracts = [
         {first_heading(page) or page.stem: f"docs/{page.name}"}
         for page in sorted((ROOT / "docs").glob("*.md"))
@@ -212,6 +231,7 @@ def mkdocs_config(docs: Path = DOCS, site: Path = SITE) -> dict:
         ],
         "markdown_extensions": [
             "tables",
+            "sane_lists",  # an ordered list keeps its start number ("4." stays 4)
             "admonition",
             "attr_list",
             "md_in_html",
@@ -235,6 +255,7 @@ def on_page_content(html: str, page, config, files) -> str:
 
     from mkdocs.structure.toc import get_toc
 
+    html = searchable(html)
     if not page.file.src_uri.endswith(".ipynb"):
         return html
     root: list[dict] = []
@@ -247,7 +268,27 @@ def on_page_content(html: str, page, config, files) -> str:
         (stack[-1]["children"] if stack else root).append(token)
         stack.append(token)
     page.toc = get_toc(root)
-    return html
+    return download_link(Path(page.file.src_uri).name) + html
+
+
+def download_link(notebook: str) -> str:
+    """A notebook page's link to its .ipynb (mkdocs-jupyter's `include_source` copies it beside
+    the page; the theme shows no button for it)."""
+    return (
+        f'<p class="paralab-download"><a href="{notebook}" download>'
+        f"Download this notebook ({notebook})</a> to run it yourself.</p>\n"
+    )
+
+
+def searchable(html: str) -> str:
+    """Math kept out of the search index, so a result's snippet never shows raw TeX (`$n$`):
+    arithmatex's spans and divs, and the `$...$` of notebook markdown cells, are marked
+    `data-search-exclude` (MathJax still typesets them)."""
+    html = ARITHMATEX.sub(r"<\1 \2 data-search-exclude>", html)
+    return NOTEBOOK_MARKDOWN.sub(
+        lambda cell: INLINE_MATH.sub(r"<span data-search-exclude>\g<0></span>", cell.group(0)),
+        html,
+    )
 
 
 def on_post_page(output: str, page, config) -> str:
