@@ -166,8 +166,9 @@ and world sizes): those carry the points; the visible cases add at most a tenth.
 
 The grader reads your answer only from the cells that held a `NotImplementedError` stub (the
 notebook marks them); everything else in your notebook is ignored (the package's own helpers stay
-available, as the package defines them), so a helper of your own goes in that cell. It runs your code in a sandbox, without the package's solutions, and scores 0, with
-the reason, an answer that breaks one of these rules:
+available, as the package defines them), so a helper of your own goes in that cell. It runs your
+code in a sandbox, without the package's solutions, and scores 0, with the reason, an answer that
+breaks one of these rules:
 
 {rules}
 

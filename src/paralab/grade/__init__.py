@@ -430,4 +430,10 @@ def check(name: str, fn: Callable) -> None:
             f"  {reason}\n  The grader reads only the cells that held a stub, and requires that {RULES}."
         )
         return
-    print(report(exercise, grade(exercise, graded)))
+    outcome = grade(exercise, graded)
+    print(report(exercise, outcome))
+    if any("NameError" in c.why for c in outcome.cases):
+        print(
+            "  (the grader runs this cell on its own, on top of the exercise's package module: "
+            "a helper of yours defined in another cell is not there)"
+        )

@@ -102,13 +102,18 @@ class SandboxRun:
     seconds: float
 
 
-def _python_roots() -> list[str]:
-    """The folders the interpreter and its installed packages live in (bound read-only)."""
+def _site_packages() -> list[str]:
     import site
 
-    roots = {sys.base_prefix, sys.prefix, *site.getsitepackages()}
+    found = list(site.getsitepackages())
     if site.ENABLE_USER_SITE and site.getusersitepackages():
-        roots.add(site.getusersitepackages())
+        found.append(site.getusersitepackages())
+    return found
+
+
+def _python_roots() -> list[str]:
+    """The folders the interpreter and its installed packages live in (bound read-only)."""
+    roots = {sys.base_prefix, sys.prefix, *_site_packages()}
     roots.add(str(Path(sys.executable).resolve().parent.parent))
     kept = sorted(r for r in roots if Path(r).exists())
     return [r for r in kept if not any(r != o and r.startswith(o + os.sep) for o in kept)]
@@ -126,6 +131,9 @@ def _bwrap_command(executable: str, package: Path) -> list[str]:
         command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for root in _python_roots():
         command += ["--ro-bind", root, root]
+    for packages in _site_packages():  # a non-editable install of paralab holds its solutions
+        if (Path(packages) / "paralab" / "__init__.py").exists():
+            command += ["--tmpfs", str(Path(packages) / "paralab")]
     command += ["--ro-bind", str(package), INSIDE_PACKAGE]
     command += ["--size", str(TMPFS_BYTES), "--tmpfs", INSIDE_TMP]
     command += ["--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]
