@@ -85,3 +85,51 @@ def test_send_splits_as_receive_splits_abort_the_all_to_all_when_they_disagree()
     with pytest.raises(LaunchError) as caught:
         run(ep_worker, 2, MoEConfig(top_k=2), 2, 1, 0, patches=lean_dispatch(), timeout=30)
     assert "SIGABRT" in str(caught.value)
+
+
+def _split_matrix_of(config, seed):
+    from paralab.ep.costs import split_matrix
+
+    routing = reference_run(config, 2, 1, seed)["step0"]["routing"]
+    return split_matrix(
+        [torch.bincount(r.experts[r.keep], minlength=config.experts) for r in routing], 2
+    )
+
+
+def test_the_clinic_routings_split_as_the_lab_says():
+    """Top-2, seed 0: rank 1 sends rank 0 more than it gets back (the abort); top-1, seeds 0 and
+    4: the totals agree (14 and 12), so the bug runs and misroutes tokens."""
+    top2 = _split_matrix_of(MoEConfig(top_k=2), 0)
+    assert top2[1, 0] > top2[0, 1]
+    assert _split_matrix_of(MoEConfig(top_k=1), 0).tolist() == [[10, 14], [14, 10]]
+    seed4 = _split_matrix_of(MoEConfig(top_k=1), 4)
+    assert seed4[0, 1] == seed4[1, 0] == 12
+    routing = reference_run(MoEConfig(top_k=1), 2, 1, 4)["step0"]["routing"]
+    assert all(misrouted_tokens([r.experts for r in routing], 2, 4))
+
+
+def _counts_both_ways(counts):
+    import torch.distributed as dist
+
+    from paralab.ep.dispatch import exchange_counts
+    from paralab.exercises.lab09 import counts_as_sent
+
+    mine = counts[dist.get_rank()]
+    return torch.equal(exchange_counts(mine, None), counts_as_sent(mine, None))
+
+
+def test_send_splits_as_receive_splits_are_right_when_every_count_is_equal():
+    """Padding to capacity: every rank sends every expert the same count, and the bug hides."""
+    assert all(run(_counts_both_ways, 2, [torch.full((4,), 3), torch.full((4,), 3)]))
+    assert not all(
+        run(_counts_both_ways, 2, [torch.tensor([1, 2, 3, 4]), torch.tensor([4, 3, 2, 1])])
+    )
+
+
+def test_ep_over_every_dp_rank_syncs_gradients_with_one_all_reduce():
+    config = MoEConfig()
+    per_rank = run(ep_worker, 4, config, 4, 1, 0)
+    sync = [r for r in per_rank[0]["step0"]["records"] if r.phase == "grad sync"]
+    assert [r.op for r in sync] == ["all_reduce"]
+    verdicts = check_step(per_rank, reference_run(config, 4, 1, 0), 4, "ep=4 over dp=4")
+    assert not _failures(verdicts), _failures(verdicts)

@@ -91,3 +91,38 @@ def test_the_pictures_draw_from_plain_inputs():
     ):
         fig.canvas.draw()
         plt.close(fig)
+
+
+def test_the_switch_loss_is_not_bounded_below_by_one():
+    """Uniform load gives 1, but load on experts of low mean probability gives less."""
+    probs = torch.tensor(
+        [[0.34, 0.33, 0.33], [0.34, 0.33, 0.33], [0.0, 0.5, 0.5]], dtype=torch.float64
+    )
+    assert switch_aux_loss(probs, torch.tensor([[0], [0], [1]])) < 0.9
+
+
+def test_kept_weights_are_not_renormalized_after_drops():
+    config = MoEConfig(top_k=2, capacity_factor=0.5, renormalize=True)
+    model = make_model(config, 0)
+    x = torch.randn(
+        config.seq, config.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    out, routing = model.moe(x)
+    half = torch.nonzero(routing.keep.sum(dim=1) == 1).flatten()
+    assert half.numel() > 0, "no token lost exactly one of its two assignments"
+    for t in half.tolist():
+        choice = int(routing.keep[t].int().argmax())
+        expert = model.moe.experts[str(int(routing.experts[t, choice]))]
+        weight = routing.weights[t, choice]
+        assert weight < 1
+        assert torch.allclose(out[t], weight * expert(x[t : t + 1])[0], rtol=0, atol=1e-14)
+
+
+def test_a_renormalized_top1_router_gets_no_gradient_from_the_task_loss():
+    from paralab.ep.runs import reference_run
+
+    def gate_grad(renormalize):
+        config = MoEConfig(top_k=1, renormalize=renormalize, aux_coef=0.0)
+        return reference_run(config, 2, 1)["step0"]["grads"]["moe.gate.weight"].abs().max().item()
+
+    assert gate_grad(True) < 1e-15 and gate_grad(False) > 1e-2

@@ -71,9 +71,9 @@ print(CONFIG)
 # A linear gate scores each token against every expert, a softmax turns the scores into
 # probabilities, and the `k` best experts are kept, best first. Two decisions differ between
 # engines and must be the same on every rank: **ties** (here: the lower expert index wins, a
-# stable descending sort) and **renormalizing** the `k` weights to sum to 1 (Mixtral and
-# DeepSeek do, Switch and this lab's default do not: with top-1 a renormalized weight is
-# always 1 and the task loss no longer reaches the gate).
+# stable descending sort) and **renormalizing** the `k` weights to sum to 1 (Mixtral,
+# GShard's top-2 and DeepSeek-V3 do; Switch, DeepSeek-V2 and this lab's default do not: with
+# top-1 a renormalized weight is always 1 and the task loss no longer reaches the gate).
 
 # %%
 # show: paralab.ep.router.top_k_route
@@ -96,8 +96,8 @@ for renormalize in (False, True):
 # straggler on its rank). With capacity factor `c` each expert takes at most
 # `ceil(c·tokens·k/E)` assignments from one rank's tokens; `c = None` is no limit. The
 # **priority** this lab states: every token's first choice before any second choice, and,
-# within one choice, earlier tokens first (GShard's order; Megatron can also order by
-# probability). A dropped assignment contributes nothing: its token's MoE output is the sum
+# within one choice, earlier tokens first (GShard's order; Megatron's default keeps each
+# expert's highest-probability assignments instead). A dropped assignment contributes nothing: its token's MoE output is the sum
 # of its kept assignments only, and a token with none kept leaves the layer as its residual
 # `x` (the layer computes `x + moe(x)`). Kept weights are not renormalized after drops.
 
@@ -290,8 +290,8 @@ print(
 
 # %% [markdown]
 # **The auxiliary loss.** Switch's `E·Σ_e f_e·P_e` (`f_e` the fraction of assignments to
-# expert `e`, `P_e` its mean router probability) is 1 for a uniform load and grows with the
-# skew; only `P_e` carries a gradient, and it pulls probability away from the overloaded
+# expert `e`, `P_e` its mean router probability) is 1 for a uniform load (`f_e = 1/E`) and
+# grows as load and probability pile onto the same experts; only `P_e` carries a gradient, and it pulls probability away from the overloaded
 # experts. Twenty steps of the one-process model (proved equal to the ranks above) with
 # `aux_coef` 0 and 0.5: **predict** which one ends more balanced.
 

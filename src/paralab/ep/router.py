@@ -3,8 +3,8 @@
 - `top_k_route`: softmax probabilities -> the k best experts per token. Ties go to the
   lower expert index (a stable descending sort), so every process picks the same experts
   from the same numbers.
-- `renormalize`: divide the k weights by their sum (Mixtral, DeepSeek) or keep the raw
-  probabilities (Switch, GShard's second expert). Engines differ, so it is an option.
+- `renormalize`: divide the k weights by their sum (Mixtral, GShard's top-2, DeepSeek-V3)
+  or keep the raw probabilities (Switch, DeepSeek-V2). Engines differ, so it is an option.
 - `capacity`: each expert takes at most ceil(c * tokens * k / E) assignments from one
   rank's tokens; c = None means no limit.
 - `capacity_keep`: which assignments fit. Priority: every token's first choice before any
@@ -12,7 +12,8 @@
   nothing, so a token whose every choice is dropped leaves the MoE layer as the residual.
   Kept weights are not renormalized after drops.
 - `switch_aux_loss`: E * sum_e f_e * P_e (f_e: the fraction of assignments routed to e,
-  before drops; P_e: the mean router probability of e). Its minimum, 1, is a uniform load.
+  before drops; P_e: the mean router probability of e). It is 1 for a uniform load
+  (f_e = 1/E), and larger when load and probability pile onto the same experts.
 """
 
 from __future__ import annotations
