@@ -6,8 +6,8 @@ gradients and, where it writes the same schedule, the same order per rank."""
 import pytest
 
 from paralab.check import compare
-from paralab.exercises.lab08 import p2p_clinic_change
-from paralab.launch import LaunchTimeout, run
+from paralab.exercises.lab08 import p2p_clinic_change, warmup_one_short
+from paralab.launch import LaunchError, LaunchTimeout, run
 from paralab.pp import build_schedule, reference, simulate, train
 from paralab.pp.runs import (
     check_bytes,
@@ -22,6 +22,8 @@ from paralab.pp.runs import (
     sweep_configs,
 )
 from paralab.pp.upstream import TORCH_SCHEDULES, torch_jobs, torch_sweep
+
+WARMUP_ONE_SHORT = {"paralab.pp.schedules": {"one_f_one_b_order": warmup_one_short}}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -87,6 +89,21 @@ def test_clinic_blocking_sends_deadlock_1f1b_at_the_turn_and_name_both_ranks():
     assert "ranks [0, 1]" in str(caught.value)
 
 
+def test_clinic_blocking_sends_deadlock_zbh1_too():
+    """What to try 5: ZB-H1 has 1F1B's F and B order, so the same turn hangs both ranks."""
+    with pytest.raises(LaunchTimeout) as caught:
+        run(pp_worker, 2, "zbh1", 4, 1, 1, timeout=3, patches=p2p_clinic_change())
+    assert caught.value.hung_ranks == [0, 1]
+
+
+def test_warmup_one_short_fails_on_the_last_rank_with_no_saved_forward():
+    """What to try 1: rank 1 runs B1.0 before F1.0 (KeyError (1, 0)); its peer fails after it."""
+    with pytest.raises(LaunchError) as caught:
+        run(pp_worker, 2, "1f1b", 1, 1, 1, timeout=30, patches=WARMUP_ONE_SHORT)
+    assert "rank 1 raised KeyError: (1, 0)" in str(caught.value)
+    assert caught.value.failed_ranks == [0, 1]
+
+
 def test_clinic_blocking_sends_still_run_gpipe():
     """GPipe never has two neighbours sending to each other at once: the same change runs."""
     per_rank = run(pp_worker, 2, "gpipe", 4, 1, 1, timeout=30, patches=p2p_clinic_change())
@@ -134,3 +151,18 @@ def test_torch_1f1b_describes_its_last_rank_one_micro_batch_late(torch_runs):
     assert _names(r0) == ours.order(0)
     assert _names(r1) == ["F1.1", "B1.0", "F1.2", "B1.1", "F1.3", "B1.2", "F1.4", "B1.3"]
     assert ours.order(1) == ["F1.0", "B1.0", "F1.1", "B1.1", "F1.2", "B1.2", "F1.3", "B1.3"]
+
+
+def test_zbv_splits_every_backward_and_dualpipev_only_some(torch_runs):
+    """ZBV: eight I and eight W per rank at p = 2, m = 4; DualPipeV: eight backwards, of which its
+    OVERLAP_F_B pairs keep most full, W on three of them on rank 0 and two on rank 1."""
+    classes = list(TORCH_SCHEDULES)
+
+    def counts(name):
+        return [
+            [sum(k == kind for k, _, _ in r[classes.index(name)]["order"]) for kind in "FBW"]
+            for r in torch_runs
+        ]
+
+    assert counts("ScheduleZBVZeroBubble") == [[8, 8, 8], [8, 8, 8]]
+    assert counts("ScheduleDualPipeV") == [[8, 8, 3], [8, 8, 2]]

@@ -117,3 +117,42 @@ def test_pictures_draw_from_the_clock():
     for fig in figures:
         fig.canvas.draw()
         plt.close(fig)
+
+
+def test_zbh1_below_pp_micro_batches_measures_what_the_lab_hints():
+    """What to try 2: at p = 4, m = 1, 2, 3 the clock gives 2/3, 5/11, 4/13, above the form."""
+    for m, want in [(1, 2 / 3), (2, 5 / 11), (3, 4 / 13)]:
+        assert simulate("zbh1", 4, m).bubble_fraction == pytest.approx(want, abs=1e-15)
+        assert want > bubble_formula("zbh1", 4, m)
+
+
+def test_interleaving_v4_follows_its_form_and_feeds_more_boundaries():
+    """What to try 3, and the chapters' boundary count: v·p - 1 boundaries instead of p - 1."""
+    assert simulate("interleaved", 4, 8, 4).bubble_fraction == pytest.approx(3 / 35, abs=1e-15)
+    b = boundary_bytes()
+    for virtual, forward in [(1, [1, 1, 1, 0]), (2, [2, 2, 2, 1]), (4, [4, 4, 4, 3])]:
+        sent = step_bytes_sent(stage_owner(4, virtual), 8, b)
+        assert [s["forward"] for s in sent] == [f * 8 * b for f in forward]
+        assert sum(s["forward"] for s in sent) == (4 * virtual - 1) * 8 * b
+
+
+def test_warmup_one_short_is_a_deadlock_on_the_clock_naming_the_last_rank():
+    """What to try 1: the last rank's list starts with B3.0 before its forward."""
+    from paralab.exercises.lab08 import warmup_one_short
+    from paralab.patches import patched
+
+    with patched({"paralab.pp.schedules": {"one_f_one_b_order": warmup_one_short}}):
+        with pytest.raises(Deadlock) as caught:
+            simulate("1f1b", 4, 8)
+    assert caught.value.waiting[3] == "F3.0 before B3.0"
+
+
+def test_tensor_parallel_sends_224_activations_where_the_pipeline_sends_2():
+    """Chapter 3: L = 32 blocks at t = 8 send 8(t-1)/t · L · A; with or without SP the same."""
+    from paralab.tp.costs import block_bytes
+
+    a = 8 * 1024
+    for sp in (False, True):
+        per_block = sum(nbytes for _, nbytes in block_bytes(a, 8, sp).values())
+        assert 32 * per_block == 224 * a
+    assert sum(step_bytes_sent(stage_owner(4, 1), 1, a)[1].values()) == 2 * a

@@ -143,7 +143,7 @@ print(
 # previous action left and the receives this one needs, **as one batch**, and waits for the
 # receives only. This matters because a gloo (or NCCL) send completes only when the peer has
 # posted the matching receive: two neighbours that each insist on sending first wait for each
-# other forever (section 8 shows it).
+# other forever (section 9 shows it).
 
 # %%
 # show: paralab.pp.executor.exchange
@@ -404,10 +404,11 @@ print(
 )
 
 # %% [markdown]
-# Interleaving doubles the traffic (twice the boundaries) for its smaller bubble. Compare a
-# tensor-parallel layer, which all-reduces a full `b·s·h` activation twice per layer over its
-# whole group in the forward alone: pipeline parallelism sends one `b·s·h` per *stage*,
-# point to point, and can wait. That is why it crosses nodes and tensor parallelism does not.
+# Interleaving doubles every rank's forward bytes but the last's (7 boundaries instead of 3) for
+# its smaller bubble. Compare a tensor-parallel layer, which all-reduces a full `b·s·h`
+# activation twice per layer over its whole group in the forward alone: pipeline parallelism
+# sends one `b·s·h` per *stage*, point to point, and can wait. That is why it crosses nodes and
+# tensor parallelism does not.
 
 # %% [markdown]
 # ## 8. The same stages under torch.distributed.pipelining
@@ -485,16 +486,16 @@ print(verdict_table(order_verdicts, "orders"))
 # - GPipe, interleaved 1F1B and ZB-H1 (ScheduleInterleavedZeroBubble given one stage per rank)
 #   are the same lists, action for action.
 # - Schedule1F1B's list differs on the last rank only: it numbers that rank's forwards 1 to `m`
-#   (`F1.1 ... F1.4`, a micro-batch 4 that does not exist). The order it *runs* is ours — the
-#   gradients above are bitwise — but the list it describes itself with, built by
+#   (`F1.1 ... F1.4`, a micro-batch 4 that does not exist). The order it *runs* is ours (its
+#   `_step_microbatches` warms up with `min(m, p - r)` forwards, then alternates backward and
+#   forward), but the list it describes itself with, built by
 #   `_get_pipeline_order` for visualisation, starts the last rank's steady state one
 #   micro-batch late (torch 2.13).
 # - ScheduleZBVZeroBubble and ScheduleDualPipeV place two stages in a V (`r` and `2p-1-r`), so the
-#   last stage sits on rank 0 next to the first, and mix full backwards with B/W pairs;
-#   DualPipeV also fuses a forward of one micro-batch with a backward of another
-#   (`OVERLAP_F_B`, to hide the MoE all-to-all; listed here as its F and B), whose backward is
-#   a full one: its rows have fewer `W` than `B`. ZBV splits every backward. There is no
-#   hand-written counterpart here.
+#   last stage sits on rank 0 next to the first. ZBV splits every backward into B and W.
+#   DualPipeV fuses a forward of one micro-batch with a backward of another (`OVERLAP_F_B`, to
+#   hide the MoE all-to-all; listed here as its F and B), whose backward is a full one: its rows
+#   have fewer `W` than `B` (3 and 2 against 8). There is no hand-written counterpart here.
 
 # %% [markdown]
 # ## 9. Bug clinic: a deadlock at the turn

@@ -1,10 +1,11 @@
 """The same stages under `torch.distributed.pipelining`: PipelineStage plus one of torch's
 schedule classes, on the ranks of a launch, for parity with the hand-written executor.
 
-torch's stage splits the batch into m micro-batches itself and calls the loss function on
-each; with `loss_fn = microbatch_loss(·, ·, m)` and `scale_grads=False` it accumulates the
-same per-micro-batch gradients as `executor.run_actions`. Its schedule is data too: each
-class exposes its per-rank action list (`pipeline_order`), which `torch_order` reads.
+torch's schedule (`step`) splits the batch into m micro-batches itself and calls the loss
+function on each; with `loss_fn = microbatch_loss(·, ·, m)` and `scale_grads=False` it
+accumulates the same per-micro-batch gradients as `executor.run_actions`. Its schedule is data
+too: each class exposes its per-rank action list (`pipeline_order`), which `torch_worker` reads
+back, compute only.
 """
 
 from __future__ import annotations
