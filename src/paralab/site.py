@@ -157,6 +157,7 @@ def nav() -> list:
         *sections,
         *contracts,
         {"Repository README": "about.md"},
+        *([{"Contributing": "CONTRIBUTING.md"}] if (ROOT / "CONTRIBUTING.md").exists() else []),
     ]
 
 
@@ -177,6 +178,8 @@ def write_docs(docs: Path = DOCS) -> None:
         shutil.rmtree(docs)
     (docs / "labs").mkdir(parents=True)
     shutil.copy(ROOT / "README.md", docs / "about.md")  # README.md beside index.md would be dropped
+    if (ROOT / "CONTRIBUTING.md").exists():  # the README links it
+        shutil.copy(ROOT / "CONTRIBUTING.md", docs / "CONTRIBUTING.md")
     shutil.copy(ROOT / "labs" / "README.md", docs / "labs" / "README.md")
     for lab in lab_dirs():
         target = docs / "labs" / lab.name
