@@ -2,8 +2,9 @@
 place, scores full marks on every lab; an untouched release scores 0; a half-solved one exactly its
 points; the check cell applies the grader's own rules.
 
-One batch through `python -m paralab.grade` (every lab's solved release, and two lab 04 variants),
-read back from its JSON: the sandbox runs all the exercises of one notebook in one process.
+One batch per lab through `python -m paralab.grade` (the lab's solved release, and for lab 04 two
+variants), read back from its JSON: the sandbox runs all the exercises of one notebook in one
+process.
 """
 
 import ast
@@ -83,40 +84,48 @@ def notebook_name(lab: str) -> str:
     return next((ROOT / "labs" / lab).glob("*_lab.ipynb")).name
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("submissions")
-    for lab in LABS:
+_BATCHES: dict[str, tuple] = {}
+
+
+def graded_lab(lab: str, tmp_path_factory) -> tuple:
+    """One batch per lab (so each stays within a test's timeout): its release solved in place,
+    and for lab 04 also a half-solved and an untouched one. (exit code, rows by key, folder)."""
+    if lab not in _BATCHES:
+        root = tmp_path_factory.mktemp(f"submissions-{lab}")
         nb = release(lab)
         for exercise in for_lab(lab):
             solve_in_place(nb, exercise)
         hand_in(root / f"solved-{lab}" / notebook_name(lab), nb)
-    half = release(LAB04)
-    for name in ("normalize_pixels", "plan_rebalance"):
-        solve_in_place(half, EXERCISES[name])
-    # a later cell no one marked for answers redefines a function wrongly: it does not count
-    half.cells.append(nbformat.v4.new_code_cell("def normalize_pixels(video):\n    return video"))
-    hand_in(root / "half" / notebook_name(LAB04), half)
-    hand_in(root / "untouched" / notebook_name(LAB04), release(LAB04))
-    code = main(
-        [str(p) for p in sorted(root.glob("*/*.ipynb"))]
-        + ["--seed", str(SEED), "--json", str(root / "scores.json")]
-        + ["--csv", str(root / "scores.csv")]
-    )
-    rows = json.loads((root / "scores.json").read_text())
-    return code, {(r["student"], r["exercise"]): r for r in rows}, root
+        if lab == LAB04:
+            half = release(LAB04)
+            for name in ("normalize_pixels", "plan_rebalance"):
+                solve_in_place(half, EXERCISES[name])
+            # a later cell no one marked for answers redefines a function wrongly: it does not count
+            half.cells.append(
+                nbformat.v4.new_code_cell("def normalize_pixels(video):\n    return video")
+            )
+            hand_in(root / "half" / notebook_name(LAB04), half)
+            hand_in(root / "untouched" / notebook_name(LAB04), release(LAB04))
+        code = main(
+            [str(p) for p in sorted(root.glob("*/*.ipynb"))]
+            + ["--seed", str(SEED), "--json", str(root / "scores.json")]
+            + ["--csv", str(root / "scores.csv")]
+        )
+        rows = json.loads((root / "scores.json").read_text())
+        _BATCHES[lab] = code, {(r["student"], r["exercise"]): r for r in rows}, root
+    return _BATCHES[lab]
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_the_release_solved_in_place_scores_full_marks(graded, lab):
-    _, rows, _ = graded
+def test_the_release_solved_in_place_scores_full_marks(lab, tmp_path_factory):
+    _, rows, _ = graded_lab(lab, tmp_path_factory)
     for exercise in for_lab(lab):
         row = rows[(f"solved-{lab}", exercise.name)]
         assert (row["points"], row["verdict"]) == (exercise.points, "PASS"), row
 
 
-def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(graded):
-    code, rows, _ = graded
+def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(tmp_path_factory):
+    code, rows, _ = graded_lab(LAB04, tmp_path_factory)
     assert code == 1
     points = {e.name: e.points for e in for_lab(LAB04)}
     assert rows[("half", "normalize_pixels")]["points"] == points["normalize_pixels"]
@@ -126,12 +135,11 @@ def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(graded)
     assert {rows[("untouched", e)]["verdict"] for e in points} == {"not implemented yet"}
 
 
-def test_csv_has_one_row_per_student_and_exercise_plus_totals(graded):
-    _, rows, root = graded
+def test_csv_has_one_row_per_student_and_exercise_plus_totals(tmp_path_factory):
+    _, rows, root = graded_lab(LAB04, tmp_path_factory)
     with (root / "scores.csv").open() as f:
         table = list(csv.DictReader(f))
-    n = sum(len(for_lab(lab)) + 1 for lab in LABS) + 2 * (len(for_lab(LAB04)) + 1)
-    assert len(table) == len(rows) == n
+    assert len(table) == len(rows) == 3 * (len(for_lab(LAB04)) + 1)
     feedback = (root / "half" / "vae_lb_lab.feedback.txt").read_text()
     assert "plan_rebalance: PASS" in feedback
 

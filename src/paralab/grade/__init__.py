@@ -432,6 +432,8 @@ def check(name: str, fn: Callable) -> None:
         return
     outcome = grade(exercise, graded)
     print(report(exercise, outcome))
+    if exercise.hidden:
+        print("  (visible cases only: the grader's hidden cases, other shapes, carry the points)")
     if any("NameError" in c.why for c in outcome.cases):
         print(
             "  (the grader runs this cell on its own, on top of the exercise's package module: "
