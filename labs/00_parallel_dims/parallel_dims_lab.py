@@ -32,7 +32,7 @@
 # 5 which workload uses which axis; 6 a bug clinic. Lab 01 continues with the mesh
 # FSDP2 is handed (`fsdp_mesh`) and torchtitan's other reading of the same knobs.
 # Code: `src/paralab/parallel_dims.py` (descriptor, meshes, `predict_groups`),
-# `src/paralab/launch.py` (ranks), `src/paralab/check.py` (verdicts), `src/paralab/viz.py` (pictures).
+# `src/paralab/launch.py` (ranks), `src/paralab/check.py` (verdicts), `src/paralab/viz/mesh.py` (pictures).
 
 # %%
 import logging
