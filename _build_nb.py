@@ -5,6 +5,7 @@
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
     python _build_nb.py --measure       # what a reader meets in each committed notebook
+    python _build_nb.py --profile       # where each lab's run time goes (runs every lab once)
     python _build_nb.py --student       # the students' hand-out -> student/ and student.zip
     python _build_nb.py --site          # the READMEs, chapters and notebooks as a static site -> site/
 
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=notebooks.ROOT / "student", help="folder of the hand-out"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each lab once and print where its time goes (kernel, imports, launches, cells)",
+    )
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
     parser.add_argument(
         "--site", action="store_true", help="build the static site (paralab.site) into site/"
@@ -57,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"site: {SITE} ({build_site():.1f} s)")
         return 0
     sources = notebooks.lab_sources(args.lab)
+    if args.profile:
+        print(notebooks.profile_labs(sources))
+        return 0
     if args.measure:
         print(notebooks.measure_labs(sources))
         return 0

@@ -348,6 +348,7 @@ def run(
     logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
     procs: list = []
     conns: list = []
+    started = time.monotonic()
     try:
         with _main_file_hidden_if_unreadable():
             _start_ranks(
@@ -367,6 +368,15 @@ def run(
         return results
     finally:
         _clean_up(procs, conns, tmp)
+        _log_launch(world_size, time.monotonic() - started)
+
+
+def _log_launch(world_size: int, seconds: float) -> None:
+    """With PARALAB_LAUNCH_LOG set, one line per launch: how `_build_nb.py --profile` counts them."""
+    path = os.environ.get("PARALAB_LAUNCH_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{world_size}\t{seconds:.4f}\n")
 
 
 def _refuse_inside_a_rank() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import datetime
 import hashlib
 import importlib
 import inspect
@@ -22,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import types
@@ -403,3 +405,120 @@ def build_labs(sources: list[Path], run: bool) -> bool:
             f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s", flush=True
         )
     return all_ok
+
+
+@dataclass
+class Profile:
+    """Where one lab's run time goes, measured by executing it once."""
+
+    lab: str
+    total: float
+    kernel_start: float
+    first_cell: float
+    launches: list[tuple[int, float]]
+    slowest: list[tuple[float, int, str]]
+    """(seconds, cell index, the cell's first code line), slowest first."""
+
+
+def _cell_seconds(cell: nbformat.NotebookNode) -> tuple[float, float] | None:
+    timing = cell.metadata.get("execution", {})
+    begin, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not (begin and end):
+        return None
+    parse = datetime.datetime.fromisoformat
+    return parse(begin.replace("Z", "+00:00")).timestamp(), parse(
+        end.replace("Z", "+00:00")
+    ).timestamp()
+
+
+def profile(source: Path) -> Profile:
+    """Execute one lab with per-cell timing and a log of every `launch.run` its kernel makes."""
+    _kernel_env()
+    nb = build(source)
+    with tempfile.TemporaryDirectory(prefix="paralab-profile-") as tmp:
+        log = Path(tmp) / "launches.tsv"
+        os.environ["PARALAB_LAUNCH_LOG"] = str(log)
+        try:
+            client = NotebookClient(
+                nb,
+                timeout=CELL_TIMEOUT_S,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(source.parent)}},
+                record_timing=True,
+            )
+            started = time.time()
+            client.execute(stderr=subprocess.DEVNULL)
+            total = time.time() - started
+        finally:
+            del os.environ["PARALAB_LAUNCH_LOG"]
+        launches = [
+            (int(world), float(seconds))
+            for world, seconds in (
+                line.split("\t")
+                for line in (log.read_text() if log.exists() else "").split("\n")
+                if line
+            )
+        ]
+    spans = [
+        (i, span)
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and (span := _cell_seconds(c))
+    ]
+    cells = sorted(
+        (
+            (
+                end - begin,
+                i,
+                next(
+                    (
+                        ln
+                        for ln in nb.cells[i].source.splitlines()
+                        if ln.strip() and not ln.startswith("#")
+                    ),
+                    "",
+                )[:50],
+            )
+            for i, (begin, end) in spans
+        ),
+        reverse=True,
+    )
+    first_begin = spans[0][1][0] if spans else started
+    first_cell = spans[0][1][1] - spans[0][1][0] if spans else 0.0
+    return Profile(
+        source.parent.name, total, first_begin - started, first_cell, launches, cells[:3]
+    )
+
+
+def profile_labs(sources: list[Path]) -> str:
+    """The table of where each lab's time goes: kernel start, imports, launches, slowest cells."""
+    from paralab.tables import text_table
+
+    rows, grand = [], 0.0
+    for source in sources:
+        p = profile(source)
+        grand += p.total
+        launched = sum(s for _, s in p.launches)
+        worlds = sorted({w for w, _ in p.launches})
+        rows.append(
+            [
+                p.lab,
+                f"{p.total:.1f}",
+                f"{p.kernel_start:.1f}",
+                f"{p.first_cell:.1f}",
+                f"{len(p.launches)} x {launched / max(len(p.launches), 1):.2f}"
+                + (f" (w {','.join(map(str, worlds))})" if worlds else ""),
+                f"{launched:.1f}",
+                "; ".join(f"[{i}] {s:.1f} s {line}" for s, i, line in p.slowest),
+            ]
+        )
+        print(f"profiled {p.lab} ({p.total:.1f} s)", file=sys.stderr, flush=True)
+    header = [
+        "lab",
+        "total s",
+        "kernel s",
+        "imports s",
+        "launches",
+        "in launches s",
+        "slowest cells",
+    ]
+    return text_table(header, rows) + f"\nall labs, one after another: {grand:.1f} s"
