@@ -11,11 +11,19 @@ import pytest
 import torch
 
 from paralab.check import compare
-from paralab.exercises.lab07 import tp_clinic_change
+from paralab.exercises.lab07 import sum_gradients, tp_clinic_change
 from paralab.launch import run
 from paralab.tp import reference, train
-from paralab.tp.costs import gathered_logits_bytes, step_bytes
+from paralab.tp.costs import (
+    activation_bytes,
+    all_gather_bytes,
+    all_reduce_bytes,
+    block_bytes,
+    gathered_logits_bytes,
+    step_bytes,
+)
 from paralab.tp.layout import Split, shard, unshard
+from paralab.tp.memory import block_saved_bytes
 from paralab.tp.model import CONFIG
 from paralab.tp.runs import (
     assemble,
@@ -83,6 +91,59 @@ def test_dropping_fs_backward_all_reduce_leaves_a_partial_input_gradient():
     assert _failed(check_block(buggy, False)) and not _failed(check_block(correct, False))
     # each rank keeps its own part: the ranks' input gradients now differ from each other
     assert not torch.equal(buggy[0]["dx"], buggy[1]["dx"])
+    # the clinic's answer: out and the MLP's four gradients pass, everything further back fails
+    passing = {v.path.removeprefix("tp=2 block ") for v in check_block(buggy, False) if v.passed}
+    assert passing == {
+        "out",
+        *(f"grads mlp.{m}.{p}" for m in ("up", "down") for p in ("weight", "bias")),
+    }
+
+
+def test_what_to_try_2_g_backward_summing_doubles_the_down_projection_gradient():
+    bad = run(block_job, 2, patches={"paralab.tp.mappings": {"g_backward": sum_gradients}})
+    passing = {v.path.removeprefix("tp=2 block ") for v in check_block(bad, False) if v.passed}
+    assert passing == {"out", "grads mlp.down.bias", "dx, every rank the same/rank 0"}
+    got = assemble(bad, False)["grads"]["mlp.down.weight"]
+    want = block_reference()["grads"]["mlp.down.weight"]
+    assert torch.allclose(got, 2 * want, rtol=0, atol=1e-12 * want.abs().max().item())
+
+
+def test_what_to_try_3_the_clinic_change_is_invisible_under_sp():
+    per_rank = run(block_job, 2, True, patches=tp_clinic_change())
+    assert not _failed(check_block(per_rank, True))
+
+
+def test_what_to_try_1_a_block_and_its_memory_hold_at_tp_3():
+    for sp in (False, True):
+        block = run(block_job, 3, sp)
+        verdicts = check_block(block, sp) + check_bytes(block, sp, block=True)
+        assert not _failed(verdicts), _failed(verdicts)
+    measured = {(3, sp): run(memory_job, 3, sp) for sp in (False, True)}
+    assert not _failed(check_memory(measured)), _failed(check_memory(measured))
+
+
+def test_the_numbers_the_prose_quotes():
+    """README, section 6, What to try 4 and 5, chapter 2: each number from the checked formulas."""
+    saved = {
+        k: block_saved_bytes(CONFIG, *k)
+        for k in ((1, False), (2, False), (2, True), (4, False), (4, True))
+    }
+    assert [sum(v.values()) for v in saved.values()] == [113664, 75648, 66048, 56640, 42240]
+    sp4 = saved[(4, True)]
+    assert sp4["column inputs"] == 18432
+    shard_only = sum(sp4.values()) - sp4["column inputs"] + sp4["column inputs"] // 4
+    assert shard_only == 28416 == sum(saved[(1, False)].values()) // 4
+    assert activation_bytes(CONFIG) == 9216
+    assert 3 * all_reduce_bytes(CONFIG.batch * CONFIG.seq * 8, 2) == 576
+    assert gathered_logits_bytes(CONFIG, 2) == 4608
+    # a real model: b·s·h = 8·4096·8192 in bf16 at tp = 8, one block per step
+    a = 8 * 4096 * 8192 * 2
+    assert a == 512 * 2**20
+    for sp in (False, True):
+        assert sum(b for _, b in block_bytes(a, 8, sp).values()) == 3.5 * 2**30
+    # the loss against a gather of the logits: V = 131072, b·s = 8·4096, float32, tp = 8
+    assert 3 * all_reduce_bytes(8 * 4096 * 4, 8) == 672 * 2**10
+    assert all_gather_bytes(8 * 4096 * 131072 * 4, 8) == 14 * 2**30
 
 
 def test_sp_sends_what_tp_sends_and_the_loss_never_gathers_logits():

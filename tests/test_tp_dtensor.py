@@ -7,6 +7,7 @@ parameters of one process after 2 steps.
 """
 
 import pytest
+import torch.nn.functional as F
 
 from paralab.launch import run
 from paralab.tp.dtensor import dtensor_train
@@ -26,3 +27,47 @@ def test_dtensor_tp_reaches_the_one_process_parameters(tp, dp_shard, sequence_pa
         v.describe() for v in check_train(per_rank, tp, dp_shard, sequence_parallel) if not v.passed
     ]
     assert not failed, failed
+
+
+def _dtensor_step_under_the_ledger(sequence_parallel):
+    """One forward and backward under torch's TP on tp = 2: the ledger's records and the
+    placements of the replicated gradients."""
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+    from paralab.ledger import Ledger
+    from paralab.tp.dtensor import head_aligned_qkv, tp_plan
+    from paralab.tp.layout import owned_range
+    from paralab.tp.model import build_model
+    from paralab.tp.runs import build_mesh, global_batch
+
+    tp_mesh = build_mesh(2)["tp"]
+    model = build_model(0)
+    head_aligned_qkv(model, 2)
+    parallelize_module(model, tp_mesh, tp_plan(model, sequence_parallel))
+    for block in model.blocks:
+        block.attn.heads //= 2
+    if sequence_parallel:
+        model.pos_offset = owned_range(model.sizes.seq, tp_mesh.get_local_rank(), 2)[0]
+    ids, targets = global_batch(1, 0)
+    with Ledger() as led:
+        with loss_parallel():
+            F.cross_entropy(model(ids).flatten(0, 1), targets.flatten()).backward()
+    norms = {
+        n: str(getattr(p.grad, "placements", None))
+        for n, p in model.named_parameters()
+        if "norm" in n
+    }
+    return len(led.records), norms
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
+def test_the_ledger_sees_none_of_dtensors_traffic_and_sp_leaves_norm_grads_partial(
+    sequence_parallel,
+):
+    """Chapter 2: DTensor's collectives go through functional collectives, which the ledger
+    does not count; under SequenceParallel the backward leaves the norms' gradients Partial."""
+    per_rank = run(_dtensor_step_under_the_ledger, 2, sequence_parallel, timeout=120)
+    for records, norms in per_rank:
+        assert records == 0
+        want = "(Partial(sum),)" if sequence_parallel else "None"
+        assert norms and set(norms.values()) == {want}, norms

@@ -384,7 +384,8 @@ print(
 # bytes: SP buys memory, not bandwidth. SP adds the small all-reduce of the replicated
 # parameters' gradients (`grad sync`). The loss's three reductions send `3·2(tp-1)/tp` numbers
 # per position against `(tp-1)·V/tp` for gathering the logits: with a real vocabulary
-# (`V` = 128k) that is the difference between kilobytes and gigabytes per step.
+# (`V` = 131072, `b·s` = 8·4096 positions, float32, tp = 8) that is 672 KiB against 14 GiB
+# per step.
 #
 # ## 7. Training: parameters after 2 steps, alone and inside FSDP2
 #
@@ -425,8 +426,10 @@ print(verdict_table(train_claims, "training (relative bound 1e-12; every rank bi
 # (weight `Shard(0)`, input replicated or all-gathered from a sequence shard, output
 # sharded), `RowwiseParallel` (weight `Shard(1)`, output all-reduced or reduce-scattered),
 # `SequenceParallel` (a norm on a sequence shard, its parameters replicated) and
-# `loss_parallel` (a cross-entropy over logits sharded on the vocabulary). torchtitan's
-# plan for this model, and the loop that trains it, FSDP2 around it when dp > 1:
+# `loss_parallel` (a cross-entropy over logits sharded on the vocabulary). The plan is
+# torchtitan's `apply_tp` for a Llama, with the sequence all-gather on each column linear's
+# input instead of on the attention and MLP modules, and SP optional; below it the loop that
+# trains it, FSDP2 around it when dp > 1:
 
 # %%
 # show: paralab.tp.dtensor.tp_plan paralab.tp.dtensor.dtensor_train
@@ -576,10 +579,11 @@ print(verdict_table(clinic, "bug clinic: the check sees the change"))
 # so the second norm, all of attention (its output gradient arrives partial), the first
 # norm and `dx` are wrong. In a model every layer below would train on a partial gradient,
 # and the ranks would drift apart (each its own `dx`). The same family as
-# [picotron#23](https://github.com/huggingface/picotron/issues/23), where the model set-up
-# code silently replaced the final projection's `ColumnParallelLinear` by a plain
-# `nn.Linear`: a layer that runs, but not the layer the parallel plan assumes. A forward
-# check cannot see such a thing; comparing every gradient element by element can.
+# [picotron#23](https://github.com/huggingface/picotron/issues/23), where the weight-loading
+# step (`init_model_with_materialized_weights`) silently replaced the final projection's
+# `ColumnParallelLinear` by a plain `nn.Linear`: a layer that runs, but not the layer the
+# parallel plan assumes. A forward check cannot see such a thing; comparing every gradient
+# element by element can.
 # </details>
 
 # %% [markdown]
@@ -635,9 +639,10 @@ display(
 #    factor is the MLP's down-projection weight gradient off
 #    (`assemble(bad, False)["grads"]["mlp.down.weight"]` against `block_reference()`)?
 #
-#    <details><summary>Hint</summary>Only `out` and `mlp.down.bias` (added after g) pass.
-#    The last g's backward receives the block's output gradient and sums 2 identical
-#    copies of it, so `mlp.down.weight`'s gradient is exactly 2 (= tp) times too large;
+#    <details><summary>Hint</summary>Only `out`, `mlp.down.bias` (added after g) and "dx,
+#    every rank the same" pass: the ranks still agree, all wrongly. The last g's backward
+#    receives the block's output gradient and sums 2 identical copies of it, so
+#    `mlp.down.weight`'s gradient is 2 (= tp) times too large, to rounding;
 #    further back the doubled gradient mixes with the residual's correct one, and no
 #    simple factor is left.</details>
 # 3. Run the clinic with sequence parallelism:
