@@ -113,7 +113,7 @@ def test_ring_bytes_at_256k_tokens_hide_behind_attention():
         Workload("train", seq=262144, dtype="fp8", ac="full"),
         FITTED["h100-sxm"],
     )
-    # a hop (128 MiB at 370 GB/s, 0.36 ms) against 1/64 of a layer's attention (about 11 ms)
+    # a hop (128 MiB at 370 GB/s, 0.36 ms) against 1/64 of a layer's forward attention (about 36 ms)
     assert p.breakdown["exposed: cp"] == 0.0
 
 

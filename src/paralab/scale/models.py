@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 SOURCES = {
-    "llama3": "pytorch/torchtitan@238fa99:torchtitan/models/llama3/__init__.py "
+    "llama3": "pytorch/torchtitan@820504e:torchtitan/models/llama3/__init__.py "
     "(dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier, multiple_of; vocab 128,256)",
     "hunyuanvideo": "Tencent/HunyuanVideo@fa14b00:hyvideo/modules/models.py "
     "(HYVideo-T/2-cfgdistill: 20 double + 40 single blocks, hidden 3072, 24 heads, mlp x4; "

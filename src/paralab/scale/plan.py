@@ -180,9 +180,9 @@ def describe(layout: Layout) -> str:
 
 
 def why(rows: list[Row]) -> str:
-    """One sentence: what the best layout saves against the best one that splits the work
-    differently (another cp, cfgp, tp or pp; dp_shard alone only moves memory), from their
-    breakdowns."""
+    """One sentence: what the best layout saves, from the breakdowns, against plain FSDP
+    (training, dp_shard alone) when that fits, else against the best layout that splits the
+    work differently (another cp, cfgp, tp or pp: dp_shard alone only moves memory)."""
     fitting = [r for r in rows if not r.oom]
     if not fitting:
         return "No layout fits in HBM: more GPUs, more sharding or full AC."
@@ -191,7 +191,9 @@ def why(rows: list[Row]) -> str:
     def axes(r: Row) -> tuple[int, ...]:
         return (r.layout.cp, r.layout.cfgp, r.layout.tp, r.layout.pp)
 
-    others = [r for r in fitting if axes(r) != axes(best)] or fitting[1:]
+    higher = best.score_name == "tokens/s/GPU"
+    pure_dp = [r for r in fitting if higher and axes(r) == (1, 1, 1, 1) and r is not best]
+    others = pure_dp or [r for r in fitting if axes(r) != axes(best)] or fitting[1:]
     if not others:
         return f"{describe(best.layout)} is the only layout that fits in HBM."
     other = others[0]
@@ -201,7 +203,6 @@ def why(rows: list[Row]) -> str:
         for k in keys
     }
     key = max(gap, key=gap.get)
-    higher = best.score_name == "tokens/s/GPU"
     oom_faster = [r for r in rows if r.oom and (r.score > best.score) == higher]
     tail = (
         (
@@ -212,7 +213,8 @@ def why(rows: list[Row]) -> str:
         else ""
     )
     return (
-        f"{describe(best.layout)} wins: against the runner-up ({describe(other.layout)}) it "
+        f"{describe(best.layout)} wins: against {'plain FSDP' if pure_dp else 'the runner-up'} "
+        f"({describe(other.layout)}) it "
         f"spends {gap[key]:.3g} s less on {key}{tail}."
     )
 

@@ -346,7 +346,7 @@ def predict_attention(
     ideal = cp * compute_time(per_call, hw, "bf16", eff["attention"])
     link = train_links(hw, layout)["cp"]
     ring = Workload("train", seq=seq * cp)
-    exposed = _train_cp(m, hw, layout, ring, link, eff)
+    exposed = _train_cp(m, hw, layout, ring, link, eff) if cp > 1 else 0.0
     out = {"compute: attention": ideal, "exposed: cp": exposed}
     seconds = ideal + exposed
     return Prediction(seconds, out, efficiency=ideal / seconds)
