@@ -130,7 +130,8 @@ class Statement:
 
 def editable(cell: dict) -> bool:
     """Whether the release handed this cell to the student to edit."""
-    return bool(cell.get("metadata", {}).get(EDIT_KEY, {}).get("edit"))
+    marks = cell.get("metadata", {}).get(EDIT_KEY)
+    return isinstance(marks, dict) and bool(marks.get("edit"))
 
 
 def cell_statements(number: int, source: str) -> list[Statement]:
