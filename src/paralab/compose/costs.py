@@ -1,0 +1,104 @@
+"""Closed-form bytes one rank sends per step, per group and phase, from the axes' own formulas.
+
+m micro-batches of b/m sequences of s/cp tokens each, hidden h: a micro-batch activation is
+A = (b/m)·(s/cp)·h·itemsize. For the rank at pipeline stage k, which runs L/pp blocks:
+
+| group | phase | bytes (per step) | from |
+|---|---|---|---|
+| tp | forward | m·(L/pp·2 all-reduces of A, + g of the embedding, + 3 of the loss) | `tp.costs` |
+| tp | backward | m·(L/pp·2 all-reduces of A, + f of the head) | `tp.costs` |
+| cp | forward, backward | m·L/pp·(2, 4)·(cp-1)·S | `cp.costs.ring_bytes` |
+| pp | forward, backward | m·A per boundary the stage feeds, each way | `pp.costs` |
+| dp_shard_cp | grad sync, param gather | reduce-scatter, all-gather of the stage | `fsdp.costs` |
+| dp_replicate | grad sync | all-reduce of the 1/N shard over the replicas | `fsdp.costs` |
+
+The embedding's g is on the first stage; the head's f and the loss (3 all-reduces of
+(b/m)·(s/cp) numbers) on the last. S = (b/m)·(heads/tp)·(s/cp)·head_dim·itemsize, one of
+q, k, v. The stage's local parameters are padded to a multiple of N = |dp_shard_cp|.
+
+These are the bytes the algorithm needs at the API, in the ledger's cost model (ring
+all-reduce 2(n-1)/n, ...), not what a backend moves on a wire.
+"""
+
+from __future__ import annotations
+
+from paralab.compose.grid import Grid
+from paralab.cp.costs import ring_bytes
+from paralab.fsdp.costs import ITEMSIZE, traffic_formula
+from paralab.pp.costs import step_bytes_sent
+from paralab.tp.costs import all_reduce_bytes, block_bytes
+from paralab.tp.model import LMConfig
+
+PHASE_ORDER = ("forward", "backward", "grad sync", "param gather")
+
+
+def block_numel(config: LMConfig, tp: int) -> int:
+    """One block's parameters on one tp rank: column/row shards, replicated norms and row biases."""
+    h, f = config.hidden, config.ffn
+    qkv = 3 * h * h // tp + 3 * h // tp
+    proj = h * h // tp + h
+    mlp = f * h // tp + f // tp + h * f // tp + h
+    return qkv + proj + mlp + 4 * h
+
+
+def stage_numel(config: LMConfig, tp: int, stage: int, pp: int) -> int:
+    """The parameters of pipeline stage `stage` on one tp rank."""
+    n = config.blocks // pp * block_numel(config, tp)
+    if stage == 0:
+        n += config.vocab // tp * config.hidden + config.seq * config.hidden
+    if stage == pp - 1:
+        n += 2 * config.hidden + config.vocab // tp * config.hidden
+    return n
+
+
+def group_phase_bytes(
+    grid: Grid, rank: int, config: LMConfig, microbatches: int, itemsize: int = ITEMSIZE
+) -> dict[tuple[str, str], int]:
+    """(group, phase) -> bytes this rank sends in one training step (0-byte entries dropped)."""
+    c = grid.coords(rank)
+    stage, m, tp, cp, pp = c["pp"], microbatches, grid.tp, grid.cp, grid.pp
+    rows, tokens = config.batch // m, config.seq // cp
+    a = rows * tokens * config.hidden * itemsize
+    blocks = config.blocks // pp
+    out: dict[tuple[str, str], int] = {}
+
+    def add(group: str, phase: str, nbytes: int) -> None:
+        if nbytes:
+            out[(group, phase)] = out.get((group, phase), 0) + nbytes
+
+    per_block = block_bytes(a, tp, sequence_parallel=False)
+    for phase in ("forward", "backward"):
+        add("tp", phase, m * blocks * per_block[(phase, "all_reduce")][1])
+    if stage == 0:
+        add("tp", "forward", m * all_reduce_bytes(a, tp))  # the embedding's g
+    if stage == pp - 1:
+        add("tp", "backward", m * all_reduce_bytes(a, tp))  # the head's f
+        add("tp", "forward", m * 3 * all_reduce_bytes(rows * tokens * itemsize, tp))  # the loss
+    s = rows * (config.heads // tp) * tokens * config.head_dim * itemsize
+    for phase, nbytes in ring_bytes(s, cp).items():
+        add("cp", phase, m * blocks * nbytes)
+    for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, a)[stage].items():
+        add("pp", phase, nbytes)
+    shard, replicas = grid.size("dp_shard_cp"), grid.dp_replicate
+    dp = traffic_formula(
+        "fsdp", [stage_numel(config, tp, stage, pp)], shard * replicas, replicas, False
+    )
+    scale = itemsize / ITEMSIZE
+    add("dp_shard_cp", "grad sync", round(dp["reduce_scatter_tensor"] * scale))
+    add("dp_replicate", "grad sync", round(dp.get("all_reduce", 0) * scale))
+    add("dp_shard_cp", "param gather", round(dp["all_gather_into_tensor"] * scale))
+    return out
+
+
+def per_group(grid: Grid, config: LMConfig, microbatches: int, itemsize: int = ITEMSIZE):
+    """group -> the most bytes any one rank sends over it in a step (its heaviest member)."""
+    out: dict[str, int] = {}
+    for rank in range(grid.world):
+        totals: dict[str, int] = {}
+        for (group, _), nbytes in group_phase_bytes(
+            grid, rank, config, microbatches, itemsize
+        ).items():
+            totals[group] = totals.get(group, 0) + nbytes
+        for group, nbytes in totals.items():
+            out[group] = max(out.get(group, 0), nbytes)
+    return out

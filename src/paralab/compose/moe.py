@@ -1,0 +1,70 @@
+"""The MoE variant of the composed model: each block's MLP replaced by lab 09's `MoELayer`.
+
+The experts are tensor-parallel over tp (etp = tp, as torchtitan's ETP=TP): each expert's
+fc1 column-parallel and fc2 row-parallel (`tp.layers`), and split over the ep group carved
+from dp_shard × cp (`ep.model.shard_experts`). tp partners hold the same tokens and the
+same (replicated) router, so they route alike and dispatch to the same experts' shards.
+
+Gradients: a rank's expert gradient already sums the tokens of its whole ep group (combine's
+backward brought them); the ranks holding the same experts are its dp_shard_mod_ep group
+(× dp_replicate). The mean over the loss group is that sum divided by |dp_cp| =
+|dp_shard_mod_ep| · |dp_replicate| · ep: the reduce-scatter's mean, divided by ep once more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paralab.ep.model import MoEConfig, MoELayer, shard_experts
+from paralab.tp.layers import ColumnParallelLinear, RowParallelLinear
+from paralab.tp.model import LMConfig, TinyLM
+
+
+def moe_config(config: LMConfig) -> MoEConfig:
+    """4 experts, top-2, no capacity limit, on the LM's hidden width; each expert 2·hidden wide."""
+    return MoEConfig(experts=4, top_k=2, dim=config.hidden, hidden=2 * config.hidden)
+
+
+class MoEMLP(nn.Module):
+    """An MoE layer where a block's MLP was: (batch, seq, hidden) in and out; keeps its aux loss."""
+
+    def __init__(self, layer: MoELayer) -> None:
+        super().__init__()
+        self.moe, self.config = layer, layer.config
+        self.aux: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, routing = self.moe(x.reshape(-1, x.shape[-1]))
+        self.aux = routing.aux
+        return y.reshape(x.shape)
+
+
+def with_experts(lm: TinyLM, seed: int) -> TinyLM:
+    """Every block's MLP swapped for an MoE layer drawn from (seed, block): the same in every process."""
+    config = moe_config(lm.sizes)
+    for i, block in enumerate(lm.blocks):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(10_000 + 100 * seed + i)
+            block.mlp = MoEMLP(MoELayer(config).double())
+    return lm
+
+
+def expert_parallel(lm: TinyLM, tp_group: dist.ProcessGroup, ep_group: dist.ProcessGroup) -> None:
+    """Each expert cut over tp (fc1 column, fc2 row), then only this rank's experts kept over ep."""
+    for block in lm.blocks:
+        for expert in block.mlp.moe.experts.values():
+            expert.fc1 = ColumnParallelLinear(expert.fc1, tp_group)
+            expert.fc2 = RowParallelLinear(expert.fc2, tp_group)
+        shard_experts(block.mlp, ep_group)
+
+
+def aux_loss(modules: list[nn.Module]) -> torch.Tensor | int:
+    """aux_coef · the sum of the aux losses the MoE layers kept from their last forward."""
+    layers = [m for m in modules if isinstance(getattr(m, "aux", None), torch.Tensor)]
+    return sum(m.config.aux_coef * m.aux for m in layers)
+
+
+def is_expert(name: str) -> bool:
+    return ".mlp.moe.experts." in name

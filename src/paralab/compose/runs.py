@@ -1,0 +1,366 @@
+"""The composed training step on every rank, the one-process reference, and the checks.
+
+One step on one rank, every axis from its own package:
+1. the model cut over tp (`tp.model.tensor_parallel`), then over cp (`model.context_parallel`:
+   the ring on zigzag shards), then by depth (`model.LMStage`);
+2. this rank's sample (its `dp` coordinate) and its cp tokens, cut into m micro-batches;
+3. the pipeline: 1F1B (`pp.schedules.build_schedule`) run by `pp.executor.run_actions`,
+   its messages addressed to the global ranks of this rank's pp group;
+4. the gradient mean over dp_cp: reduce-scatter over dp_shard_cp, all-reduce over
+   dp_replicate (`fsdp.zero.reduce_scatter_grads`), the SGD step on this rank's 1/N of
+   the stage, then all-gather (`fsdp.zero.gather_unit_params`). Gradients and the step
+   are sharded (ZeRO-2); the parameters stay whole between steps.
+
+`compose_worker` is the same step under the ledger, returning the records as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paralab.check import Verdict, compare
+from paralab.compose.costs import group_phase_bytes
+from paralab.compose.grid import DOC_ORDER, Grid
+from paralab.compose.model import (
+    CONFIG,
+    LMStage,
+    context_parallel,
+    microbatch_lm_loss,
+    positions_of,
+)
+from paralab.compose.moe import aux_loss, expert_parallel, is_expert, with_experts
+from paralab.cp.layout import shard_sequence
+from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params, reduce_scatter_grads
+from paralab.fsdp.zero import unflatten as unflatten_unit
+from paralab.ledger import Ledger, Record
+from paralab.pp.executor import run_actions
+from paralab.pp.schedules import Schedule, build_schedule
+from paralab.tp.model import build_model, tensor_parallel
+from paralab.tp.runs import LR, RELATIVE_BOUND, full_params, global_batch, sample_rows
+from paralab.tp.runs import reference as tp_reference
+
+GROUPS = ("tp", "cp", "pp", "dp_shard_cp", "dp_replicate", "dp_cp")
+EXPERT_GROUPS = ("ep", "dp_shard_mod_ep")
+"""The groups a step talks over (ep joins them in an MoE model)."""
+PHASES = {
+    "forward": ("tp", "cp", "pp"),
+    "backward": ("tp", "cp", "pp"),
+    "grad sync": ("dp_shard_cp", "dp_replicate"),
+    "param gather": ("dp_shard_cp",),
+}
+"""Which groups each phase talks over: the ledger's records are named by their ranks."""
+
+
+class ProcessGroups:
+    """This rank's process group per grid name. Every rank makes every distinct group of every
+    name, in the same order (`new_group` is called by all ranks), and keeps its own."""
+
+    def __init__(self, grid: Grid, names: tuple[str, ...] = GROUPS) -> None:
+        rank = dist.get_rank()
+        made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        for ranks in sorted({g for name in names for g in grid.groups(name)}):
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                made[ranks] = group
+        self.ranks = {name: grid.group(rank, name) for name in names}
+        self.group = {name: made[ranks] for name, ranks in self.ranks.items()}
+
+    def index(self, name: str) -> int:
+        return self.ranks[name].index(dist.get_rank())
+
+
+def fsdp_groups(grid: Grid) -> tuple[str, str | None]:
+    """(shard group, replicate group) of the gradient mean: HSDP shards over dp_shard_cp and
+    all-reduces the shard over dp_replicate; with dp_replicate = 1 that is FSDP over dp_shard_cp.
+    The decision torchtitan's `parallelize` makes when it picks the FSDP mesh."""
+    return "dp_shard_cp", "dp_replicate"
+
+
+def default_microbatches(pp: int) -> int:
+    """1F1B's m = 2·pp on a pipeline; one micro-batch (the whole sample) without one."""
+    return 2 * pp if pp > 1 else 1
+
+
+def addressed(plan: Schedule, pp_ranks: tuple[int, ...]) -> Schedule:
+    """The same schedule with every message's peer the global rank of that pipeline rank."""
+
+    def readdress(messages: tuple) -> tuple:
+        return tuple(dataclasses.replace(m, peer=pp_ranks[m.peer]) for m in messages)
+
+    actions = tuple(
+        tuple(
+            dataclasses.replace(a, recvs=readdress(a.recvs), sends=readdress(a.sends))
+            for a in rank_actions
+        )
+        for rank_actions in plan.actions
+    )
+    return dataclasses.replace(plan, actions=actions)
+
+
+@dataclasses.dataclass
+class ShardedUnit:
+    """Parameters reduced and stepped together: the dense ones over (shard, replicate), an MoE
+    model's experts over (dp_shard_mod_ep, dp_replicate) with the extra division by ep."""
+
+    params: list[torch.nn.Parameter]
+    flat: FlatUnit
+    shard: dist.ProcessGroup
+    replicate: dist.ProcessGroup | None
+    divide: int = 1
+
+
+@dataclasses.dataclass
+class RankState:
+    """What one rank holds through the steps: its stage, its data, its shards of the stage."""
+
+    grid: Grid
+    groups: ProcessGroups
+    stage: LMStage
+    plan: Schedule
+    inputs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    units: list[ShardedUnit]
+
+
+def sharded_unit(
+    named: list[tuple[str, torch.nn.Parameter]],
+    shard: dist.ProcessGroup,
+    replicate: dist.ProcessGroup | None,
+    divide: int = 1,
+) -> ShardedUnit:
+    """This rank's 1/N of the flattened parameters `named` (`fsdp.zero.flat_shard`)."""
+    names, params = zip(*named)
+    holder = torch.nn.ParameterList(params)
+    n, rank = dist.get_world_size(shard), dist.get_rank(shard)
+    flat = FlatUnit(
+        module=holder,
+        names=list(names),
+        shapes=[p.shape for p in params],
+        numel=sum(p.numel() for p in params),
+        shard=torch.nn.Parameter(flat_shard(holder, n, rank)),
+    )
+    return ShardedUnit(list(params), flat, shard, replicate, divide)
+
+
+def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) -> RankState:
+    """Build this rank's stage, micro-batches, schedule and shards."""
+    if moe and (grid.pp > 1 or grid.etp != grid.tp):
+        raise NotImplementedError("the MoE model composes with pp = 1 and etp = tp only")
+    groups = ProcessGroups(grid, GROUPS + (EXPERT_GROUPS if moe else ()))
+    tp_group, cp_group = groups.group["tp"], groups.group["cp"]
+    cp_rank, pp_rank = groups.index("cp"), groups.index("pp")
+    lm = tensor_parallel(build_model(seed, CONFIG), tp_group)
+    if moe:
+        expert_parallel(with_experts(lm, seed), tp_group, groups.group["ep"])
+    context_parallel(lm, cp_group)
+    stage = LMStage(lm, pp_rank, grid.pp, positions_of(cp_rank, grid.cp, CONFIG.seq))
+    m = microbatches or default_microbatches(grid.pp)
+    if CONFIG.batch % m:
+        raise ValueError(f"microbatches = {m} must divide the {CONFIG.batch} sequences per sample")
+    ids, targets = global_batch(grid.size("dp"), seed, CONFIG)
+    dp_index = grid.group(dist.get_rank(), "dp").index(dist.get_rank())
+    rows = sample_rows(dp_index, CONFIG)
+    ids, targets = (
+        shard_sequence(t[rows], cp_rank, grid.cp, dim=1, zigzag=grid.cp > 1) for t in (ids, targets)
+    )
+    plan = addressed(build_schedule("1f1b", grid.pp, m), groups.ranks["pp"])
+    shard_name, replicate_name = fsdp_groups(grid)
+    replicate = groups.group[replicate_name] if replicate_name else None
+    named = list(stage.named_parameters())
+    units = [
+        sharded_unit([x for x in named if not is_expert(x[0])], groups.group[shard_name], replicate)
+    ]
+    experts = [x for x in named if is_expert(x[0])]
+    if experts:
+        units.append(sharded_unit(experts, groups.group["dp_shard_mod_ep"], replicate, grid.ep))
+    return RankState(grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units)
+
+
+def one_step(state: RankState, ledger: Ledger | None = None) -> None:
+    """Forward and backward through the pipeline, the gradient mean over dp_cp, the sharded step."""
+    g = state.groups
+    run_actions(
+        state.plan,
+        g.index("pp"),
+        {g.index("pp"): state.stage},
+        state.inputs,
+        state.targets,
+        loss=microbatch_lm_loss(g.group["tp"], list(state.stage.modules())),
+        boundary_shape=state.inputs[0].shape + (CONFIG.hidden,),
+    )
+    for unit in state.units:
+        flat = torch.cat([p.grad.reshape(-1) for p in unit.params])
+        padded = unit.flat.shard.numel() * dist.get_world_size(unit.shard)
+        flat = torch.nn.functional.pad(flat, (0, padded - flat.numel()))
+        with ledger.phase("grad sync") if ledger else contextlib.nullcontext():
+            shard_grad = reduce_scatter_grads(flat, unit.shard, unit.replicate)
+        with torch.no_grad():
+            unit.flat.shard.add_(shard_grad.div_(unit.divide), alpha=-LR)
+        with ledger.phase("param gather") if ledger else contextlib.nullcontext():
+            full = gather_unit_params(unit.flat, unit.shard)
+        with torch.no_grad():
+            for p, view in zip(unit.params, unflatten_unit(unit.flat, full).values()):
+                p.copy_(view)
+                p.grad = None
+
+
+def gathered(state: RankState) -> dict[str, torch.Tensor]:
+    """Every parameter in full on every rank: tp pieces over tp, experts over ep, stages over pp."""
+    mine = full_params(state.stage, state.groups.group["tp"])
+    for name in ("ep", "pp"):
+        if name not in state.groups.group:
+            continue
+        group = state.groups.group[name]
+        parts: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, mine, group=group)
+        mine = {k: v for part in parts for k, v in part.items()}
+    return dict(sorted(mine.items()))
+
+
+def grid_of(world: int, **sizes: Any) -> Grid:
+    order = sizes.pop("order", DOC_ORDER)
+    return Grid(world, order=order, **sizes)
+
+
+def train(
+    world: int,
+    *,
+    dp_replicate: int = 1,
+    dp_shard: int = -1,
+    cp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    microbatches: int | None = None,
+    steps: int = 2,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Inside `launch.run` on `world` ranks: `steps` SGD steps of the composed model, the doc
+    group's layout; the full parameters, the same on every rank."""
+    if dist.get_world_size() != world:
+        raise ValueError(f"train(world={world}) runs on {dist.get_world_size()} ranks")
+    sizes = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep)
+    grid = grid_of(world, **sizes, etp=tp)
+    state = setup(grid, microbatches, seed, moe=ep > 1)
+    for _ in range(steps):
+        one_step(state)
+    return gathered(state)
+
+
+def compose_worker(
+    grid: Grid, microbatches: int | None = None, steps: int = 2, seed: int = 0, moe: bool = False
+):
+    """On every rank: `train`'s steps on `grid` (any order), step 0 under the ledger.
+
+    Returns (full parameters, step 0's ledger records)."""
+    state = setup(grid, microbatches, seed, moe)
+    records: list[Record] = []
+    for step in range(steps):
+        if step == 0:
+            with Ledger() as led:
+                one_step(state, led)
+            records = led.records
+        else:
+            one_step(state)
+    return gathered(state), records
+
+
+def reference(
+    *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False
+) -> dict[str, torch.Tensor]:
+    """One process: the same model on the global batch of `samples` samples, `steps` SGD steps.
+
+    With `moe`, each sample is routed on its own (as one dp rank routes its tokens) and the
+    loss is the mean over samples of cross-entropy plus aux_coef · aux."""
+    if not moe:
+        return tp_reference(samples=samples, steps=steps, seed=seed, config=CONFIG)
+    model = with_experts(build_model(seed, CONFIG), seed)
+    ids, targets = global_batch(samples, seed, CONFIG)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        losses = []
+        for d in range(samples):
+            rows = sample_rows(d, CONFIG)
+            losses.append(model.loss(ids[rows], targets[rows]) + aux_loss(list(model.modules())))
+        torch.stack(losses).mean().backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------- checks
+def check_params(
+    per_rank: list[dict], grid: Grid, steps: int = 2, moe: bool = False
+) -> list[Verdict]:
+    """Parameters after `steps` vs one process (each tensor to 1e-12 of its scale), and
+    bitwise the same on every rank."""
+    want = reference(samples=grid.size("dp"), steps=steps, moe=moe)
+    tag = describe(grid)
+    verdicts = []
+    for name, ref in want.items():
+        bound = RELATIVE_BOUND * max(ref.abs().max().item(), 1e-300)
+        verdicts += compare(per_rank[0][name], ref, atol=bound, name=f"{tag} {name}")
+    verdicts += compare(
+        per_rank[1:], [per_rank[0]] * (len(per_rank) - 1), name=f"{tag} every rank the same"
+    )
+    return verdicts
+
+
+def describe(grid: Grid) -> str:
+    parts = [f"{a} {getattr(grid, a)}" for a in ("dp_replicate", "dp_shard", "cp", "tp", "pp")]
+    return f"{grid.world} ranks: " + " x ".join(p for p in parts if not p.endswith(" 1"))
+
+
+def measured_bytes(records: list[Record], grid: Grid, rank: int) -> dict[tuple[str, str], int]:
+    """(group, phase) -> bytes sent, each record named by the group of its phase with its ranks
+    (a send or receive between pipeline stages is on the world group: the pp group)."""
+    out: dict[tuple[str, str], int] = {}
+    for r in records:
+        candidates = PHASES.get(r.phase, GROUPS)
+        name = next(
+            (
+                n
+                for n in candidates
+                if grid.group(rank, n) == r.group_ranks
+                or (n == "pp" and r.op in ("isend", "irecv") and r.group_size == grid.world)
+            ),
+            None,
+        )
+        if name is None:
+            name = f"? {r.group_ranks}"
+        out[(name, r.phase)] = out.get((name, r.phase), 0) + r.bytes_sent
+    return out
+
+
+def check_bytes(
+    records: list[list[Record]], grid: Grid, microbatches: int | None = None
+) -> list[Verdict]:
+    """Every rank's bytes per (group, phase) from the ledger vs `costs.group_phase_bytes`, exact.
+    Returns one verdict over the [rank, (group, phase)] table; a key only one side has counts."""
+    m = microbatches or default_microbatches(grid.pp)
+    measured = [measured_bytes(recs, grid, rank) for rank, recs in enumerate(records)]
+    formula = [group_phase_bytes(grid, rank, CONFIG, m) for rank in range(grid.world)]
+    keys = sorted({k for table in measured + formula for k in table})
+    got = torch.tensor([[table.get(k, 0) for k in keys] for table in measured])
+    want = torch.tensor([[table.get(k, 0) for k in keys] for table in formula])
+    return compare(got, want, name=f"{describe(grid)} bytes [rank, (group, phase)]")
+
+
+def cross_node_sent(records: list[Record], rank: int, gpus_per_node: int) -> dict[str, int]:
+    """op -> bytes this rank sends that leave its node (node = rank // gpus_per_node): a send to a
+    peer on another node, or a collective whose group spans nodes (its bytes in the ring model)."""
+    out: dict[str, int] = {}
+    node = rank // gpus_per_node
+    for r in records:
+        if r.peer is not None:
+            leaves = r.peer // gpus_per_node != node
+        else:
+            leaves = len({g // gpus_per_node for g in r.group_ranks}) > 1
+        if leaves and r.bytes_sent:
+            out[r.op] = out.get(r.op, 0) + r.bytes_sent
+    return out

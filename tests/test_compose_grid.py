@@ -1,0 +1,159 @@
+"""`compose.Grid` against torchtitan's `ParallelDims`, its rules re-expressed here.
+
+torchtitan (pytorch/torchtitan@f64bbad, `ParallelDims._validate` and `build_mesh`) accepts
+a configuration when every degree but dp_shard is >= 1, dp_shard is -1 (inferred as
+world // the rest) or >= 1, the product is the world, and with ep > 1: etp is tp or 1,
+ep a multiple of cp (etp = tp) or of cp·tp (etp = 1) and dividing dp_shard·cp (·tp). Its
+groups are the rows of `arange(world)` reshaped to (pp, dp_replicate, dp_shard, cp, tp)
+(with ep: dp_shard split as (dp_shard_mod_ep, dp_shard_in_ep)) along the named dims,
+flattened in mesh order. On every configuration up to 64 ranks both decide alike and,
+when accepted with `Grid(order=TORCHTITAN_ORDER)`, every rank's groups are the same lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
+
+MAX_WORLD = 64
+
+
+def torchtitan_dp_shard(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp) -> int | None:
+    """torchtitan's decision: the (inferred) dp_shard when accepted, None when an assert fires."""
+    if any(d < 1 for d in (dp_replicate, cp, tp, pp, ep, etp)):
+        return None
+    if not (dp_shard == -1 or dp_shard >= 1):
+        return None
+    if dp_shard < 0:
+        dp_shard = world // (dp_replicate * cp * tp * pp)
+    if dp_shard < 1 or dp_replicate * dp_shard * cp * tp * pp != world:
+        return None
+    if ep > 1:
+        if etp not in (tp, 1):
+            return None
+        if etp == tp:
+            if ep % cp or (dp_shard * cp) % ep:
+                return None
+        elif ep % (cp * tp) or (dp_shard * cp * tp) % ep:
+            return None
+    return dp_shard
+
+
+def torchtitan_groups(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp) -> dict[str, list]:
+    """Every rank's group per name, from the reshaped world mesh as torchtitan builds it."""
+    if ep == 1:
+        in_ep = 1
+    else:
+        in_ep = ep // cp if etp == tp else ep // (cp * tp)
+    names = ("pp", "dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "cp", "tp")
+    sizes = (pp, dp_replicate, dp_shard // in_ep, in_ep, cp, tp)
+    mesh = torch.arange(world).reshape(sizes)
+    dims = {
+        "pp": ["pp"],
+        "dp_replicate": ["dp_replicate"],
+        "dp_shard": ["dp_shard_mod_ep", "dp_shard_in_ep"],
+        "cp": ["cp"],
+        "tp": ["tp"],
+        "dp": ["dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep"],
+        "dp_shard_cp": ["dp_shard_mod_ep", "dp_shard_in_ep", "cp"],
+        "dp_cp": ["dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "cp"],
+        "dp_shard_in_ep": ["dp_shard_in_ep"],
+        "dp_shard_mod_ep": ["dp_shard_mod_ep"],
+    }
+    if ep > 1:
+        dims["ep"] = ["dp_shard_in_ep", "cp"] + (["tp"] if etp == 1 else [])
+    out = {}
+    for name, along in dims.items():
+        idx = [names.index(d) for d in along]
+        rest = [i for i in range(len(names)) if i not in idx]
+        rows = mesh.permute(rest + idx).reshape(-1, math.prod(sizes[i] for i in idx))
+        table: list = [None] * world
+        for row in rows.tolist():
+            for r in row:
+                table[r] = tuple(row)
+        out[name] = table
+    if ep == 1:
+        out["ep"] = [(r,) for r in range(world)]
+    return out
+
+
+def configurations():
+    """Every (dp_replicate, cp, tp, pp) whose product divides world <= 64, with dp_shard -1,
+    the exact value and one too many, ep over the divisors of world up to 8 and 3, etp 1 and tp."""
+    for world in range(1, MAX_WORLD + 1):
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        for dpr, cp, tp, pp in itertools.product(divisors, repeat=4):
+            rest = dpr * cp * tp * pp
+            if world % rest:
+                continue
+            for dp_shard in (-1, world // rest, world // rest + 1):
+                for ep in sorted({e for e in divisors if e <= 8} | {3}):
+                    for etp in sorted({1, tp}):
+                        yield world, dpr, dp_shard, cp, tp, pp, ep, etp
+
+
+def test_accept_reject_and_every_group_agree_with_torchtitan_up_to_64_ranks():
+    decided = accepted = compared = 0
+    for world, dpr, dps, cp, tp, pp, ep, etp in configurations():
+        want = torchtitan_dp_shard(world, dpr, dps, cp, tp, pp, ep, etp)
+        try:
+            grid = Grid(world, dpr, dps, cp, tp, pp, ep, etp, order=TORCHTITAN_ORDER)
+        except GridError:
+            grid = None
+        decided += 1
+        assert (grid is None) == (want is None), (world, dpr, dps, cp, tp, pp, ep, etp)
+        if grid is None:
+            continue
+        accepted += 1
+        assert grid.dp_shard == want
+        if dps == -1:
+            continue  # the same configuration as the exact dp_shard: compare its groups once
+        theirs = torchtitan_groups(world, dpr, want, cp, tp, pp, ep, etp)
+        if ep > 1:  # the dense groups do not depend on ep: compared at ep = 1
+            theirs = {n: theirs[n] for n in ("ep", "dp_shard_in_ep", "dp_shard_mod_ep")}
+        for name, table in theirs.items():
+            assert grid.table(name) == table, (name, world, dpr, dps, cp, tp, pp, ep, etp)
+            compared += world
+    assert decided > 50_000 and accepted > 5_000 and compared > 100_000, (
+        decided,
+        accepted,
+        compared,
+    )
+
+
+def test_rejections_name_the_axis():
+    cases = {
+        "cp": dict(cp=0),
+        "dp_shard": dict(dp_shard=0),
+        "world": dict(tp=3),
+        "etp": dict(tp=2, ep=2, etp=4, dp_shard=4),
+        "ep = 3": dict(ep=3),
+    }
+    for word, sizes in cases.items():
+        with pytest.raises(GridError, match=word):
+            Grid(8, **sizes)
+
+
+def test_doc_order_puts_tp_innermost_and_dp_outermost():
+    grid = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=DOC_ORDER)
+    assert [grid.stride(a) for a in ("tp", "cp", "pp", "dp_replicate")] == [1, 2, 4, 8]
+    titan = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=TORCHTITAN_ORDER)
+    assert [titan.stride(a) for a in ("tp", "cp", "dp_replicate", "pp")] == [1, 2, 4, 8]
+    wrong = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=TP_OUTERMOST)
+    assert wrong.stride("tp") == 8 and wrong.stride("cp") == 1
+
+
+def test_every_order_partitions_the_world_the_same_way_in_size():
+    """Each group is a partition of the world into groups of the axis's size, in every order."""
+    for order in (DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST):
+        grid = Grid(16, dp_shard=2, cp=2, tp=2, pp=2, ep=4, etp=2, order=order)
+        for name in grid.names():
+            groups = grid.groups(name)
+            assert sorted(r for g in groups for r in g) == list(range(16)), (order, name)
+            assert {len(g) for g in groups} == {grid.size(name)}
+        assert grid.size("ep") == 4 and grid.size("dp_shard_cp") == 4

@@ -1,0 +1,87 @@
+"""`compose.train` on real ranks: the cheaper rows of lab 10, element by element in float64.
+
+In the tests: 8 ranks dp_shard 2 × tp 2 × pp 2 (1F1B, m = 4; parameters and the ledger's
+bytes per group and phase), the same with tp outermost (the same bits), and 8 ranks
+dp_shard 2 × cp 2 × tp 2 through the public `train`. The 16-rank row
+dp_replicate 2 × cp 2 × tp 2 × pp 2 runs in the lab (`labs/10_four_d_composition`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paralab.compose import TP_OUTERMOST, Grid, reference, train
+from paralab.compose.costs import group_phase_bytes
+from paralab.compose.model import CONFIG
+from paralab.compose.runs import check_bytes, check_params, compose_worker
+from paralab.launch import run
+
+
+def all_pass(verdicts) -> None:
+    failed = [v.describe() for v in verdicts if not v.passed]
+    assert verdicts and not failed, failed
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    grid = Grid(8, dp_shard=2, tp=2, pp=2)
+    return grid, run(compose_worker, 8, grid, timeout=120)
+
+
+def test_dp_tp_pp_parameters_equal_one_process(pipelined):
+    grid, out = pipelined
+    all_pass(check_params([o[0] for o in out], grid))
+
+
+def test_dp_tp_pp_bytes_per_group_and_phase_equal_the_closed_form(pipelined):
+    grid, out = pipelined
+    all_pass(check_bytes([o[1] for o in out], grid))
+    stage0 = group_phase_bytes(grid, 0, CONFIG, 4)
+    assert {g for g, _ in stage0} == {"tp", "pp", "dp_shard_cp"}  # no cp, no replicas
+
+
+def test_tp_outermost_gives_the_same_bits(pipelined):
+    grid, out = pipelined
+    wrong = Grid(8, dp_shard=2, tp=2, pp=2, order=TP_OUTERMOST)
+    assert wrong.stride("tp") == 4
+    moved = run(compose_worker, 8, wrong, timeout=120)
+    for a, b in zip(moved, out):
+        assert all(torch.equal(a[0][k], b[0][k]) for k in b[0])
+    all_pass(check_bytes([o[1] for o in moved], wrong))
+
+
+def test_dp_shard_cp_tp_through_the_public_train():
+    got = run(train, 8, 8, dp_shard=2, cp=2, tp=2, timeout=120)
+    all_pass(check_params(got, Grid(8, dp_shard=2, cp=2, tp=2)))
+    assert set(got[0]) == set(reference(samples=2))
+
+
+def test_train_refuses_a_world_it_is_not_run_on():
+    with pytest.raises(Exception, match="world=4"):
+        run(train, 2, 4, tp=2, timeout=60)
+
+
+def test_moe_dp4_tp2_with_ep2_carved_from_dp_equals_one_process():
+    grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
+    assert grid.group(0, "ep") == (0, 2) and grid.group(0, "dp_shard_mod_ep") == (0, 4)
+    got = run(train, 8, 8, dp_shard=4, tp=2, ep=2, timeout=120)
+    all_pass(check_params(got, grid, moe=True))
+    assert any(".mlp.moe.experts.3.fc1.weight" in k for k in got[0])
+
+
+def test_moe_experts_reduced_as_dense_parameters_fail_the_check():
+    """Known-wrong: experts averaged over dp_shard_cp like the dense weights (ranks that hold other
+    experts, and no division by ep): the element-wise check must catch it."""
+    grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
+    got = run(
+        train,
+        8,
+        8,
+        dp_shard=4,
+        tp=2,
+        ep=2,
+        timeout=120,
+        patches={"paralab.compose.moe": {"is_expert": lambda name: False}},
+    )
+    assert not all(v.passed for v in check_params(got, grid, moe=True))
