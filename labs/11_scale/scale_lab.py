@@ -119,10 +119,10 @@ print(verdict_table(alpha_claims, "α-β on the primer's ring"))
 show(plot_alpha_beta())
 
 # %% [markdown]
-# The knee sits at about 12 MB on NVLink: a collective of a few MB is latency, not
-# bandwidth, which is why FSDP groups parameters into units and why the small all-reduces
-# of a vocabulary-parallel loss (lab 07) cost steps, not bytes. Across nodes (dashed) the
-# bandwidth is 7× lower and every step 4× slower.
+# The knee sits at about 14 MB gathered on NVLink (α × busbw ≈ 12 MB sent): a collective of
+# a few MB is latency, not bandwidth, which is why FSDP groups parameters into units and why
+# the small all-reduces of a vocabulary-parallel loss (lab 07) cost steps, not bytes. Across nodes (dashed) the
+# bandwidth is 9× lower and every step 4× slower.
 #
 # **The roofline** is the same idea for a kernel: it takes `max(FLOPs / peak, bytes / HBM
 # bandwidth)`. A kernel whose FLOPs per byte exceed the *ridge* (peak / bandwidth, about 295
@@ -330,8 +330,9 @@ show(
 # bytes per rank hardly change from 8 to 128 GPUs (7/8 against 127/128 of a block); the link
 # does: at 16,384 tokens a GPU the all-gather goes from 6 % of the block forward it hides
 # behind to three quarters of it, and in the backward, where the fp32 reduce-scatter sends
-# twice those bytes on top, the margin is gone: fewer tokens per GPU and it shows. TP's all-reduces are a few percent of a block at 8 GPUs on NVLink,
-# which is why TP stays inside a node (`Layout(tp=16)` would put them on the network).
+# twice those bytes on top, the margin is gone: fewer tokens per GPU and it shows. TP's all-reduces
+# cost about a quarter of a 70B block's GEMM time at 8 GPUs on NVLink, all of it exposed (no async
+# TP); `Layout(tp=16)` would put them on the network, which is why TP stays inside a node.
 
 # %% [markdown]
 # ## 3. Why is my parallel run slower than one GPU?
@@ -428,9 +429,10 @@ show(plot_prediction_scatter(check))
 
 # %% [markdown]
 # The largest errors are where the model is knowingly blind. HunyuanVideo on one GPU is
-# *slower* than the model says (+21 %, its 2-GPU run is 2.06× faster: more than linear);
-# the 8-GPU run is faster (−14 %): a fixed cost of the pipeline (VAE decode, text encoders)
-# that does not shrink with GPUs is not in a denoiser-only model. torchtitan's 256K row
+# *faster* than the model says (+21 %; its 2-GPU run is 2.06× faster still: more than linear);
+# the 8-GPU run is slower (−14 %): measured, 8 GPUs are 5.6× one, the model says 7.9×. A fixed
+# cost of the pipeline (VAE decode, text encoders) that does not shrink with GPUs is not in a
+# denoiser-only model. torchtitan's 256K row
 # (+21 %) runs PyTorch's context-parallel SDPA, slower per FLOP than the plain kernels the
 # other rows fit. The ring-flash-attention row (+11 %) is the cost of the many small
 # kernels and merges a ring makes, which a FLOP count does not see.

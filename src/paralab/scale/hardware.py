@@ -47,9 +47,10 @@ SOURCES = {
     "b200": "NVIDIA DGX B200 datasheet: 8 B200, 72 PFLOP/s fp8 training (sparse) = 4.5 dense "
     "per GPU, bf16 2.25 PFLOP/s dense, 1,440 GB HBM3e (180 per GPU) at 8 TB/s, NVLink 5 "
     "1.8 TB/s, 400 Gb/s ConnectX-7 per GPU",
-    "pcie-pairs": "8 GPUs joined by NVLink in pairs and PCIe between the pairs reach 20 GB/s "
-    "all-reduce busbw over PCIe Gen4 (32 GB/s a direction) in NVIDIA/nccl-tests#178: 62 % of "
-    "the line; the same share of Gen5's 64 GB/s is 40 GB/s",
+    "pcie-pairs": "in NVIDIA/nccl-tests#178 a node of 8 A100s joined by NVLink in pairs (PCIe "
+    "between the pairs) reaches 20 GB/s all-reduce busbw once the group (3 GPUs there) crosses "
+    "PCIe Gen4 (32 GB/s a direction): 62 % of the line; the same share of Gen5's 64 GB/s is "
+    "40 GB/s",
     "ib-400": "400 Gb/s RDMA per GPU between hosts (torchtitan's benchmark hosts, "
     "pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md; DGX H100/H200)",
 }

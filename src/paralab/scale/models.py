@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 SOURCES = {
     "llama3": "pytorch/torchtitan@820504e:torchtitan/models/llama3/__init__.py "
-    "(dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier, multiple_of; vocab 128,256)",
+    "(dim, n_layers, n_heads, n_kv_heads, ffn_dim_multiplier, multiple_of); vocab 128,256, the "
+    "Llama 3 tokenizer's (set from it in model.py)",
     "hunyuanvideo": "Tencent/HunyuanVideo@fa14b00:hyvideo/modules/models.py "
     "(HYVideo-T/2-cfgdistill: 20 double + 40 single blocks, hidden 3072, 24 heads, mlp x4; "
     "text 256 tokens; VAE 4x8x8, patch 1x2x2; cfg-scale 1: one forward a step)",
@@ -28,7 +29,7 @@ SOURCES = {
     "interactive/configs/registry_defaults/net_transfer.py (28 blocks, 2048, 16 heads, "
     "atten_backend minimal_a2a = Ulysses) + 4 VACE control blocks (control_layer4); 720p = "
     "1280 x 704, Wan VAE 4x8x8, patch 2; guidance 3: two branches",
-    "flux.1-dev": "black-forest-labs/flux src/flux/util.py flux-dev: 19 double + 38 single "
+    "flux.1-dev": "black-forest-labs/flux@802fb47:src/flux/util.py flux-dev: 19 double + 38 single "
     "blocks, hidden 3072, 24 heads, mlp x4, 512 text tokens; guidance-distilled (one forward)",
 }
 
