@@ -241,3 +241,27 @@ def test_time_is_budgeted_per_submission_and_memory_and_output_are_capped(batch)
     assert "time budget of 20 s ran out" in _row(batch, "stacked-sleeps")["reason"]
     assert "File too large" in _row(batch, "output")["reason"], _row(batch, "output")
     assert _row(batch, "memory")["verdict"] in ("ERROR", "FAIL"), _row(batch, "memory")
+
+
+def test_an_unguarded_package_helper_that_answers_the_exercise_is_withheld(tmp_path):
+    """`exchange_prediction_all_gather` is a whole other implementation of `exchange_prediction`:
+    called in place of the student's own logic, it raises in the sandbox like the solution."""
+    lab = "03_cfgp"
+    nb = release(lab)
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "from paralab.cfgp.sampling import exchange_prediction_all_gather\n\n\n"
+            "def exchange_prediction(mine, group):\n"
+            "    return exchange_prediction_all_gather(mine, group)\n",
+            metadata={"paralab": {"edit": ["exchange_prediction"]}},
+        )
+    )
+    path = hand_in(tmp_path / "helper" / notebook_name(lab), nb)
+    main([str(path), "--seed", "1", "--json", str(tmp_path / "scores.json")])
+    row = next(
+        r
+        for r in json.loads((tmp_path / "scores.json").read_text())
+        if r["exercise"] == "exchange_prediction"
+    )
+    assert (row["points"], row["verdict"]) == (0, "REFUSED"), row
+    assert "exchange_prediction_all_gather is withheld" in row["reason"], row

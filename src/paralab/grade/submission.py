@@ -22,6 +22,7 @@ Tracebacks name the student's cell (`File "<cell 12>", line 5, in ring_pass`).
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import io
 import json
@@ -307,6 +308,7 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
         with tempfile.TemporaryDirectory(prefix="paralab-submission-") as tmp:
             package = Path(tmp) / "src"
             shutil.copytree(pristine, package)
+            withhold_alternatives(package, sub.lab)
             run = run_sandboxed(package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s)
         seconds = run.seconds
         got = frames(run.result)  # one per job, in the order of the jobs
@@ -353,6 +355,51 @@ def grade_safely(sub: Submission, seed: int, budget_s: float, pristine: Path) ->
         why = f"the grader could not grade it ({type(exc).__name__})"
         rows = [_zero(sub, e, "ERROR", why) for e in for_lab(sub.lab or "")]
         return Graded(sub, rows, [f"{r.exercise}: ERROR — 0/{r.max_points}\n  {why}" for r in rows])
+
+
+ALTERNATIVES = {
+    "exchange_prediction": ("paralab.cfgp.sampling.exchange_prediction_all_gather",),
+    "predict_groups": (
+        "paralab.parallel_dims.ParallelDims.group_ranks",
+        "paralab.parallel_dims.ParallelDims.build_meshes",
+    ),
+}
+"""Package functions that answer an exercise whole (another implementation of it, or the real
+thing the exercise predicts by arithmetic): withheld in the copy a submission of its lab runs
+against, like the solution itself."""
+
+
+def withhold_alternatives(package: Path, lab: str) -> None:
+    """In a submission's own package copy, the alternatives to its lab's exercises raise."""
+    for exercise in for_lab(lab):
+        for dotted in ALTERNATIVES.get(exercise.name, ()):
+            parts = dotted.split(".")
+            split = next(
+                i
+                for i in range(len(parts), 0, -1)
+                if (package / Path(*parts[:i])).with_suffix(".py").exists()
+            )
+            path = (package / Path(*parts[:split])).with_suffix(".py")
+            path.write_text(_withhold(path.read_text(), parts[split:]))
+
+
+def _withhold(code: str, names: list[str]) -> str:
+    """The body of `names` (a function, or a class and its method) raises the withheld error."""
+    scope: list[ast.stmt] = ast.parse(code).body
+    node = None
+    for name in names:
+        node = next(
+            n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name
+        )
+        scope = node.body
+    lines = code.splitlines()
+    first = node.body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    start = first.end_lineno if has_doc else first.lineno - 1
+    indent = " " * first.col_offset
+    message = f"paralab's own {'.'.join(names)} {WITHHELD}"
+    lines[start : node.end_lineno] = [f"{indent}raise NotImplementedError({message!r})"]
+    return "\n".join(lines) + "\n"
 
 
 def pristine_package(root: Path) -> Path:
