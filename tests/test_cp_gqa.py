@@ -6,6 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from paralab.cp import shard_bytes, shard_sequence
+from paralab.cp.costs import ulysses_gqa_bytes
 from paralab.cp.ulysses import ulysses_gqa_forward
 from paralab.launch import LaunchError, run
 from paralab.ledger import Ledger
@@ -36,6 +37,7 @@ def test_gqa_ulysses_is_exact_and_k_v_cost_kv_heads_over_heads():
         assert max_diff < 1e-12
         assert sent == [3 * s_q // 4, 3 * s_kv // 4, 3 * s_kv // 4, 3 * s_q // 4]  # q, k, v, out
         assert s_kv * H == s_q * 4
+        assert sum(sent) == ulysses_gqa_bytes(s_q, s_kv, WORLD)["forward"]  # the scale model's form
 
 
 def test_fewer_k_v_heads_than_cp_is_a_clear_error():

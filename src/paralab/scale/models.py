@@ -22,9 +22,14 @@ SOURCES = {
     "hunyuanvideo": "Tencent/HunyuanVideo@fa14b00:hyvideo/modules/models.py "
     "(HYVideo-T/2-cfgdistill: 20 double + 40 single blocks, hidden 3072, 24 heads, mlp x4; "
     "text 256 tokens; VAE 4x8x8, patch 1x2x2; cfg-scale 1: one forward a step)",
-    "consisid": "CogVideoX-5B's transformer, which ConsisID fine-tunes: 42 layers, 48 heads of "
-    "64, mlp x4 (GELU), two 512 -> 6h modulations a layer, 226 text tokens, VAE 4x8x8, patch 2; "
-    "guidance 6: two branches (its face-perceiver cross-attentions are not counted)",
+    "consisid": "THUDM/CogVideo@e519ece:sat/configs/cogvideox_5b_i2v.yaml, the CogVideoX-5B-I2V "
+    "transformer ConsisID is trained from (PKU-YuanGroup/ConsisID@60429e4:train_single_rank.sh): "
+    "num_layers 42, hidden_size 3072, 48 heads of hidden_size_head 64, patch 2, text_length 226, "
+    "time_embed_dim 512 (two 512 -> 6h modulations a layer), mlp x4; VAE 4x8x8; plus "
+    "PKU-YuanGroup/ConsisID@60429e4:models/transformer_consisid.py's face cross-attentions, one "
+    "every cross_attn_interval 2 layers (PerceiverCrossAttention: q 3072 -> 16 x 128 and out "
+    "back on every token, kv from kv_dim 2048; its 32 face tokens' attention is not counted); "
+    "guidance 6: two branches",
     "cosmos-transfer2.5-2b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/"
     "interactive/configs/registry_defaults/net_transfer.py (28 blocks, 2048, 16 heads, "
     "atten_backend minimal_a2a = Ulysses) + 4 VACE control blocks (control_layer4); 720p = "
@@ -138,6 +143,11 @@ def _two_stream(hidden: int, double: int, single: int) -> tuple[int, int]:
 _HY = _two_stream(3072, 20, 40)
 _FLUX = _two_stream(3072, 19, 38)
 _COSMOS_H = 2048
+_CONSISID_H, _FACE_INNER, _FACE_KV = 3072, 16 * 128, 2048
+_FACE_TOKEN_MATMUL = 2 * _CONSISID_H * _FACE_INNER // 2
+"""q and out of a face cross-attention (3072 x 2048 each), on every other layer: per layer."""
+_FACE_PARAMS = 21 * (2 * _CONSISID_H * _FACE_INNER + _FACE_KV * 2 * _FACE_INNER)
+"""21 face cross-attentions (42 // 2): q, out and the 2048 -> 2 x 2048 kv projection."""
 
 MODELS: dict[str, ModelShape] = {
     m.name: m
@@ -172,11 +182,11 @@ MODELS: dict[str, ModelShape] = {
             "consisid",
             "dit",
             42,
-            3072,
+            _CONSISID_H,
             48,
             64,
-            matmul_per_layer=12 * 3072**2,
-            params=42 * (12 * 3072**2 + 2 * 512 * 6 * 3072),
+            matmul_per_layer=12 * _CONSISID_H**2 + _FACE_TOKEN_MATMUL,
+            params=42 * (12 * _CONSISID_H**2 + 2 * 512 * 6 * _CONSISID_H) + _FACE_PARAMS,
             text_tokens=226,
             patch=(1, 2, 2),
             branches=2,

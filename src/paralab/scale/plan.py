@@ -2,24 +2,33 @@
 and its predicted time, ranked; the ones that do not fit are marked OOM.
 
 Training enumerates torchtitan's consuming descriptor (dp_shard, cp, tp, pp: their product is
-the world); inference enumerates `paralab.ParallelDims` (dp_shard shards the weights, cp and
-cfgp overlay the same ranks). `python -m paralab.plan --help`.
+the world); inference enumerates `paralab.ParallelDims` (dp_shard shards the weights, cp,
+cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser, shown as
+its exchange seconds and the busiest rank's encode load). Memory per GPU is itemized:
+parameters, gradients, optimizer state, activations under the AC mode, logits, FSDP buffers.
+`python -m paralab.plan --help`.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+import torch
 
 from paralab.parallel_dims import ParallelDims
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import Hardware, hardware
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Prediction, Workload, predict
+from paralab.scale.predict import Layout, Prediction, Workload, link_for, predict
+from paralab.vae_lb.costs import encode_cost, exchange_bytes
+from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalance
 
-TRAIN_STATE_BYTES = 16
-"""Per parameter, sharded over dp_shard x tp x pp: fp32 master weight 4, fp32 gradient 4, two
-fp32 Adam moments 8 (torchtitan's FSDP2 mixed precision)."""
+TRAIN_STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer": 8}
+"""Per parameter, each sharded over dp_shard x tp x pp (torchtitan's FSDP2 mixed precision):
+the fp32 master weight, the fp32 gradient, AdamW's two fp32 moments."""
+RAW_VIDEO = (93, 704, 1280)
+"""(frames, height, width) of the raw video each inference group encodes by default: 720p."""
 SAVED_BYTES_PER_TOKEN = {"none": 34, "selective": 16, "full": 2}
 """Activation bytes a block keeps per token, in units of the hidden size. none: 34 h, the
 count of Korthikanti et al. (2022, "Reducing Activation Recomputation", eq. 1) without its
@@ -41,6 +50,8 @@ class Row:
     hbm: float
     score: float
     score_name: str
+    extras: dict[str, float] = field(default_factory=dict)
+    """Numbers outside the time and the memory, shown as columns: the VAE encode's load."""
 
     @property
     def total_memory(self) -> float:
@@ -70,11 +81,12 @@ def train_memory(m: ModelShape, layout: Layout, w: Workload) -> dict[str, float]
     saved = SAVED_BYTES_PER_TOKEN[w.ac] * m.hidden * per_mb * layers * in_flight / lo.tp
     if w.ac == "full":
         saved += SAVED_BYTES_PER_TOKEN["none"] * m.hidden * per_mb / lo.tp
+    states = {name: size * m.params / shard for name, size in TRAIN_STATE_BYTES.items()}
     return {
-        "params + grads + Adam": TRAIN_STATE_BYTES * m.params / shard,
-        "FSDP gathered blocks": (3 * m.block_params() * 2 / lo.tp) if lo.dp_shard > 1 else 0.0,
+        **states,
         "activations": saved,
         "logits": LOGIT_BYTES * per_mb * m.vocab / lo.tp,
+        "FSDP buffers": (3 * m.block_params() * 2 / lo.tp) if lo.dp_shard > 1 else 0.0,
     }
 
 
@@ -122,43 +134,111 @@ def plan_train(
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     gathered = 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0
     return {
-        "weights (bf16)": 2 * m.params / layout.dp_shard,
-        "FSDP gathered blocks": gathered,
+        "parameters": 2 * m.params / layout.dp_shard,
         "activations": INFERENCE_WORKING_BYTES * m.hidden * tokens / layout.cp,
+        "FSDP buffers": gathered,
     }
 
 
-def plan_inference(m: ModelShape, hw: Hardware, gpus: int, tokens: int, steps: int) -> list[Row]:
-    """Layouts of one video on `gpus` GPUs, fastest first (the other dp ranks' videos aside)."""
+def vae_lb_effect(
+    hw: Hardware, layout: Layout, gpus: int, videos: list[tuple[int, int, int]]
+) -> tuple[float, float]:
+    """What lb changes: the VAE encode before the denoiser, which the time model does not price
+    (no VAE FLOPs or efficiency; the cases time the denoiser alone). The raw `videos`
+    (frames, height, width) are dealt round-robin to the video groups (cp x cfgp ranks each,
+    every rank of a group holding the group's videos); each lb group of consecutive ranks runs
+    lab 04's closest-fit plan on their `encode_cost`s. Returns the busiest rank's encode cost
+    (pixels) and the seconds of the exchange: the costs' all-gather, then the raw videos out and
+    the latents home (`exchange_bytes`; lab 04's latent, 1 byte a pixel), alpha-beta on the lb
+    group's link. A rank with one video never moves it: only uneven batches gain."""
+    group = layout.cp * layout.cfgp
+    groups = gpus // group
+    batch = [
+        [torch.empty(3, *v, dtype=torch.uint8, device="meta") for v in videos[r // group :: groups]]
+        for r in range(gpus)
+    ]
+    costs = {r: [encode_cost(v) for v in batch[r]] for r in range(gpus)}
+    lb_groups = [list(range(start, start + layout.lb)) for start in range(0, gpus, layout.lb)]
+    plan, loads = [], {}
+    for ranks in lb_groups:
+        local = {r: costs[r] for r in ranks}
+        moves = plan_rebalance(local) if layout.lb > 1 else []
+        loads.update(loads_of(local, assignment_from_moves(local, moves)))
+        plan += [(mv.from_rank, mv.to_rank, mv.local_index) for mv in moves]
+    if layout.lb == 1:
+        return max(loads.values()), 0.0
+    sent, received, gathered = exchange_bytes(batch, plan, lb_groups)
+    link = link_for(hw, 1, layout.lb)
+    seconds = max(
+        link.time(gathered[r], layout.lb - 1)
+        + (link.time(max(sent[r], received[r]), 1, calls=2) if sent[r] or received[r] else 0.0)
+        for r in range(gpus)
+    )
+    return max(loads.values()), seconds
+
+
+LB_EXCHANGE = "exposed: lb exchange"
+LB_LOAD = "VAE encode, busiest rank (Mpx)"
+
+
+def plan_inference(
+    m: ModelShape,
+    hw: Hardware,
+    gpus: int,
+    tokens: int,
+    steps: int,
+    videos: list[tuple[int, int, int]] | None = None,
+) -> list[Row]:
+    """Layouts of one video on `gpus` GPUs, fastest first (the other dp ranks' videos aside):
+    every (dp_shard, cp, cfgp, lb) that `ParallelDims` accepts. `videos`: the raw videos the
+    groups encode first (default one `RAW_VIDEO` each); lb only changes that encode."""
     rows = []
     eff = FITTED[hw.efficiency_from]
     for cfgp in (1, 2) if m.branches == 2 else (1,):
         for cp in powers_of_two(gpus // cfgp):
             for dp_shard in powers_of_two(gpus):
-                if gpus % dp_shard:
-                    continue
-                try:
-                    ParallelDims(
-                        gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp, enable_inference_mode=True
+                for lb in powers_of_two(gpus):
+                    try:
+                        ParallelDims(
+                            gpus,
+                            dp_shard=dp_shard,
+                            cp=cp,
+                            cfgp=cfgp,
+                            lb=lb,
+                            enable_inference_mode=True,
+                        )
+                    except ValueError:
+                        continue
+                    kind = "ulysses" if m.heads % cp == 0 else "ring"
+                    layout = Layout(
+                        dp_shard=dp_shard,
+                        dp_replicate=gpus // dp_shard,
+                        cp=cp,
+                        cp_kind=kind,
+                        cfgp=cfgp,
+                        lb=lb,
                     )
-                except ValueError:
-                    continue
-                kind = "ulysses" if m.heads % cp == 0 else "ring"
-                layout = Layout(
-                    dp_shard=dp_shard, dp_replicate=gpus // dp_shard, cp=cp, cp_kind=kind, cfgp=cfgp
-                )
-                w = Workload("diffusion", seq=tokens, steps=steps)
-                p = predict(m, hw, layout, w, eff)
-                rows.append(
-                    Row(
-                        layout,
-                        p,
-                        inference_memory(m, layout, tokens),
-                        hw.hbm_bytes,
-                        p.seconds,
-                        "s for one video",
+                    w = Workload("diffusion", seq=tokens, steps=steps)
+                    p = predict(m, hw, layout, w, eff)
+                    raw = videos or [RAW_VIDEO] * (gpus // (cp * cfgp))
+                    load, exchange = vae_lb_effect(hw, layout, gpus, raw)
+                    if lb > 1:
+                        p = replace(
+                            p,
+                            seconds=p.seconds + exchange,
+                            breakdown={**p.breakdown, LB_EXCHANGE: exchange},
+                        )
+                    rows.append(
+                        Row(
+                            layout,
+                            p,
+                            inference_memory(m, layout, tokens),
+                            hw.hbm_bytes,
+                            p.seconds,
+                            "s for one video",
+                            {LB_LOAD: load / 1e6},
+                        )
                     )
-                )
     return rank(rows, higher_is_better=False)
 
 
@@ -171,7 +251,7 @@ def rank(rows: list[Row], higher_is_better: bool) -> list[Row]:
 def describe(layout: Layout) -> str:
     parts = [
         f"{k} {getattr(layout, k)}"
-        for k in ("dp_shard", "cp", "cfgp", "tp", "pp")
+        for k in ("dp_shard", "cp", "cfgp", "lb", "tp", "pp")
         if getattr(layout, k) > 1
     ]
     if layout.cp > 1:
@@ -220,12 +300,18 @@ def why(rows: list[Row]) -> str:
 
 
 def table(rows: list[Row], limit: int = 12) -> str:
+    """Seconds by where they go, then each memory entry in GB and the total against HBM."""
     keys = sorted({k for r in rows for k in r.prediction.breakdown})
-    head = ["layout", rows[0].score_name, "seconds", *keys, "GB/GPU", "fits"]
+    memory = list(rows[0].memory)
+    extras = list(rows[0].extras)
+    hbm = f"GB/GPU of {rows[0].hbm / 1e9:.0f}"
+    head = ["layout", rows[0].score_name, "seconds", *keys, *extras, *memory, hbm, "fits"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows[:limit]:
         cells = [describe(r.layout), f"{r.score:.4g}", f"{r.prediction.seconds:.3g}"]
         cells += [f"{r.prediction.breakdown.get(k, 0.0):.3g}" for k in keys]
+        cells += [f"{r.extras[k]:.4g}" for k in extras]
+        cells += [f"{r.memory[k] / 1e9:.1f}" for k in memory]
         cells += [f"{r.total_memory / 1e9:.1f}", "OOM" if r.oom else "yes"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
@@ -245,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
     parser.add_argument("--tokens", type=int, default=0, help="inference: tokens of one video")
     parser.add_argument("--steps", type=int, default=35, help="inference: denoising steps")
+    parser.add_argument(
+        "--videos",
+        default="",
+        help="inference: raw videos FxHxW,... dealt to the video groups (default 93x704x1280 each)",
+    )
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
     m, hw = model(args.model), hardware(args.hardware)
@@ -254,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         tokens = args.tokens or m.video_tokens(1280, 704, 93)
-        rows = plan_inference(m, hw, args.gpus, tokens, args.steps)
+        videos = [tuple(int(x) for x in v.split("x")) for v in args.videos.split(",") if v]
+        rows = plan_inference(m, hw, args.gpus, tokens, args.steps, videos or None)
     print(table(rows, args.top))
     print(why(rows))
     return 0

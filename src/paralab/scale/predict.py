@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paralab.cfgp.costs import cfgp_bytes
-from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes, usp_bytes
+from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_gqa_bytes, usp_bytes
 from paralab.fsdp.costs import traffic_formula
 from paralab.pp.clock import simulate
 from paralab.pp.costs import boundary_bytes
@@ -58,6 +58,9 @@ class Layout:
     ulysses: int = 0
     """For USP: the all-to-all degree inside cp (cp = ulysses x ring); 0 = cp_kind alone."""
     cfgp: int = 1
+    lb: int = 1
+    """Inference: ranks that share raw videos before the VAE encode (`paralab.vae_lb`); an
+    overlay like cp and cfgp, outside the denoiser's time."""
     tp: int = 1
     pp: int = 1
     schedule: str = "1f1b"
@@ -229,6 +232,15 @@ def predict_train(
     return Prediction(seconds, out, tokens_per_s_per_gpu=tokens / (seconds * lo.world))
 
 
+def _q_and_kv_shards(m: ModelShape, tp: int, seq: int, cp: int) -> tuple[int, int]:
+    """One rank's bf16 shard of q (its q heads) and of k or v (its K/V heads): under
+    grouped-query attention the Ulysses all-to-alls of k and v move kv_heads / heads of q's."""
+    return (
+        shard_bytes(1, m.heads // tp, seq, m.head_dim, cp, ACT_BYTES),
+        shard_bytes(1, m.kv_heads // tp, seq, m.head_dim, cp, ACT_BYTES),
+    )
+
+
 def _train_cp(
     m: ModelShape, hw: Hardware, lo: Layout, w: Workload, link: Link, eff: dict[str, float]
 ) -> float:
@@ -236,8 +248,7 @@ def _train_cp(
     cp, seq = lo.cp, w.seq
     recompute = RECOMPUTE[w.ac][1]
     if lo.cp_kind == "ulysses":
-        s = shard_bytes(1, m.heads // lo.tp, seq, m.head_dim, cp, ACT_BYTES)
-        sent = ulysses_bytes(s, cp)
+        sent = ulysses_gqa_bytes(*_q_and_kv_shards(m, lo.tp, seq, cp), cp)
         one = link.time(sent["forward"], cp - 1, calls=4)
         return one * (2 + recompute)
     s = shard_bytes(1, m.kv_heads // lo.tp, seq, m.head_dim, cp, ACT_BYTES)
@@ -253,7 +264,7 @@ def _train_cp(
 # ------------------------------------------------------------------ diffusion inference
 def inference_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Links of the inference axes from `ParallelDims.mesh_layouts`: overlay (rest, cfgp, cp)
-    with cp innermost; dp (dp_replicate, dp_shard) with dp_shard innermost."""
+    with cp innermost; dp (dp_replicate, dp_shard) with dp_shard innermost; lb (lb_rest, lb)."""
     from paralab.parallel_dims import ParallelDims
 
     pd = ParallelDims(
@@ -261,6 +272,7 @@ def inference_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
         dp_shard=layout.dp_shard,
         cp=layout.cp,
         cfgp=layout.cfgp,
+        lb=layout.lb,
         enable_inference_mode=True,
     )
     out = {}
@@ -322,7 +334,8 @@ def _inference_cp(
     cp = lo.cp
     s = shard_bytes(1, m.heads, n, m.head_dim, cp, ACT_BYTES)
     if lo.cp_kind == "ulysses" and not lo.ulysses:
-        return link.time(ulysses_bytes(s, cp)["forward"], cp - 1, calls=4)
+        sent = ulysses_gqa_bytes(*_q_and_kv_shards(m, 1, n, cp), cp)
+        return link.time(sent["forward"], cp - 1, calls=4)
     u = lo.ulysses if lo.cp_kind == "ulysses" or lo.ulysses else 1
     r = cp // u
     sent = usp_bytes(s, u, r)

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from paralab.scale import FITTED, Layout, Workload, hardware, load_cases, model, predict
-from paralab.scale.axes import inference_step_bytes, ring_collective_seconds
+from paralab.scale.axes import alpha_beta_knee, inference_step_bytes, ring_collective_seconds
 from paralab.scale.plan import describe
 from paralab.scale.predict import link_for
 from paralab.viz.common import PALETTE
@@ -25,8 +25,7 @@ def plot_alpha_beta(names: tuple[str, ...] = ("h100-sxm", "h100-nvl"), n: int = 
             link = link_for(hw, stride, n)
             t = [ring_collective_seconds(hw, s, n, stride)["all_gather"] for s in sizes]
             ax.loglog(sizes, t, style, color=PALETTE[2 * i], label=f"{name}, {link.name}")
-            knee = (7 * link.step_latency + 8.4e-6) * link.busbw * n / (n - 1)
-            ax.axvline(knee, color=PALETTE[2 * i], lw=0.5, ls=style)
+            ax.axvline(alpha_beta_knee(hw, n, stride), color=PALETTE[2 * i], lw=0.5, ls=style)
     ax.set(
         xlabel="gathered tensor S (bytes)",
         ylabel="seconds",
