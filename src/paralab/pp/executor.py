@@ -13,6 +13,9 @@ micro-batches in order. A split backward computes B = d(output)/d(input) with th
 kept, then W = d(output)/d(weights) from the same graph (recomputing the chain; a real
 zero-bubble stage keeps the intermediate gradients instead).
 
+Collectives inside a stage (a tensor-parallel all-reduce, a context-parallel ring) are
+labelled with the phase of the action that makes them, in whichever ledger is recording.
+
 Memory is counted as the bytes autograd saves for backward (`saved_tensors_hooks`,
 parameters excluded), held from a forward until the action that frees its graph.
 """
@@ -20,7 +23,7 @@ parameters excluded), held from a forward until the action that frees its graph.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,8 +76,9 @@ def exchange(
     return works[: len(sends)]
 
 
-def _buffer() -> torch.Tensor:
-    return torch.empty(MICRO_BATCH, SEQ, HIDDEN, dtype=torch.float64)
+def _buffer(shape: Sequence[int] | None = None) -> torch.Tensor:
+    """A receive buffer for one boundary tensor: this package's (b, s, h) unless told another shape."""
+    return torch.empty(*(shape or (MICRO_BATCH, SEQ, HIDDEN)), dtype=torch.float64)
 
 
 def run_actions(
@@ -83,12 +87,18 @@ def run_actions(
     stages: dict[int, Stage],
     inputs: Sequence[torch.Tensor],
     targets: Sequence[torch.Tensor],
+    *,
+    loss: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
+    boundary_shape: Sequence[int] | None = None,
 ) -> StepRecord:
     """Run rank `rank`'s list of `plan` once: one training step's forwards and backwards.
 
     `inputs` and `targets` are the m micro-batches (only the first and last stage read them).
-    Parameter gradients accumulate into `.grad` of the stages' parameters.
+    Parameter gradients accumulate into `.grad` of the stages' parameters. Another model
+    passes its own `loss(output, target, m)` (default `microbatch_loss`) and the shape of
+    the tensor crossing a boundary (default this package's (b, s, h)).
     """
+    loss = loss or microbatch_loss
     m, last = plan.microbatches, plan.n_stages - 1
     record = StepRecord()
     param_storage = {
@@ -110,7 +120,7 @@ def run_actions(
     for action in plan.actions[rank]:
         s, i = action.stage, action.microbatch
         key = (s, i)
-        received = {msg: _buffer() for msg in action.recvs}
+        received = {msg: _buffer(boundary_shape) for msg in action.recvs}
         with in_phase(pending_phase):
             send_works += exchange(pending, list(received.items()), m)
         pending = []
@@ -131,9 +141,9 @@ def run_actions(
                     saved += t.numel() * t.element_size()
                 return t
 
-            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t), in_phase("forward"):
                 y = stages[s](x)
-                out = microbatch_loss(y, targets[i], m) if s == last else y
+                out = loss(y, targets[i], m) if s == last else y
             record.saved_bytes[key] = saved
             live += saved
             stage_input[key], stage_output[key] = x, out
@@ -153,11 +163,15 @@ def run_actions(
                 grad_out = local.pop(("grad", s + 1, i))
             if plan.split_backward:
                 stage_output[key] = (out, grad_out)
-                grad_in = (
-                    torch.autograd.grad(out, x, grad_out, retain_graph=True)[0] if s > 0 else None
-                )
+                with in_phase("backward"):
+                    grad_in = (
+                        torch.autograd.grad(out, x, grad_out, retain_graph=True)[0]
+                        if s > 0
+                        else None
+                    )
             else:
-                torch.autograd.backward(out, grad_out)
+                with in_phase("backward"):
+                    torch.autograd.backward(out, grad_out)
                 grad_in = x.grad if s > 0 else None
                 release(key)
             if s > 0:
@@ -168,7 +182,9 @@ def run_actions(
         else:  # W: the weight gradient, from the graph B kept
             out, grad_out = stage_output[key]
             params = list(stages[s].parameters())
-            for p, g in zip(params, torch.autograd.grad(out, params, grad_out)):
+            with in_phase("backward"):
+                weight_grads = torch.autograd.grad(out, params, grad_out)
+            for p, g in zip(params, weight_grads):
                 p.grad = g if p.grad is None else p.grad.add_(g)
             release(key)
         record.wall.append((action.name, start, time.perf_counter()))

@@ -69,8 +69,12 @@ class Attention(nn.Module):
         q, k, v = (
             t.view(batch, seq, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v)
         )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.attend(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(batch, seq, width))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of (batch, heads, seq, head_dim) q, k, v: the step context parallelism swaps."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class MLP(nn.Module):

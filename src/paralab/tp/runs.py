@@ -105,10 +105,12 @@ def train(
     return full_params(model, tp_group)
 
 
-def reference(*, samples: int, steps: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
+def reference(
+    *, samples: int, steps: int = 2, seed: int = 0, config: LMConfig = CONFIG
+) -> dict[str, torch.Tensor]:
     """One process: the same model and global batch (`samples` = dp_shard), `steps` SGD steps."""
-    model = build_model(seed)
-    ids, targets = global_batch(samples, seed)
+    model = build_model(seed, config)
+    ids, targets = global_batch(samples, seed, config)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for _ in range(steps):
         optimizer.zero_grad()
