@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
+from paralab.compose.bridge import from_overlay, to_overlay
+from paralab.parallel_dims import ParallelDims, predict_groups
 
 MAX_WORLD = 64
 
@@ -157,3 +159,48 @@ def test_every_order_partitions_the_world_the_same_way_in_size():
             assert sorted(r for g in groups for r in g) == list(range(16)), (order, name)
             assert {len(g) for g in groups} == {grid.size(name)}
         assert grid.size("ep") == 4 and grid.size("dp_shard_cp") == 4
+
+
+def test_the_bridge_to_the_overlay_reading_keeps_every_group_where_one_exists():
+    """Every overlay configuration up to 32 ranks: where `from_overlay` accepts, Grid's cp,
+    dp_shard_cp and dp_replicate groups are the overlay's cp, dp_shard and dp_replicate groups
+    (`parallel_dims.predict_groups`), and `to_overlay` brings the same configuration back."""
+    bridged = refused = 0
+    for world in range(1, 33):
+        for dp_shard in range(1, world + 1):
+            for cp in (1, 2, 4, 8):
+                if world % dp_shard or world % cp:
+                    continue
+                dims = ParallelDims(world, dp_shard=dp_shard, cp=cp)
+                if dp_shard % cp:
+                    with pytest.raises(GridError, match="does not divide dp_shard"):
+                        from_overlay(dims)
+                    refused += 1
+                    continue
+                grid = from_overlay(dims)
+                for rank in range(world):
+                    theirs = predict_groups(dims, rank)
+                    ours = {"cp": "cp", "dp_shard": "dp_shard_cp", "dp_replicate": "dp_replicate"}
+                    for axis, name in ours.items():
+                        assert list(grid.group(rank, name)) == theirs.get(axis, [rank])
+                back = to_overlay(grid)
+                assert (back.dp_shard, back.dp_replicate, back.cp) == (
+                    dp_shard,
+                    world // dp_shard,
+                    cp,
+                )
+                bridged += 1
+    assert bridged > 100 and refused > 10
+    for axis in ("tp", "pp"):
+        with pytest.raises(GridError, match=axis):
+            to_overlay(Grid(8, **{axis: 2}))
+
+
+def test_the_rank_places_and_group_bytes_pictures_draw():
+    from paralab.compose.costs import per_group
+    from paralab.compose.model import CONFIG
+    from paralab.viz import plot_group_bytes, plot_rank_places
+
+    grid = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2)
+    assert len(plot_rank_places(grid).axes) == 4
+    assert len(plot_group_bytes({"toy": per_group(grid, CONFIG, 4)}).axes) == 1

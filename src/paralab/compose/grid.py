@@ -25,7 +25,6 @@ world order, so the same code runs on the doc group's, torchtitan's or a wrong l
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 AXES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
@@ -95,6 +94,11 @@ class Grid:
             raise GridError(f"order {self.order} must name each of {AXES} once")
         if self.ep > 1:
             self._validate_ep()
+        strides, step = {}, 1
+        for name in reversed(self.order):
+            strides[name] = step
+            step *= getattr(self, name)
+        object.__setattr__(self, "_stride_table", strides)
 
     def _validate_ep(self) -> None:
         if self.etp not in (self.tp, 1):
@@ -132,14 +136,10 @@ class Grid:
             rank = rank * getattr(self, name) + coords[name]
         return rank
 
-    @functools.cached_property
+    @property
     def _strides(self) -> dict[str, int]:
         """How far apart in global rank two ranks one step apart on each axis are."""
-        out, step = {}, 1
-        for name in reversed(self.order):
-            out[name] = step
-            step *= getattr(self, name)
-        return out
+        return self._stride_table  # type: ignore[attr-defined]
 
     def _along(self, rank: int, axes: tuple[str, ...]) -> tuple[int, ...]:
         """The ranks that agree with `rank` on every axis but `axes`, `axes` outer first."""

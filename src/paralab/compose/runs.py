@@ -316,24 +316,23 @@ def describe(grid: Grid) -> str:
     return f"{grid.world} ranks: " + " x ".join(p for p in parts if not p.endswith(" 1"))
 
 
+def group_of(record: Record, grid: Grid, rank: int) -> str:
+    """The grid name of the group a record's call went over: among the groups its phase talks
+    over, the one with its ranks (a send or receive between stages is on the world: pp)."""
+    for name in PHASES.get(record.phase, GROUPS):
+        if grid.group(rank, name) == record.group_ranks:
+            return name
+        if name == "pp" and record.op in ("isend", "irecv") and record.group_size == grid.world:
+            return name
+    return f"? {record.group_ranks}"
+
+
 def measured_bytes(records: list[Record], grid: Grid, rank: int) -> dict[tuple[str, str], int]:
-    """(group, phase) -> bytes sent, each record named by the group of its phase with its ranks
-    (a send or receive between pipeline stages is on the world group: the pp group)."""
+    """(group, phase) -> bytes sent, from one rank's ledger."""
     out: dict[tuple[str, str], int] = {}
     for r in records:
-        candidates = PHASES.get(r.phase, GROUPS)
-        name = next(
-            (
-                n
-                for n in candidates
-                if grid.group(rank, n) == r.group_ranks
-                or (n == "pp" and r.op in ("isend", "irecv") and r.group_size == grid.world)
-            ),
-            None,
-        )
-        if name is None:
-            name = f"? {r.group_ranks}"
-        out[(name, r.phase)] = out.get((name, r.phase), 0) + r.bytes_sent
+        key = (group_of(r, grid, rank), r.phase)
+        out[key] = out.get(key, 0) + r.bytes_sent
     return out
 
 
@@ -351,9 +350,11 @@ def check_bytes(
     return compare(got, want, name=f"{describe(grid)} bytes [rank, (group, phase)]")
 
 
-def cross_node_sent(records: list[Record], rank: int, gpus_per_node: int) -> dict[str, int]:
-    """op -> bytes this rank sends that leave its node (node = rank // gpus_per_node): a send to a
-    peer on another node, or a collective whose group spans nodes (its bytes in the ring model)."""
+def cross_node_bytes(
+    records: list[Record], grid: Grid, rank: int, gpus_per_node: int
+) -> dict[str, int]:
+    """group -> bytes this rank sends that leave its node (node = rank // gpus_per_node): a send
+    to a peer on another node, or a collective over a group that spans nodes (ring model)."""
     out: dict[str, int] = {}
     node = rank // gpus_per_node
     for r in records:
@@ -362,5 +363,6 @@ def cross_node_sent(records: list[Record], rank: int, gpus_per_node: int) -> dic
         else:
             leaves = len({g // gpus_per_node for g in r.group_ranks}) > 1
         if leaves and r.bytes_sent:
-            out[r.op] = out.get(r.op, 0) + r.bytes_sent
+            name = group_of(r, grid, rank)
+            out[name] = out.get(name, 0) + r.bytes_sent
     return out

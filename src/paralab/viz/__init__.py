@@ -7,6 +7,7 @@ ParallelDims grids; the others are named after the axis or composition they draw
 from paralab.viz.cfgp import plot_cfg_branches, plot_cfgp_timeline, plot_step_traffic
 from paralab.viz.collectives import plot_collective
 from paralab.viz.common import PALETTE, plot_diff_heatmap, plot_rank_strip, show
+from paralab.viz.compose import plot_group_bytes, plot_rank_places
 from paralab.viz.cp import (
     plot_causal_ownership,
     plot_cp_bytes,
@@ -75,6 +76,7 @@ __all__ = [
     "plot_drop_rate",
     "plot_error_by_token",
     "plot_fsdp_timeline",
+    "plot_group_bytes",
     "plot_group_phase_bytes",
     "plot_lb_loads",
     "plot_lb_protocol",
@@ -85,6 +87,7 @@ __all__ = [
     "plot_pipeline_samples",
     "plot_pipeline_timeline",
     "plot_rank_groups",
+    "plot_rank_places",
     "plot_rank_strip",
     "plot_ring_timeline",
     "plot_scale_scatter",

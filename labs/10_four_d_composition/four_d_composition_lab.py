@@ -1,0 +1,492 @@
+# %% [markdown]
+# # Lab 10 — All the training axes on one set of ranks: world = DP × CP × TP × PP (EP on DP × TP)
+#
+# **You will learn** how one descriptor gives every rank its place when every training axis
+# consumes ranks (`world = dp_replicate · dp_shard · cp · tp · pp`); why the doc group lays
+# them out inner → outer TP → CP → PP → DP and torchtitan pp outermost; how the tensor-,
+# context-, pipeline- and data-parallel code of labs 01, 02, 07 and 08 (and lab 09's experts)
+# runs together in one training step, unchanged; which group carries the most bytes, at this
+# lab's toy size and at Llama-3-8B's; and why TP outermost computes the same bits but is the
+# wrong layout on real hardware. **Prerequisites:** labs 07 (tensor parallelism), 08
+# (pipelines), 02 (the ring), 01 (FSDP, HSDP) and 09 (experts). **Time:** about 40 minutes to
+# read; the run time of this notebook is printed by its last cell.
+#
+# **Two readings of the same ranks.** Lab 00's `ParallelDims` (and Cosmos's) reads cp as an
+# *overlay*: the dp ranks grouped a second time. That works because cp partners hold the
+# **same** parameters. tp and pp partners hold **different** parameters (a column of a
+# weight, a later stage), so they cannot be two dp ranks at once: they must **consume**
+# ranks. torchtitan's `ParallelDims` consumes a rank for every axis, cp included; so does
+# this lab's `Grid`:
+#
+#     world = dp_replicate × dp_shard × cp × tp × pp    (ep reuses dp_shard × cp, × tp when etp = 1)
+#     rank layout, inner -> outer:  TP -> CP -> PP -> DP
+#
+# | axis | what its partners hold | what travels | how often |
+# |---|---|---|---|
+# | tp | different columns of every weight | all-reduces of every activation | 4 per block per micro-batch, on the critical path |
+# | cp | the same weights, other tokens | K/V blocks round the ring | per attention, overlapped with compute |
+# | pp | different layers | one activation per boundary | per micro-batch, point to point |
+# | dp (dp_shard × dp_replicate) | the same weights (sharded), other samples | gradients and parameters | once per step |
+
+# %%
+import time
+
+import torch
+from IPython.display import Markdown, display
+
+from paralab import viz
+from paralab.check import claim, summary, verdict_table
+from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
+from paralab.compose.bridge import from_overlay, to_overlay
+from paralab.compose.costs import group_phase_bytes, per_group
+from paralab.compose.model import CONFIG
+from paralab.compose.runs import (
+    check_bytes,
+    check_params,
+    compose_worker,
+    cross_node_bytes,
+    describe,
+    measured_bytes,
+    train,
+)
+from paralab.exercises.lab10 import replica_setup
+from paralab.launch import run
+from paralab.parallel_dims import ParallelDims, predict_groups
+from paralab.tables import text_table
+from paralab.tp.model import LMConfig
+from paralab.viz import show
+
+LAB_START = time.monotonic()
+print(CONFIG)
+
+# %% [markdown]
+# ## 1. The descriptor: every axis consumes ranks
+#
+# A rank's place is one coordinate per axis, read off its global rank in mixed radix with the
+# axes in `order` (outer → inner). A group is the ranks that agree on every other axis;
+# flattened groups are named as torchtitan names them: `dp` (which sample a rank loads),
+# `dp_shard_cp` (the FSDP group: cp partners hold the same parameters), `dp_cp` (the loss and
+# gradient-mean group), and `ep` carved from dp_shard × cp (`dp_shard = dp_shard_mod_ep ×
+# dp_shard_in_ep`).
+
+# %%
+# show: paralab.compose.grid.Grid
+
+# %% [markdown]
+# **Predict** before running: on 16 ranks with dp_replicate 2 × cp 2 × tp 2 × pp 2, in the
+# doc group's order, what are rank 5's coordinates, and who are its tp, cp, pp and
+# dp_replicate partners? How far apart are partners on each axis?
+
+# %%
+GRID16 = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=DOC_ORDER)
+print("rank 5:", GRID16.coords(5))
+print({name: GRID16.group(5, name) for name in ("tp", "cp", "pp", "dp_replicate", "dp_cp")})
+rows = []
+for order, label in (
+    (DOC_ORDER, "doc group"),
+    (TORCHTITAN_ORDER, "torchtitan"),
+    (TP_OUTERMOST, "tp outermost"),
+):
+    g = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=order)
+    rows.append(
+        [label, " -> ".join(reversed(order))]
+        + [g.stride(a) for a in ("tp", "cp", "pp", "dp_replicate")]
+    )
+print(text_table(["layout", "inner -> outer", "tp", "cp", "pp", "dp_replicate"], rows))
+
+# %% [markdown]
+# The doc group and torchtitan agree up to pp and dp: torchtitan puts pp **outermost**
+# (`pp, dp_replicate, dp_shard, cp, tp`, outer first), the doc group dp. Each has its reason.
+# torchtitan's pipeline crosses the slowest links: its P2P is small and infrequent, and with
+# pp outermost each pipeline stage is a contiguous block of nodes that can hold the whole
+# data-parallel job of one stage. The doc group puts DP outermost because its traffic comes
+# once per step and overlaps with the backward, so it tolerates the slowest link best; PP
+# then sits between CP and DP. Both keep TP innermost, on NVLink.
+#
+# **Validation names the axis.** Every rule below is torchtitan's (re-expressed and tested
+# on every configuration up to 64 ranks in `tests/test_compose_grid.py`: the same
+# accept/reject decision and, in torchtitan's order, every rank's groups the same lists).
+
+# %%
+rule_checks = []
+for sizes, word in (
+    (dict(cp=0), "cp"),
+    (dict(dp_shard=0), "dp_shard"),
+    (dict(tp=3), "world"),
+    (dict(tp=2, ep=2, etp=4), "etp"),
+    (dict(cp=2, ep=3), "ep = 3"),
+):
+    try:
+        Grid(8, **sizes)
+        message = "accepted"
+    except GridError as exc:
+        message = str(exc)
+    rule_checks.append(
+        claim(f"Grid(8, {sizes}) rejected, naming {word!r}", word in message, message)
+    )
+print(verdict_table(rule_checks, "validation"))
+
+# %% [markdown]
+# **The bridge to Cosmos.** An overlay `ParallelDims(world, dp_shard=S, cp=C)` (lab 00) is the
+# consuming `Grid(world, dp_replicate=world/S, dp_shard=S/C, cp=C)`: the overlay's dp_shard
+# group is Grid's `dp_shard_cp`, its cp group Grid's cp. **Predict:** which of these has no
+# bridge, and why: `ParallelDims(8, dp_shard=1, cp=2)`, `Grid(8, tp=2)`?
+
+# %%
+# show: paralab.compose.bridge.from_overlay paralab.compose.bridge.to_overlay
+
+# %%
+overlay = ParallelDims(8, dp_shard=4, cp=2)
+bridged = from_overlay(overlay)
+same = all(
+    list(bridged.group(r, ours)) == predict_groups(overlay, r)[theirs]
+    for r in range(8)
+    for theirs, ours in (
+        ("cp", "cp"),
+        ("dp_shard", "dp_shard_cp"),
+        ("dp_replicate", "dp_replicate"),
+    )
+)
+bridge_checks = [
+    claim(
+        "ParallelDims(8, dp_shard=4, cp=2) -> Grid: the same cp, FSDP and replica groups",
+        same,
+        f"Grid(dp_replicate={bridged.dp_replicate}, dp_shard={bridged.dp_shard}, cp={bridged.cp})",
+    )
+]
+for label, attempt in (
+    (
+        "ParallelDims(8, dp_shard=1, cp=2) -> Grid",
+        lambda: from_overlay(ParallelDims(8, dp_shard=1, cp=2)),
+    ),
+    ("Grid(8, tp=2) -> ParallelDims", lambda: to_overlay(Grid(8, tp=2))),
+):
+    try:
+        attempt()
+        message = "bridged"
+    except GridError as exc:
+        message = str(exc)
+    bridge_checks.append(claim(f"{label}: no bridge", message != "bridged", message))
+print(verdict_table(bridge_checks, "the bridge"))
+
+# %% [markdown]
+# ## 2. Every rank's place
+#
+# **Predict:** in the picture below each row is one node of 8 GPUs. Which axes' groups stay
+# inside a row (a node), and which cross between the two rows?
+
+# %%
+show(viz.plot_rank_places(GRID16))
+
+# %% [markdown]
+# tp, cp and pp groups stay inside a node; only dp_replicate partners are 8 ranks apart, on
+# the other node.
+#
+# ## 3. One step, every axis from its own package
+#
+# The model is lab 07's `TinyLM` (float64, 2 blocks, 4 heads, hidden 16, 8 tokens, 4
+# sequences per sample), cut three ways: `tp.model.tensor_parallel` over tp; each attention's
+# `attend` swapped for lab 02's `ring_attention` on zigzag shards over cp; by depth into
+# `LMStage`s over pp. The step runs lab 08's 1F1B executor (m = 2·pp), its messages addressed
+# to the global ranks of the pp group, then lab 01's reduce-scatter over `dp_shard_cp` with
+# the all-reduce over `dp_replicate` (HSDP), the SGD step on the 1/N shard, and the all-gather
+# (ZeRO-2: gradients and the step sharded, the parameters whole between steps).
+
+# %%
+# show: paralab.compose.model.LMStage paralab.compose.model.context_parallel
+
+# %%
+# show: paralab.compose.runs.fsdp_groups paralab.compose.runs.one_step
+
+# %% [markdown]
+# ## 4. Four rows on real ranks, element by element
+#
+# **Predict** before running: each row trains 2 SGD steps and gathers the full parameters on
+# every rank. One process trains the same model on the global batch (one sample of 4
+# sequences per dp rank). Do they agree to rounding (1e-12 of each tensor's scale)? Is every
+# rank's copy bitwise the same?
+
+# %%
+ROWS = {
+    "dp 2 x tp 2 x pp 2": Grid(8, dp_shard=2, tp=2, pp=2),
+    "dp_shard 2 x cp 2 x tp 2": Grid(8, dp_shard=2, cp=2, tp=2),
+    "dp 2 x cp 2 x tp 2 x pp 2": GRID16,
+}
+RESULTS = {
+    label: run(compose_worker, grid.world, grid, timeout=120) for label, grid in ROWS.items()
+}
+MOE_GRID = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
+moe_params = run(train, 8, 8, dp_shard=4, tp=2, ep=2, timeout=120)
+row_verdicts = [
+    summary(
+        f"{describe(grid)}: parameters after 2 steps",
+        check_params([p for p, _ in RESULTS[label]], grid),
+    )
+    for label, grid in ROWS.items()
+]
+row_verdicts.append(
+    summary(
+        "8 ranks: MoE dp_shard 4 x tp 2, ep 2 carved from dp: parameters after 2 steps",
+        check_params(moe_params, MOE_GRID, moe=True),
+    )
+)
+print(verdict_table(row_verdicts, "the rows"))
+print(
+    "MoE ep groups:",
+    MOE_GRID.groups("ep"),
+    " experts replicated over:",
+    MOE_GRID.groups("dp_shard_mod_ep"),
+)
+
+# %% [markdown]
+# In the MoE row the experts are tensor-parallel (etp = tp, torchtitan's ETP=TP) and split
+# over the ep group `{0, 2}`: two dp_shard ranks with the same tp coordinate. Each expert's
+# gradient already sums the tokens of its ep group (combine's backward brought them), so the
+# mean over the loss group is the reduce-scatter's mean over `dp_shard_mod_ep` divided once
+# more by ep (lab 09's lesson). `tests/test_compose_runs.py` reduces the experts like the
+# dense weights instead, and the check fails.
+#
+# ## 5. Bytes per group and phase = the closed form
+#
+# **Predict:** in the 16-rank row, which group does the heaviest rank send the most bytes
+# over in one step: tp, cp, pp, dp_shard_cp or dp_replicate? The closed form builds on each
+# axis's own `costs.py`:
+
+# %%
+# show: paralab.compose.costs.group_phase_bytes
+
+# %%
+bytes_verdicts = [
+    summary(
+        f"{describe(grid)}: ledger = formula, every rank",
+        check_bytes([r for _, r in RESULTS[label]], grid),
+    )
+    for label, grid in ROWS.items()
+]
+print(verdict_table(bytes_verdicts, "bytes per group and phase"))
+per_phase = measured_bytes(RESULTS["dp 2 x cp 2 x tp 2 x pp 2"][0][1], GRID16, 0)
+print(
+    text_table(
+        ["group", "phase", "rank 0 sent (B)"],
+        [[g, p, b] for (g, p), b in sorted(per_phase.items()) if b],
+    )
+)
+
+# %% [markdown]
+# These are the modelled bytes at the API (ring all-reduce 2(n−1)/n·S, ...), counted by the
+# ledger, not what gloo moves. The same formulas at a real size: Llama-3-8B's shapes (hidden
+# 4096, 32 heads, ffn 14336, 32 blocks, vocabulary 128256), sequence 8192, bf16, one
+# sequence per micro-batch, on the 16-rank grid and on 128 GPUs (tp 8 × cp 2 × pp 4 ×
+# dp_replicate 2). They are this lab's block (full multi-head attention, a two-matrix MLP):
+# Llama's 8 KV heads would make the ring's K/V a quarter as large, and its SwiGLU MLP adds
+# a third matrix to the parameters the dp groups move; the activations tp reduces are the same.
+
+# %%
+LLAMA16 = LMConfig(vocab=128256, hidden=4096, heads=32, ffn=14336, blocks=32, seq=8192, batch=4)
+GRID128 = Grid(128, dp_replicate=2, cp=2, tp=8, pp=4)
+LLAMA128 = LMConfig(vocab=128256, hidden=4096, heads=32, ffn=14336, blocks=32, seq=8192, batch=8)
+TABLES = {
+    "toy, 16 ranks (float64)": per_group(GRID16, CONFIG, 4),
+    "Llama-3-8B shapes, 16 ranks (bf16)": per_group(GRID16, LLAMA16, 4, itemsize=2),
+    "Llama-3-8B shapes, 128 GPUs, tp 8 (bf16)": per_group(GRID128, LLAMA128, 8, itemsize=2),
+}
+names = list(next(iter(TABLES.values())))
+print(
+    text_table(
+        ["group"] + list(TABLES),
+        [
+            [n]
+            + [
+                f"{t[n]:.4g} B" if i == 0 else f"{t[n] / 1e9:.4g} GB"
+                for i, t in enumerate(TABLES.values())
+            ]
+            for n in names
+        ],
+    )
+)
+show(viz.plot_group_bytes(TABLES))
+heaviest = {label: max(t, key=t.get) for label, t in TABLES.items()}
+print("heaviest group:", heaviest)
+
+# %% [markdown]
+# At toy size the parameters dominate (16-wide layers, 8 tokens): the FSDP group is the
+# heaviest. At a real size the activations dominate, and tp, which reduces every block's
+# activation four times per micro-batch, is the heaviest by far, and on the critical path:
+# the argument for putting TP on NVLink.
+#
+# ## 6. The wrong layout: TP outermost
+#
+# **Predict:** the same 16-rank row with tp partners 8 ranks apart (`TP_OUTERMOST`). Same
+# bits? On two nodes of 8 GPUs, whose traffic crosses the network now, and how many bytes?
+
+# %%
+WRONG = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=TP_OUTERMOST)
+wrong_results = run(compose_worker, 16, WRONG, timeout=120)
+right_params = [p for p, _ in RESULTS["dp 2 x cp 2 x tp 2 x pp 2"]]
+same_bits = all(
+    torch.equal(a[k], b[k]) for (a, _), b in zip(wrong_results, right_params) for k in b
+)
+crossing = {}
+for label, grid, results in (
+    ("doc group", GRID16, RESULTS["dp 2 x cp 2 x tp 2 x pp 2"]),
+    ("tp outermost", WRONG, wrong_results),
+):
+    totals: dict[str, int] = {}
+    for rank, (_, records) in enumerate(results):
+        for group, nbytes in cross_node_bytes(records, grid, rank, gpus_per_node=8).items():
+            totals[group] = totals.get(group, 0) + nbytes
+    crossing[label] = totals
+print(
+    text_table(
+        ["layout", "bytes leaving a node, all ranks, one step"],
+        [[k, dict(sorted(v.items()))] for k, v in crossing.items()],
+    )
+)
+tp_total = sum(
+    group_phase_bytes(WRONG, r, CONFIG, 4).get(("tp", p), 0)
+    for r in range(16)
+    for p in ("forward", "backward")
+)
+wrong_verdicts = [
+    claim(
+        "tp outermost: the same parameters, bitwise, on every rank",
+        same_bits,
+        "torch.equal on every tensor",
+    ),
+    summary(
+        "tp outermost: ledger = formula, every rank",
+        check_bytes([r for _, r in wrong_results], WRONG),
+    ),
+    claim(
+        "doc group: only dp_replicate crosses nodes",
+        set(crossing["doc group"]) == {"dp_replicate"},
+        str(sorted(crossing["doc group"])),
+    ),
+    claim(
+        "tp outermost: all of tp's bytes cross nodes (ledger = tp's closed form)",
+        crossing["tp outermost"].get("tp") == tp_total,
+        f"{crossing['tp outermost'].get('tp')} B = {tp_total} B",
+    ),
+]
+print(verdict_table(wrong_verdicts, "the wrong layout"))
+
+# %% [markdown]
+# The bits are the same because a layout only renames ranks: every group has the same
+# members in the same group order, so every collective adds the same numbers in the same
+# order. On real hardware the tp all-reduces, the largest and most frequent traffic and on
+# the critical path of every block, now go over the inter-node network (tens of GB/s)
+# instead of NVLink (hundreds), while dp_replicate's once-per-step all-reduce moves inside a
+# node where it was cheap to hide anyway.
+#
+# ## 7. Bug clinic: a requested HSDP
+#
+# A change planted in the step, handed to the ranks as a patch set, `run(...,
+# patches=replica_setup())` (`paralab.exercises.lab10`; do not read it yet). It replaces one
+# function. Below, the 16-rank row runs with it: HSDP requested, dp_replicate 2 across the
+# two nodes.
+
+# %%
+changed = run(compose_worker, 16, GRID16, timeout=120, patches=replica_setup())
+used = sorted({r.group_ranks for r in changed[0][1] if r.phase == "grad sync"})
+clinic_verdicts = [
+    summary(
+        "clinic: the parameters still equal one process",
+        check_params([p for p, _ in changed], GRID16),
+    ),
+    claim(
+        "clinic: the bytes per group and phase do not match the formula",
+        not all(v.passed for v in check_bytes([r for _, r in changed], GRID16)),
+        f"rank 0 reduced over {used}; the formula's groups: {GRID16.group(0, 'dp_shard_cp')}, {GRID16.group(0, 'dp_replicate')}",
+    ),
+]
+print(verdict_table(clinic_verdicts, "bug clinic"))
+print(
+    "rank 0's gradient groups:",
+    used,
+    " crossing nodes:",
+    cross_node_bytes(changed[0][1], GRID16, 0, 8),
+)
+
+# %% [markdown]
+# **What is wrong?** The parameters are right. Read which groups rank 0 reduced over, and
+# compare with the grid's `dp_shard_cp` and `dp_replicate`.
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `replica_setup` swaps `fsdp_groups` for `one_flat_group`: the FSDP group becomes `dp_cp`,
+# every data-parallel rank (with cp), and the replicate group is gone. What was requested as
+# HSDP (shard inside a node, all-reduce the shard across the two nodes) runs as FSDP over all
+# four ranks of `{0, 2, 8, 10}`, across both nodes. The mean of means over replicas equals
+# the mean over all, so every parameter is right: the element-wise check cannot see it. The
+# group table does: the reduce-scatter and the all-gather now span the network, and the
+# replica all-reduce never runs.
+#
+# This is torchtitan's issue pytorch/torchtitan#711: with `data_parallel_replicate_degree =
+# 2` and `data_parallel_shard_degree = 8` on two nodes, a change in `parallelize_llama` built
+# the FSDP mesh from the flattened `dp` mesh, "one communicator formed with all 16 ranks",
+# visible only in the profiles. The fix is the decision `fsdp_groups` makes: shard over
+# `dp_shard_cp`, replicate over `dp_replicate`, as torchtitan's `parallelize` does again.
+# </details>
+
+# %% [markdown]
+# ## Closing note
+
+# %%
+display(
+    Markdown(
+        "Bytes per step of each group's heaviest rank, from the same closed forms the ledger matched "
+        "on every rank of every row (toy in B, real in GB):\n\n"
+        + "| group | "
+        + " | ".join(TABLES)
+        + " |\n|---|"
+        + "---|" * len(TABLES)
+        + "\n"
+        + "\n".join(
+            f"| {n} | "
+            + " | ".join(
+                f"{t[n]:.4g}" if i == 0 else f"{t[n] / 1e9:.4g}"
+                for i, t in enumerate(TABLES.values())
+            )
+            + " |"
+            for n in names
+        )
+        + "\n\nFour rows matched one process element by element in float64 (8 ranks dp × tp × pp, "
+        "8 ranks dp_shard × cp × tp, 16 ranks dp × cp × tp × pp, the MoE row with ep carved from dp); "
+        "TP outermost gave the same bits and sent all of tp's bytes across the two nodes. "
+        "The last cell prints this run's time."
+    )
+)
+
+# %% [markdown]
+# ## What to try
+#
+# 1. Put the 16-rank row in torchtitan's order: `g = Grid(16, dp_replicate=2, cp=2, tp=2,
+#    pp=2, order=TORCHTITAN_ORDER)`, `out = run(compose_worker, 16, g)`. Same bits as the doc
+#    group's? Which group crosses the two nodes now (`cross_node_bytes(out[0][1], g, 0, 8)`)?
+#
+#    <details><summary>Hint</summary>The same bits. pp is now 8 ranks apart, so rank 0's
+#    sends to stage 1 cross the nodes (`pp`), and dp_replicate stays inside a node.</details>
+# 2. Run the clinic's patch set on the 8-rank row without replicas: `run(compose_worker, 8,
+#    ROWS["dp 2 x tp 2 x pp 2"], patches=replica_setup())`, then `check_bytes`. Does the
+#    bug show there?
+#
+#    <details><summary>Hint</summary>No: with dp_replicate = 1 and cp = 1, `dp_cp` and
+#    `dp_shard_cp` are the same ranks, so the planted change is the same step; the bug only
+#    exists once HSDP is requested.</details>
+# 3. Ask the descriptor for an ep group the experts cannot have: `Grid(8, dp_shard=2, cp=2,
+#    tp=2, ep=2, etp=1)`. What does it say, and why must ep borrow all of cp and tp when the
+#    experts are not tensor-parallel?
+#
+#    <details><summary>Hint</summary>It raises `ep = 2 must be a multiple of cp x tp = 4`:
+#    with etp = 1 every tp rank holds whole experts, so the tokens of all of cp and tp must
+#    reach them through the ep all-to-all.</details>
+# 4. Evaluate the formulas at another size: `per_group(Grid(64, cp=2, tp=8, pp=4), LLAMA128,
+#    8, itemsize=2)` (dp_shard inferred: 1). Which group is heaviest, and what does dp cost?
+#
+#    <details><summary>Hint</summary>tp still, by an order of magnitude; with dp_shard = 1
+#    the FSDP group is the cp pair, and there are no replicas: `dp_replicate` is absent.</details>
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"lab run time: {time.monotonic() - LAB_START:.1f} s")
