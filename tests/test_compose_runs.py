@@ -1,8 +1,9 @@
 """`compose.train` on real ranks: the cheaper rows of lab 10, element by element in float64.
 
 In the tests: 8 ranks dp_shard 2 × tp 2 × pp 2 (1F1B, m = 4; parameters and the ledger's
-bytes per group and phase), the same with tp outermost (the same bits), and 8 ranks
-dp_shard 2 × cp 2 × tp 2 through the public `train`. The 16-rank row
+bytes per group and phase), the same with tp outermost (the same bits), 8 ranks
+dp_shard 2 × cp 2 × tp 2 through the public `train`, and the MoE row dp_shard 4 × tp 2 with
+ep 2 (through `train`, and its bytes from the routed counts; a known-wrong expert reduction). The 16-rank row
 dp_replicate 2 × cp 2 × tp 2 × pp 2 runs in the lab (`labs/10_four_d_composition`).
 """
 
@@ -14,7 +15,13 @@ import torch
 from paralab.compose import TP_OUTERMOST, Grid, reference, train
 from paralab.compose.costs import group_phase_bytes
 from paralab.compose.model import CONFIG
-from paralab.compose.runs import check_bytes, check_params, compose_worker
+from paralab.compose.runs import (
+    check_bytes,
+    check_params,
+    compose_worker,
+    measured_bytes,
+    moe_worker,
+)
 from paralab.launch import run
 
 
@@ -68,6 +75,15 @@ def test_moe_dp4_tp2_with_ep2_carved_from_dp_equals_one_process():
     got = run(train, 8, 8, dp_shard=4, tp=2, ep=2, timeout=120)
     all_pass(check_params(got, grid, moe=True))
     assert any(".mlp.moe.experts.3.fc1.weight" in k for k in got[0])
+
+
+def test_moe_bytes_per_group_and_phase_equal_the_formula_from_the_routed_counts():
+    grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
+    out = run(moe_worker, 8, grid, timeout=120)
+    all_pass(check_params([p for p, _, _ in out], grid, moe=True))
+    all_pass(check_bytes([r for _, r, _ in out], grid, send_counts=[c for _, _, c in out]))
+    groups = {g for g, _ in measured_bytes(out[0][1], grid, 0)}
+    assert {"ep", "dp_shard_mod_ep", "tp", "dp_shard_cp"} <= groups
 
 
 def test_moe_experts_reduced_as_dense_parameters_fail_the_check():

@@ -47,7 +47,7 @@ from paralab.compose.runs import (
     cross_node_bytes,
     describe,
     measured_bytes,
-    train,
+    moe_worker,
 )
 from paralab.exercises.lab10 import replica_setup
 from paralab.launch import run
@@ -216,7 +216,7 @@ RESULTS = {
     label: run(compose_worker, grid.world, grid, timeout=120) for label, grid in ROWS.items()
 }
 MOE_GRID = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
-moe_params = run(train, 8, 8, dp_shard=4, tp=2, ep=2, timeout=120)
+MOE = run(moe_worker, 8, MOE_GRID, timeout=120)
 row_verdicts = [
     summary(
         f"{describe(grid)}: parameters after 2 steps",
@@ -227,7 +227,7 @@ row_verdicts = [
 row_verdicts.append(
     summary(
         "8 ranks: MoE dp_shard 4 x tp 2, ep 2 carved from dp: parameters after 2 steps",
-        check_params(moe_params, MOE_GRID, moe=True),
+        check_params([p for p, _, _ in MOE], MOE_GRID, moe=True),
     )
 )
 print(verdict_table(row_verdicts, "the rows"))
@@ -250,7 +250,9 @@ print(
 #
 # **Predict:** in the 16-rank row, which group does the heaviest rank send the most bytes
 # over in one step: tp, cp, pp, dp_shard_cp or dp_replicate? The closed form builds on each
-# axis's own `costs.py`:
+# axis's own `costs.py`; the MoE row's (`moe_group_phase_bytes`) reads the routed counts, as
+# lab 09's does, since the all-to-alls and the experts' tp all-reduces move what the router
+# sent:
 
 # %%
 # show: paralab.compose.costs.group_phase_bytes
@@ -263,6 +265,12 @@ bytes_verdicts = [
     )
     for label, grid in ROWS.items()
 ]
+bytes_verdicts.append(
+    summary(
+        "8 ranks: MoE dp_shard 4 x tp 2, ep 2: ledger = formula from the routed counts, every rank",
+        check_bytes([r for _, r, _ in MOE], MOE_GRID, send_counts=[c for _, _, c in MOE]),
+    )
+)
 print(verdict_table(bytes_verdicts, "bytes per group and phase"))
 per_phase = measured_bytes(RESULTS["dp 2 x cp 2 x tp 2 x pp 2"][0][1], GRID16, 0)
 print(

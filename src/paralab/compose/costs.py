@@ -22,8 +22,12 @@ all-reduce 2(n-1)/n, ...), not what a backend moves on a wire.
 
 from __future__ import annotations
 
+import torch
+
 from paralab.compose.grid import Grid
 from paralab.cp.costs import ring_bytes
+from paralab.ep.costs import layer_bytes, split_matrix
+from paralab.ep.model import MoEConfig
 from paralab.fsdp.costs import ITEMSIZE, traffic_formula
 from paralab.pp.costs import step_bytes_sent
 from paralab.tp.costs import all_reduce_bytes, block_bytes
@@ -87,6 +91,62 @@ def group_phase_bytes(
     add("dp_shard_cp", "grad sync", round(dp["reduce_scatter_tensor"] * scale))
     add("dp_replicate", "grad sync", round(dp.get("all_reduce", 0) * scale))
     add("dp_shard_cp", "param gather", round(dp["all_gather_into_tensor"] * scale))
+    return out
+
+
+def moe_group_phase_bytes(
+    grid: Grid,
+    rank: int,
+    config: LMConfig,
+    moe: MoEConfig,
+    group_send_counts: list[list[torch.Tensor]],
+    itemsize: int = ITEMSIZE,
+) -> dict[tuple[str, str], int]:
+    """The MoE model's bytes (pp = cp = 1, one micro-batch), from the routed counts.
+
+    `group_send_counts[i][b]`: the (E,) rows rank i of this rank's ep group sends each expert in
+    block b. The dense formula, less each block's MLP f and g on tp; per block, the ep layer's
+    count exchange, dispatch and combine (`ep.costs.layer_bytes`) and, for each local expert,
+    the f and g of its R rows over tp (R·h numbers); the dense parameters over dp_shard_cp,
+    the local experts' over dp_shard_mod_ep."""
+    if grid.pp > 1 or grid.cp > 1:
+        raise ValueError("the MoE formula covers pp = cp = 1")
+    tp, ep, experts, h = grid.tp, grid.ep, moe.experts, config.hidden
+    out = group_phase_bytes(grid, rank, config, 1, itemsize)
+    a = config.batch * config.seq * h * itemsize
+    me = grid.group(rank, "ep").index(rank)
+    local = experts // ep
+    for phase in ("forward", "backward"):
+        out[("tp", phase)] -= config.blocks * all_reduce_bytes(a, tp)  # the dense MLP's g, f
+    for key in [k for k in out if k[0] in ("dp_shard_cp", "dp_replicate")]:
+        del out[key]
+
+    def add(group: str, phase: str, nbytes: int) -> None:
+        if nbytes:
+            out[(group, phase)] = out.get((group, phase), 0) + nbytes
+
+    for block in range(config.blocks):
+        counts = [sent[block] for sent in group_send_counts]
+        calls = layer_bytes(split_matrix(counts, ep), me, h, experts)
+        for call, nbytes in calls.items():
+            add("ep", "backward" if "backward" in call else "forward", nbytes)
+        for j in range(local):
+            rows = sum(int(c[me * local + j]) for c in counts)
+            for phase in ("forward", "backward"):
+                add("tp", phase, all_reduce_bytes(rows * h * itemsize, tp))
+    mlp = config.ffn * h // tp + config.ffn // tp + h * config.ffn // tp + h
+    expert = moe.hidden * h // tp + moe.hidden // tp + h * moe.hidden // tp + h
+    dense = stage_numel(config, tp, 0, 1) - config.blocks * (mlp - experts * h)  # + the gate
+    units = (
+        ("dp_shard_cp", dense, grid.size("dp_shard_cp")),
+        ("dp_shard_mod_ep", config.blocks * local * expert, grid.size("dp_shard_mod_ep")),
+    )
+    replicas = grid.dp_replicate
+    for group, numel, shard in units:
+        dp = traffic_formula("fsdp", [numel], shard * replicas, replicas, False)
+        add(group, "grad sync", dp["reduce_scatter_tensor"])
+        add("dp_replicate", "grad sync", dp.get("all_reduce", 0))
+        add(group, "param gather", dp["all_gather_into_tensor"])
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paralab.ep.model import MoEConfig, MoELayer, shard_experts
+from paralab.ep.model import MoEConfig, MoELayer, Routing, shard_experts
 from paralab.tp.layers import ColumnParallelLinear, RowParallelLinear
 from paralab.tp.model import LMConfig, TinyLM
 
@@ -34,10 +34,12 @@ class MoEMLP(nn.Module):
         super().__init__()
         self.moe, self.config = layer, layer.config
         self.aux: torch.Tensor | None = None
+        self.routing: Routing | None = None
+        """The last forward's routing: the counts the bytes formula reads."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, routing = self.moe(x.reshape(-1, x.shape[-1]))
-        self.aux = routing.aux
+        self.aux, self.routing = routing.aux, routing
         return y.reshape(x.shape)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from paralab.check import Verdict, compare
-from paralab.compose.costs import group_phase_bytes
+from paralab.compose.costs import group_phase_bytes, moe_group_phase_bytes
 from paralab.compose.grid import DOC_ORDER, Grid
 from paralab.compose.model import (
     CONFIG,
@@ -33,7 +33,7 @@ from paralab.compose.model import (
     microbatch_lm_loss,
     positions_of,
 )
-from paralab.compose.moe import aux_loss, expert_parallel, is_expert, with_experts
+from paralab.compose.moe import aux_loss, expert_parallel, is_expert, moe_config, with_experts
 from paralab.cp.layout import shard_sequence
 from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params, reduce_scatter_grads
 from paralab.fsdp.zero import unflatten as unflatten_unit
@@ -48,10 +48,10 @@ GROUPS = ("tp", "cp", "pp", "dp_shard_cp", "dp_replicate", "dp_cp")
 EXPERT_GROUPS = ("ep", "dp_shard_mod_ep")
 """The groups a step talks over (ep joins them in an MoE model)."""
 PHASES = {
-    "forward": ("tp", "cp", "pp"),
-    "backward": ("tp", "cp", "pp"),
-    "grad sync": ("dp_shard_cp", "dp_replicate"),
-    "param gather": ("dp_shard_cp",),
+    "forward": ("tp", "cp", "pp", "ep"),
+    "backward": ("tp", "cp", "pp", "ep"),
+    "grad sync": ("dp_shard_cp", "dp_replicate", "dp_shard_mod_ep"),
+    "param gather": ("dp_shard_cp", "dp_shard_mod_ep"),
 }
 """Which groups each phase talks over: the ledger's records are named by their ranks."""
 
@@ -270,6 +270,24 @@ def compose_worker(
     return gathered(state), records
 
 
+def moe_worker(grid: Grid, steps: int = 2, seed: int = 0):
+    """On every rank: the MoE model's steps on `grid`, step 0 under the ledger.
+
+    Returns (full parameters, step 0's ledger records, step 0's (E,) send counts per block)."""
+    state = setup(grid, None, seed, moe=True)
+    records: list[Record] = []
+    counts: list[torch.Tensor] = []
+    for step in range(steps):
+        if step == 0:
+            with Ledger() as led:
+                one_step(state, led)
+            records = led.records
+            counts = [m.routing.send_counts for m in state.stage.modules() if hasattr(m, "routing")]
+        else:
+            one_step(state)
+    return gathered(state), records, counts
+
+
 def reference(
     *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -337,13 +355,29 @@ def measured_bytes(records: list[Record], grid: Grid, rank: int) -> dict[tuple[s
 
 
 def check_bytes(
-    records: list[list[Record]], grid: Grid, microbatches: int | None = None
+    records: list[list[Record]],
+    grid: Grid,
+    microbatches: int | None = None,
+    send_counts: list[list[torch.Tensor]] | None = None,
 ) -> list[Verdict]:
-    """Every rank's bytes per (group, phase) from the ledger vs `costs.group_phase_bytes`, exact.
+    """Every rank's bytes per (group, phase) from the ledger vs `costs.group_phase_bytes` (or,
+    given every rank's routed `send_counts` per block, `costs.moe_group_phase_bytes`), exact.
     Returns one verdict over the [rank, (group, phase)] table; a key only one side has counts."""
     m = microbatches or default_microbatches(grid.pp)
     measured = [measured_bytes(recs, grid, rank) for rank, recs in enumerate(records)]
-    formula = [group_phase_bytes(grid, rank, CONFIG, m) for rank in range(grid.world)]
+    if send_counts is None:
+        formula = [group_phase_bytes(grid, rank, CONFIG, m) for rank in range(grid.world)]
+    else:
+        formula = [
+            moe_group_phase_bytes(
+                grid,
+                rank,
+                CONFIG,
+                moe_config(CONFIG),
+                [send_counts[r] for r in grid.group(rank, "ep")],
+            )
+            for rank in range(grid.world)
+        ]
     keys = sorted({k for table in measured + formula for k in table})
     got = torch.tensor([[table.get(k, 0) for k in keys] for table in measured])
     want = torch.tensor([[table.get(k, 0) for k in keys] for table in formula])
