@@ -128,32 +128,40 @@ def test_the_numbers_the_prose_quotes():
         k: block_saved_bytes(CONFIG, *k)
         for k in ((1, False), (2, False), (2, True), (4, False), (4, True))
     }
-    assert [sum(v.values()) for v in saved.values()] == [113664, 75648, 66048, 56640, 42240]
+    assert [sum(v.values()) for v in saved.values()] == [113664, 75648, 56832, 56640, 28416]
+    one_process = sum(saved[(1, False)].values())
+    for tp in (2, 3, 4):  # Korthikanti's accounting: under SP a rank saves 1/tp of one process
+        assert sum(block_saved_bytes(CONFIG, tp, True).values()) * tp == one_process
     sp4 = saved[(4, True)]
-    assert sp4["column inputs"] == 18432
-    shard_only = sum(sp4.values()) - sp4["column inputs"] + sp4["column inputs"] // 4
-    assert shard_only == 28416 == sum(saved[(1, False)].values()) // 4
+    assert sp4["column inputs"] == 4608
+    gathered_kept = sum(sp4.values()) - sp4["column inputs"] + 4 * sp4["column inputs"]
+    assert gathered_kept == 42240
+    regathers = block_bytes(activation_bytes(CONFIG), 4, True)[("backward", "all_gather_single")]
+    assert regathers[1] - 2 * all_gather_bytes(activation_bytes(CONFIG), 4) == 13824
     assert activation_bytes(CONFIG) == 9216
     assert 3 * all_reduce_bytes(CONFIG.batch * CONFIG.seq * 8, 2) == 576
     assert gathered_logits_bytes(CONFIG, 2) == 4608
     # a real model: b·s·h = 8·4096·8192 in bf16 at tp = 8, one block per step
     a = 8 * 4096 * 8192 * 2
     assert a == 512 * 2**20
-    for sp in (False, True):
-        assert sum(b for _, b in block_bytes(a, 8, sp).values()) == 3.5 * 2**30
+    assert sum(b for _, b in block_bytes(a, 8, False).values()) == 3.5 * 2**30
+    assert sum(b for _, b in block_bytes(a, 8, True).values()) == 4.375 * 2**30
     # the loss against a gather of the logits: V = 131072, b·s = 8·4096, float32, tp = 8
     assert 3 * all_reduce_bytes(8 * 4096 * 4, 8) == 672 * 2**10
     assert all_gather_bytes(8 * 4096 * 131072 * 4, 8) == 14 * 2**30
 
 
-def test_sp_sends_what_tp_sends_and_the_loss_never_gathers_logits():
+def test_sp_sends_what_tp_sends_plus_one_regather_per_column_linear_and_no_logits():
+    a = activation_bytes(CONFIG)
     for tp in (2, 3, 4):
         tp_only, sp = step_bytes(CONFIG, tp, False), step_bytes(CONFIG, tp, True)
 
         def activations(table):
             return sum(b for (phase, op), (_, b) in table.items() if phase != "grad sync")
 
-        assert activations(tp_only) == activations(sp)
+        column_linears = 2 * CONFIG.blocks + 1  # q/k/v and MLP up per block, and the head
+        regathers = column_linears * all_gather_bytes(a, tp)
+        assert activations(sp) - activations(tp_only) == regathers
         loss = 3 * 2 * (tp - 1) * CONFIG.batch * CONFIG.seq * 8 // tp
         assert loss < gathered_logits_bytes(CONFIG, tp)
 
@@ -165,6 +173,16 @@ def test_activation_bytes_saved_for_backward_equal_the_closed_form():
             measured[(tp, sp)] = run(memory_job, tp, sp)
     assert not _failed(check_memory(measured)), _failed(check_memory(measured))
     assert measured[(4, True)][0] < measured[(4, False)][0] < measured[(1, False)][0]
+    assert 4 * measured[(4, True)][0] == measured[(1, False)][0]
+
+
+def test_sp_backward_regathers_each_column_input_before_its_reduce_scatter_on_every_rank():
+    """Down's mirror, up's re-gather and reduce-scatter, proj's mirror, q/k/v's pair; one order."""
+    per_rank = run(block_job, 2, True)
+    want = ["all_gather", "all_gather", "reduce_scatter"] * 2
+    for r in per_rank:
+        got = [x.op.removesuffix("_single") for x in r["records"] if x.phase == "backward"]
+        assert got == want
 
 
 @pytest.mark.parametrize("split", [Split(0), Split(0, 3), Split(1), None])

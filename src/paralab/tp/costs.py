@@ -6,20 +6,24 @@ shard A/tp sends (tp-1)/tp·A and a reduce-scatter of A sends (tp-1)/tp·A.
 
 | where | TP forward | TP backward | TP+SP forward | TP+SP backward |
 |---|---|---|---|---|
-| each block | 2 all-reduces (g, g) | 2 all-reduces (f, f) | 2 AG + 2 RS | 2 RS + 2 AG |
+| each block | 2 all-reduces (g, g) | 2 all-reduces (f, f) | 2 AG + 2 RS | 2 RS + 2 AG, + 2 AG (re-gather) |
 | embedding | 1 all-reduce (g) | - | 1 RS | 1 AG |
-| head | - | 1 all-reduce (f) | 1 AG | 1 RS |
+| head | - | 1 all-reduce (f) | 1 AG | 1 RS, + 1 AG (re-gather) |
 | vocab-parallel loss | 3 all-reduces of b·s numbers | - | the same | - |
 | replicated gradients | - | - | - | grad sync: 1 all-reduce each |
 
 g: after attention and after the MLP; f: before q/k/v and before the MLP. The loss
 reduces the max, the sum of exp and the target logit. Replicated: norm weights and
-biases, row biases, the position table (their gradients are partial under SP).
+biases, row biases, the position table (their gradients are partial under SP). The
+re-gather: under SP each column linear saves only its sequence shard and all-gathers it
+again in the backward, for its weight gradient (`layers.SequenceParallelColumnLinear`).
 
-So one block costs 4 all-reduces of A per step under TP, and under SP the same bytes as
-4 all-gathers plus 4 reduce-scatters (an all-reduce is a reduce-scatter then an
-all-gather). The loss sends 3·2(tp-1)/tp·b·s·itemsize, where gathering the logits would
-send (tp-1)·b·s·V/tp·itemsize.
+So one block costs 4 all-reduces of A per step under TP; under SP the crossings cost the
+same bytes as 4 all-gathers plus 4 reduce-scatters (an all-reduce is a reduce-scatter then
+an all-gather), and the two re-gathers add 2(tp-1)/tp·A: 10(tp-1)/tp·A against
+8(tp-1)/tp·A, one more all-gather per column linear bought with tp times less saved
+input. The loss sends 3·2(tp-1)/tp·b·s·itemsize, where gathering the logits would send
+(tp-1)·b·s·V/tp·itemsize.
 """
 
 from __future__ import annotations
@@ -56,16 +60,20 @@ def activation_bytes(config: LMConfig, samples: int = 1) -> int:
 def block_bytes(
     activation: int, tp: int, sequence_parallel: bool
 ) -> dict[tuple[str, str], tuple[int, int]]:
-    """One block's (phase, op) -> (calls, bytes sent) for one training step."""
+    """One block's (phase, op) -> (calls, bytes sent) for one training step.
+
+    Under SP the backward's 4 all-gathers are the 2 reduce-scatters' mirrors and the 2
+    column linears' re-gathers of their saved input shard."""
     if not sequence_parallel:
         ar = (2, 2 * all_reduce_bytes(activation, tp))
         return {("forward", OPS["all_reduce"]): ar, ("backward", OPS["all_reduce"]): ar}
     ag = (2, 2 * all_gather_bytes(activation, tp))
     rs = (2, 2 * reduce_scatter_bytes(activation, tp))
+    mirrors_and_regathers = (4, 4 * all_gather_bytes(activation, tp))
     return {
         ("forward", OPS["all_gather"]): ag,
         ("forward", OPS["reduce_scatter"]): rs,
-        ("backward", OPS["all_gather"]): ag,
+        ("backward", OPS["all_gather"]): mirrors_and_regathers,
         ("backward", OPS["reduce_scatter"]): rs,
     }
 
@@ -111,6 +119,7 @@ def step_bytes(
         add(("forward", OPS["reduce_scatter"]), 1, reduce_scatter_bytes(a, tp))  # embedding
         add(("backward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))
         add(("forward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))  # head
+        add(("backward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))  # its re-gather
         add(("backward", OPS["reduce_scatter"]), 1, reduce_scatter_bytes(a, tp))
         for nbytes in replicated_param_sizes(config):
             add(("grad sync", OPS["all_reduce"]), 1, all_reduce_bytes(nbytes, tp))

@@ -1,7 +1,9 @@
 """Tensor-parallel layers, each cut from a one-process layer so that results compare element by element.
 
-- `ColumnParallelLinear`: weight cut on the output features; f (or SP's all-gather) in front.
-  Its output stays split: each rank holds out/tp features (for attention, its heads).
+- `ColumnParallelLinear`: weight cut on the output features; f in front, or under SP
+  `SequenceParallelColumnLinear`, which all-gathers the sequence inside the linear's own
+  Function so that it can save only this rank's shard. Its output stays split: each rank
+  holds out/tp features (for attention, its heads).
 - `RowParallelLinear`: weight cut on the input features; g (or SP's reduce-scatter) behind.
   Each rank's product is a partial sum over its input features; the bias is added once,
   after the sum.
@@ -23,11 +25,54 @@ import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 from paralab.tp.layout import Split, owned_range, shard
-from paralab.tp.mappings import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from paralab.tp.mappings import (
+    all_gather_seq,
+    copy_to_tp,
+    reduce_from_tp,
+    reduce_scatter_seq,
+    reduce_scatter_to_sp,
+)
 
 
 def _group_rank_size(group: ProcessGroup) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+class SequenceParallelColumnLinear(torch.autograd.Function):
+    """SP's column linear: all-gather the sequence, then x W_rᵀ + b_r; the backward gathers again.
+
+    The forward saves only this rank's `s/tp` tokens, not the gathered input, so SP divides
+    this activation by tp too (Korthikanti et al.'s accounting; Megatron's
+    `LinearWithGradAccumulationAndAsyncCommunication`). The price is in the backward, which
+    runs on every rank in this order: all-gather the saved shard again (Megatron overlaps it
+    with the input-gradient matmul), the input gradient, its reduce-scatter to this rank's
+    tokens (the forward all-gather's mirror; Megatron overlaps it with the weight-gradient
+    matmul), then the weight gradient from the re-gathered input.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        x_shard: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: ProcessGroup,
+    ) -> torch.Tensor:
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x_shard, weight)
+        return F.linear(all_gather_seq(x_shard, group), weight, bias)
+
+    @staticmethod
+    def backward(
+        ctx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:
+        x_shard, weight = ctx.saved_tensors
+        x_full = all_gather_seq(x_shard, ctx.group)
+        grad_x = reduce_scatter_seq(grad @ weight, ctx.group)
+        grad_rows = grad.flatten(0, -2)
+        grad_weight = grad_rows.T @ x_full.flatten(0, -2)
+        grad_bias = grad_rows.sum(0) if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None
 
 
 class ColumnParallelLinear(nn.Module):
@@ -52,8 +97,9 @@ class ColumnParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)
+        if self.sequence_parallel:
+            return SequenceParallelColumnLinear.apply(x, self.weight, self.bias, self.group)
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):

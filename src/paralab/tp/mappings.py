@@ -1,4 +1,4 @@
-"""The four region crossings of tensor and sequence parallelism, each an autograd Function.
+"""The four region crossings of tensor and sequence parallelism, as autograd Functions.
 
 Megatron names them by what they do to a tensor entering or leaving a
 tensor-parallel region. Each backward is written by hand, and each is its
@@ -8,7 +8,7 @@ forward's mirror:
 |---|---|---|---|
 | `copy_to_tp` (f) | identity | all-reduce | in front of a column-parallel linear |
 | `reduce_from_tp` (g) | all-reduce | identity | behind a row-parallel linear |
-| `gather_from_sp` | all-gather (sequence) | reduce-scatter | in front of a column linear, under SP |
+| SP's all-gather | all-gather (sequence) | reduce-scatter | inside a column linear, under SP |
 | `reduce_scatter_to_sp` | reduce-scatter (sequence) | all-gather | behind a row linear, under SP |
 
 f's backward sums: every rank's column shard of the next linear took the same
@@ -16,7 +16,9 @@ input, and each contributes a partial gradient of it. g's backward is the
 identity: every rank needs the same full gradient of a sum it holds in full.
 The SP pair is the same pair with the sum cut in two: an all-reduce is a
 reduce-scatter followed by an all-gather, and SP keeps the tensor scattered in
-between, across the norms and residuals.
+between, across the norms and residuals. SP's all-gather is not a Function of its own:
+it lives inside `layers.SequenceParallelColumnLinear`, which must save the shard it
+gathered, not the gathered tensor, and so gathers it again in the backward.
 
 The collectives go through `torch.distributed` by name at call time, so the
 ledger counts them and a patch set can replace them.
@@ -99,19 +101,6 @@ class ReduceFromTP(torch.autograd.Function):
         return g_backward(grad, ctx.group), None
 
 
-class GatherFromSP(torch.autograd.Function):
-    """All-gather of the sequence forward, reduce-scatter backward (SP's f)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return all_gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return reduce_scatter_seq(grad, ctx.group), None
-
-
 class ReduceScatterToSP(torch.autograd.Function):
     """Reduce-scatter of the sequence forward, all-gather backward (SP's g)."""
 
@@ -131,10 +120,6 @@ def copy_to_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 def reduce_from_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return ReduceFromTP.apply(x, group)
-
-
-def gather_from_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    return GatherFromSP.apply(x, group)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:

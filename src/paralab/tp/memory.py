@@ -11,16 +11,16 @@ ffn f, a heads of d, tp ranks; s_l = s/tp under SP, s otherwise), in elements:
 | saved by | what | elements |
 |---|---|---|
 | each norm (2) | input, mean, 1/std | b·s_l·h + 2·b·s_l |
-| q/k/v linear | its input, the (gathered) norm output | b·s·h |
+| q/k/v linear | its input, the norm output (under SP its shard) | b·s_l·h |
 | attention | q/k/v (one storage), output, log-sum-exp | 3·b·s·h/tp + b·s·h/tp + b·(a/tp)·s |
-| MLP up | its input, the (gathered) norm output | b·s·h |
+| MLP up | its input, the norm output (under SP its shard) | b·s_l·h |
 | GELU, MLP down | GELU's input, down's input | 2·b·s·f/tp |
 
 What SP divides by tp here: the norms (their inputs and statistics), the regions that
-hold s/tp tokens. The inputs of the two column linears stay b·s·h: autograd keeps the
-gathered tensor. Korthikanti et al. divide those too, by saving only the shard and
-all-gathering it again in the backward (Megatron does), one more all-gather per column
-linear; this package does not, so its SP saves less than TP alone, not tp times less.
+hold s/tp tokens, and the inputs of the two column linears, which save only this rank's
+shard and all-gather it again in the backward (`layers.SequenceParallelColumnLinear`, as
+Megatron does; one more all-gather per column linear). Everything else TP already divides,
+so under SP a rank saves exactly 1/tp of one process, Korthikanti et al.'s accounting.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def block_saved_bytes(config: LMConfig, tp: int, sequence_parallel: bool) -> dic
     s_local = s // tp if sequence_parallel else s
     parts = {
         "norms": 2 * (b * s_local * h + 2 * b * s_local),
-        "column inputs": 2 * b * s * h,
+        "column inputs": 2 * b * s_local * h,
         "attention": 4 * b * s * h // tp + b * (config.heads // tp) * s,
         "MLP hidden": 2 * b * s * f // tp,
     }
