@@ -1,30 +1,34 @@
-"""The small helpers every lab and test shares: planted bugs, claims, ledger queries, text tables."""
+"""The small helpers every lab and test shares: patch sets, claims, ledger queries, text tables."""
 
+import sys
 import types
 
 import pytest
 
 from paralab import ledger
 from paralab.check import claim, closing_table, verdict_table
-from paralab.exercises import planted
 from paralab.ledger import Record
+from paralab.patches import patched
 from paralab.tables import text_table
 
 
-def test_planted_swaps_and_restores_even_on_error():
+def test_patched_swaps_and_restores_even_on_error(monkeypatch):
     module = types.ModuleType("toy")
     module.decide = lambda: "right"
+    monkeypatch.setitem(sys.modules, "toy", module)
     with pytest.raises(RuntimeError):
-        with planted(module, decide=lambda: "wrong"):
+        with patched({"toy": {"decide": lambda: "wrong"}}):
             assert module.decide() == "wrong"
             raise RuntimeError("boom")
     assert module.decide() == "right"
 
 
-def test_planted_refuses_a_name_the_module_lacks():
+def test_patched_refuses_a_name_the_module_lacks(monkeypatch):
     module = types.ModuleType("toy")
-    with pytest.raises(AttributeError, match="toy has no nothing_here"):
-        with planted(module, nothing_here=1):
+    module.decide = lambda: "right"
+    monkeypatch.setitem(sys.modules, "toy", module)
+    with pytest.raises(AttributeError, match="toy has no 'nothing_here' to replace; it has decide"):
+        with patched({"toy": {"nothing_here": 1}}):
             pass
 
 
