@@ -23,14 +23,16 @@
 # |---|---|---|---|
 # | **f** | identity | all-reduce | in front of a column-parallel linear |
 # | **g** | all-reduce | identity | behind a row-parallel linear |
-# | **AG** (SP's f) | all-gather of the sequence | reduce-scatter | in front of a column linear, with SP |
+# | **AG** (SP's f) | all-gather of the sequence | all-gather again, then reduce-scatter | inside a column linear, with SP |
 # | **RS** (SP's g) | reduce-scatter of the sequence | all-gather | behind a row linear, with SP |
 #
 # **Traffic, the formulas this lab checks.** `A = b·s·h·8` bytes: one activation of the
 # full sequence in float64. Per rank and training step, one block sends 4 all-reduces of
 # `A` (`2(tp-1)/tp·A` each) under TP, and under TP+SP 4 all-gathers and 4 reduce-scatters
-# (`(tp-1)/tp·A` each): the same bytes. The vocab-parallel loss sends 3 all-reduces of
-# `b·s` numbers; an all-gather of the logits would send `(tp-1)·b·s·V/tp` numbers.
+# (`(tp-1)/tp·A` each), the same bytes, plus 2 all-gathers in the backward: each column
+# linear saves only its sequence shard and gathers it again for its weight gradient. The
+# vocab-parallel loss sends 3 all-reduces of `b·s` numbers; an all-gather of the logits
+# would send `(tp-1)·b·s·V/tp` numbers.
 
 # %%
 import time
@@ -45,7 +47,7 @@ from paralab.launch import run
 from paralab.ledger import format_table
 from paralab.tables import text_table
 from paralab.tp import reference, train
-from paralab.tp.costs import gathered_logits_bytes, step_bytes
+from paralab.tp.costs import activation_bytes, block_bytes, gathered_logits_bytes, step_bytes
 from paralab.tp.dtensor import dtensor_train
 from paralab.tp.layout import Split, shard
 from paralab.tp.memory import block_saved_bytes
@@ -204,13 +206,27 @@ def ops(records, phase):
     return [r.op.replace("_single", "") for r in records if r.phase == phase]
 
 
-rows = []
+def split_regathers(backward):
+    """(mirrors, re-gathers): under SP a column linear's backward all-gathers its saved shard
+    right before it reduce-scatters the input gradient; that all-gather mirrors nothing."""
+    regather = [
+        op == "all_gather" and backward[k + 1 : k + 2] == ["reduce_scatter"]
+        for k, op in enumerate(backward)
+    ]
+    mirrors = [op for op, again in zip(backward, regather) if not again]
+    return mirrors, sum(regather)
+
+
+rows, regathers = [], {}
 for sp in (False, True):
+    mode = "TP+SP" if sp else "TP"
     records = blocks[(4, sp)][0]["records"]
-    forward, backward = ops(records, "forward"), ops(records, "backward")
+    forward = ops(records, "forward")
+    backward, regathers[mode] = split_regathers(ops(records, "backward"))
     for k, op in enumerate(forward):
-        rows.append(("TP+SP" if sp else "TP", k, op, backward[len(backward) - 1 - k]))
+        rows.append((mode, k, op, backward[len(backward) - 1 - k]))
 print(text_table(("mode", "crossing", "forward", "its mirror in the backward"), rows))
+print(f"all-gathers of a saved shard in the backward (re-gathers): {regathers}")
 MIRROR = {
     "TP": {"all_reduce": "all_reduce"},
     "TP+SP": {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"},
@@ -223,13 +239,23 @@ symmetry = [
     )
     for mode in ("TP", "TP+SP")
 ]
+symmetry.append(
+    claim(
+        "TP+SP: besides the mirrors, one re-gather per column linear (q/k/v, MLP up), none under TP",
+        regathers == {"TP": 0, "TP+SP": 2},
+        f"re-gathers {regathers}",
+    )
+)
 print(verdict_table(symmetry, "\nforward beside backward"))
 
 # %% [markdown]
 # Under TP the mirror of g's all-reduce is f's all-reduce: the backward runs the crossings
 # in reverse, and where the forward all-reduced (g), the backward passes straight through,
 # and where the forward passed through (f), the backward all-reduces. The rows pair the
-# k-th forward collective with the k-th from the end of the backward.
+# k-th forward collective with the k-th from the end of the backward. Under TP+SP the
+# backward holds two all-gathers more, which mirror nothing: each column linear gathers its
+# saved sequence shard again (section 4), right before it reduce-scatters its input
+# gradient; the table sets them aside.
 #
 # Now the values: the output, the input gradient `dx` and every parameter gradient against
 # the same block in one process. Tensor parallelism re-orders sums (a row linear adds `tp`
@@ -266,9 +292,19 @@ print(verdict_table([v for found in block_verdicts.values() for v in found], "th
 # g becomes a reduce-scatter along the sequence, f an all-gather. The replicated
 # parameters (norm weights, row biases, positions) now see only this rank's tokens, so their
 # gradients are partial sums, summed over the group after the backward.
+#
+# The all-gather lives inside the column linear's own Function, as in Megatron: a linear
+# keeps its input for its weight gradient, and if autograd kept the gathered input, every
+# rank would hold the full sequence there and SP would not divide it. So the Function saves
+# only this rank's shard and all-gathers it again in the backward, then reduce-scatters the
+# input gradient (the forward all-gather's mirror): memory bought with one all-gather per
+# column linear (sections 6 and 9 count both).
 
 # %%
-# show: paralab.tp.mappings.GatherFromSP paralab.tp.mappings.ReduceScatterToSP
+# show: paralab.tp.layers.SequenceParallelColumnLinear
+
+# %%
+# show: paralab.tp.mappings.ReduceScatterToSP
 
 # %%
 # show: paralab.tp.model.sync_replicated_grads
@@ -380,9 +416,12 @@ print(
 )
 
 # %% [markdown]
-# **What to conclude.** Forward plus backward, TP and TP+SP send the same activation
-# bytes: SP buys memory, not bandwidth. SP adds the small all-reduce of the replicated
-# parameters' gradients (`grad sync`). The loss's three reductions send `3·2(tp-1)/tp` numbers
+# **What to conclude.** Forward plus backward, SP's crossings send the same activation
+# bytes as TP's all-reduces; on top, each column linear's re-gather adds one all-gather of
+# `A` in the backward (2 per block and the head's: `(tp-1)/tp·A` each, 5 in this model).
+# That is the price of saving `1/tp` of their input (section 9): SP buys memory with a
+# quarter more activation bytes per block, `10(tp-1)/tp·A` against `8(tp-1)/tp·A`. SP also
+# adds the small all-reduce of the replicated parameters' gradients (`grad sync`). The loss's three reductions send `3·2(tp-1)/tp` numbers
 # per position against `(tp-1)·V/tp` for gathering the logits: with a real vocabulary
 # (`V` = 131072, `b·s` = 8·4096 positions, float32, tp = 8) that is 672 KiB against 14 GiB
 # per step.
@@ -477,14 +516,16 @@ print(verdict_table(dtensor_claims, "torch's TP styles on gloo, CPU (relative bo
 # show: paralab.tp.runs.memory_job
 
 # %% [markdown]
-# **Predict before you run.** At tp = 4, does SP save 4 times less than TP alone?
+# **Predict before you run.** At tp = 4, how does a rank's saved memory under TP+SP compare
+# with one process, and with TP alone?
 #
 # <details><summary>Answer</summary>
 #
-# No. SP divides the norms' saved inputs and statistics by tp, but the q/k/v and MLP-up
-# linears save their *gathered* input, `b·s·h` on every rank. Megatron divides those too:
-# its column linear saves only the shard and all-gathers it again in the backward (one
-# more all-gather per column linear); this package does not.
+# Exactly 4 times less than one process. TP alone divides what lies between a column and a
+# row linear (attention's q/k/v and output, the MLP's hidden), but every rank still saves
+# the norms and the column linears' inputs for the full sequence. SP divides those too: the
+# norms run on `s/tp` tokens, and each column linear saves only its shard (re-gathered in
+# the backward). Every part is then divided by tp, Korthikanti et al.'s accounting.
 # </details>
 
 # %%
@@ -493,7 +534,14 @@ for tp in TPS:
     for sp in (False, True):
         saved[(tp, sp)] = run(memory_job, tp, sp)
 memory_claims = [
-    summary("saved bytes per rank = closed form, tp 1, 2, 4, ±SP", check_memory(saved))
+    summary("saved bytes per rank = closed form, tp 1, 2, 4, ±SP", check_memory(saved)),
+    summary(
+        "TP+SP: every rank saves exactly 1/tp of one process, tp 2, 4",
+        compare(
+            torch.tensor([tp * b for tp in TPS for b in saved[(tp, True)]]),
+            torch.tensor([saved[(1, False)][0]] * sum(len(saved[(tp, True)]) for tp in TPS)),
+        ),
+    ),
 ]
 MODES = {
     (1, False): "one process",
@@ -606,14 +654,15 @@ print(
         }
     )
 )
-a = CONFIG.batch * CONFIG.seq * CONFIG.hidden * 8
+a = activation_bytes(CONFIG)
 closing = [
-    "| tp | A (B) | TP: fwd + bwd per block | TP+SP: fwd + bwd per block | loss (3 all-reduces) | logits all-gather |",
+    "| tp | A (B) | TP: fwd + bwd per block | TP+SP: fwd + bwd per block, re-gathers included | loss (3 all-reduces) | logits all-gather |",
     "|---|---|---|---|---|---|",
 ]
 for tp in TPS:
-    block_tp = 4 * 2 * (tp - 1) * a // tp
-    block_sp = 8 * (tp - 1) * a // tp
+    block_tp, block_sp = (
+        sum(b for _, b in block_bytes(a, tp, sp).values()) for sp in (False, True)
+    )
     closing.append(
         f"| {tp} | {a} | {block_tp} | {block_sp} | {3 * 2 * (tp - 1) * CONFIG.batch * CONFIG.seq * 8 // tp} | {gathered_logits_bytes(CONFIG, tp)} |"
     )
@@ -653,13 +702,16 @@ display(
 #    <details><summary>Hint</summary>It passes: under SP the column linear's input comes
 #    through the all-gather, whose backward is a reduce-scatter; f (and its backward) is not
 #    used at all. A test of the SP path alone would never see this bug.</details>
-# 4. From `block_saved_bytes`, how many bytes would one block save per rank at tp = 4 with
-#    SP if the two column linears kept only their shard of the input, as Megatron's do?
+# 4. From `block_saved_bytes` and `block_bytes`, what would one block save per rank at
+#    tp = 4 with SP if the two column linears let autograd keep their *gathered* input (a
+#    plain `F.linear` after the all-gather), and what would it send less?
 #
-#    <details><summary>Hint</summary>The "column inputs" part, `2·b·s·h·8` = 18432 B, becomes
-#    `2·b·s·h·8/tp` = 4608 B: 42240 - 18432 + 4608 = 28416 B, exactly `1/tp` of the
-#    one-process 113664 B (every other part is already divided). The price is one more
-#    all-gather per column linear in the backward.</details>
+#    <details><summary>Hint</summary>The "column inputs" part, 4608 B (`2·b·s·h·8/tp`),
+#    becomes `2·b·s·h·8` = 18432 B: 28416 - 4608 + 18432 = 42240 B, no longer `1/tp` of the
+#    one-process 113664 B. It would save the two re-gathers, `2·(tp-1)/tp·A` = 13824 B per
+#    block per step: the backward's all-gathers drop from 4 to 2. At scale the memory is
+#    the scarcer of the two, and Megatron hides the re-gather behind the input-gradient
+#    matmul.</details>
 # 5. Why must tp be the innermost axis of a `(dp_shard, tp)` mesh? Count the bytes one block
 #    sends per step at tp = 8 for `b·s·h` = 8·4096·8192 numbers in bf16, and compare them
 #    with a training step's compute.

@@ -52,7 +52,7 @@ def plot_weight_split(tp: int, out_features: int = 12, in_features: int = 8) -> 
 def plot_block_regions(sequence_parallel: bool) -> Figure:
     """One block left to right: what each rank holds, and each crossing's forward / backward collective."""
     enter, leave = (
-        (("AG", "RS"), ("RS", "AG")) if sequence_parallel else (("f: id", "AR"), ("g: AR", "id"))
+        (("AG", "AG+RS"), ("RS", "AG")) if sequence_parallel else (("f: id", "AR"), ("g: AR", "id"))
     )
     stages = [
         ("norm", "s/tp tokens" if sequence_parallel else "full, replicated", "region"),
@@ -91,7 +91,7 @@ def plot_block_regions(sequence_parallel: bool) -> Figure:
     mode = "TP + SP (Megatron-SP)" if sequence_parallel else "TP (Megatron)"
     ax.set_title(
         f"{mode}: one block; orange = a crossing, its forward and backward collective "
-        "(AR all-reduce, AG all-gather, RS reduce-scatter)",
+        "(AR all-reduce, AG all-gather, RS reduce-scatter; AG+RS: the saved shard re-gathered)",
         fontsize=9,
     )
     fig.tight_layout()
