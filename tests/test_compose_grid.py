@@ -204,3 +204,106 @@ def test_the_rank_places_and_group_bytes_pictures_draw():
     grid = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2)
     assert len(plot_rank_places(grid).axes) == 4
     assert len(plot_group_bytes({"toy": per_group(grid, CONFIG, 4)}).axes) == 1
+
+
+def torchtitan_238fa99_groups(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp) -> dict | None:
+    """pytorch/torchtitan@238fa99's `build_mesh`, re-expressed: three meshes unflattened from
+    the world, (pp, batch, cp, tp), (pp, dp_replicate, fsdp, tp) and (pp, dp_replicate, efsdp,
+    ep, etp), with loss = batch x cp flattened. `_validate` no longer states the ep rules; a
+    configuration fails when an unflatten does not multiply back to the world. None then."""
+    batch, fsdp = dp_replicate * dp_shard, dp_shard * cp
+    efsdp = fsdp * tp // (etp * ep)
+    meshes = {
+        "dataloading": (("pp", "batch", "cp", "tp"), (pp, batch, cp, tp)),
+        "dense": (("pp", "dp_replicate", "fsdp", "tp"), (pp, dp_replicate, fsdp, tp)),
+        "sparse": (
+            ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+            (pp, dp_replicate, efsdp, ep, etp),
+        ),
+    }
+    if any(math.prod(sizes) != world for _, sizes in meshes.values()):
+        return None
+    wanted = {
+        "dataloading": {
+            "pp": ["pp"],
+            "batch": ["batch"],
+            "cp": ["cp"],
+            "tp": ["tp"],
+            "loss": ["batch", "cp"],
+        },
+        "dense": {"dp_replicate": ["dp_replicate"], "fsdp": ["fsdp"]},
+        "sparse": {"ep": ["ep"], "efsdp": ["efsdp"]},
+    }
+    out = {}
+    for mesh_name, (names, sizes) in meshes.items():
+        mesh = torch.arange(world).reshape(sizes)
+        for name, along in wanted[mesh_name].items():
+            idx = [names.index(d) for d in along]
+            rest = [i for i in range(len(names)) if i not in idx]
+            rows = mesh.permute(rest + idx).reshape(-1, math.prod(sizes[i] for i in idx))
+            table: list = [None] * world
+            for row in rows.tolist():
+                for r in row:
+                    table[r] = tuple(row)
+            out[name] = table
+    return out
+
+
+def test_grid_answers_to_torchtitan_238fa99_names_and_its_looser_ep_rule():
+    """Up to 32 ranks (64 take 12 s), where f64bbad's rules accept (Grid), 238fa99's unflattened
+    meshes accept too and give the same groups under its names (batch, fsdp, loss; ep and efsdp
+    when ep > 1, where efsdp exists). 238fa99 also accepts an ep that does not cover cp, which
+    f64bbad refused."""
+    compared = 0
+    for world, dpr, dps, cp, tp, pp, ep, etp in configurations():
+        if dps == -1 or world > 32:
+            continue
+        try:
+            grid = Grid(world, dpr, dps, cp, tp, pp, ep, etp, order=TORCHTITAN_ORDER)
+        except GridError:
+            continue
+        theirs = torchtitan_238fa99_groups(world, dpr, dps, cp, tp, pp, ep, etp)
+        assert theirs is not None, (world, dpr, dps, cp, tp, pp, ep, etp)
+        names = (
+            ("ep", "efsdp")
+            if ep > 1
+            else ("pp", "batch", "cp", "tp", "loss", "dp_replicate", "fsdp")
+        )
+        for name in names:
+            assert grid.table(name) == theirs[name], (name, world, dpr, dps, cp, tp, pp, ep, etp)
+            compared += 1
+    assert compared > 10_000, compared
+    # cp 4, ep 2 on 8 ranks: refused at f64bbad (ep % cp), accepted at 238fa99, whose ep
+    # group {0, 1} is half of the cp group {0, 1, 2, 3}
+    with pytest.raises(GridError, match="multiple of cp"):
+        Grid(8, dp_shard=2, cp=4, ep=2, etp=1, order=TORCHTITAN_ORDER)
+    looser = torchtitan_238fa99_groups(8, 1, 2, 4, 1, 1, 2, 1)
+    assert looser is not None and looser["ep"][0] == (0, 1) and looser["cp"][0] == (0, 1, 2, 3)
+
+
+def test_what_to_try_hints_hold():
+    """The lab's "What to try" hints that need no ranks: torchtitan's order on two 8-rank nodes
+    sends only pp across them; without replicas and cp the clinic's dp_cp is dp_shard_cp; the
+    etp = 1 refusal; tp heaviest at 64 GPUs with no replica group."""
+    from paralab.compose.costs import per_group
+    from paralab.tp.model import LMConfig
+
+    def spans_nodes(group):
+        return len({r // 8 for r in group}) > 1
+
+    titan = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=TORCHTITAN_ORDER)
+    crossing = {
+        n
+        for n in ("tp", "cp", "pp", "dp_replicate", "dp_shard_cp")
+        if any(map(spans_nodes, titan.groups(n)))
+    }
+    assert crossing == {"pp"}
+    flat = Grid(8, dp_shard=2, tp=2, pp=2)
+    assert flat.table("dp_cp") == flat.table("dp_shard_cp")
+    with pytest.raises(GridError, match="ep = 2 must be a multiple of cp x tp = 4"):
+        Grid(8, dp_shard=2, cp=2, tp=2, ep=2, etp=1)
+    llama = LMConfig(vocab=128256, hidden=4096, heads=32, ffn=14336, blocks=32, seq=8192, batch=8)
+    grid = Grid(64, cp=2, tp=8, pp=4)
+    table = per_group(grid, llama, 8, itemsize=2)
+    assert grid.dp_shard == 1 and "dp_replicate" not in table
+    assert table["tp"] > 9 * max(v for k, v in table.items() if k != "tp")

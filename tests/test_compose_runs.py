@@ -1,9 +1,10 @@
 """`compose.train` on real ranks: the cheaper rows of lab 10, element by element in float64.
 
 In the tests: 8 ranks dp_shard 2 × tp 2 × pp 2 (1F1B, m = 4; parameters and the ledger's
-bytes per group and phase), the same with tp outermost (the same bits), 8 ranks
-dp_shard 2 × cp 2 × tp 2 through the public `train`, and the MoE row dp_shard 4 × tp 2 with
-ep 2 (through `train`, and its bytes from the routed counts; a known-wrong expert reduction). The 16-rank row
+bytes per group and phase), the same with tp outermost and in torchtitan's order (the same
+bits), 8 ranks dp_shard 2 × cp 2 × tp 2 through the public `train`, the bug clinic on 8 ranks
+with replicas, and the MoE row dp_shard 4 × tp 2 with ep 2 (through `train`, and its bytes
+from the routed counts; a known-wrong expert reduction). The 16-rank row
 dp_replicate 2 × cp 2 × tp 2 × pp 2 runs in the lab (`labs/10_four_d_composition`).
 """
 
@@ -12,16 +13,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paralab.compose import TP_OUTERMOST, Grid, reference, train
+from paralab.compose import TORCHTITAN_ORDER, TP_OUTERMOST, Grid, reference, train
 from paralab.compose.costs import group_phase_bytes
 from paralab.compose.model import CONFIG
 from paralab.compose.runs import (
     check_bytes,
     check_params,
     compose_worker,
+    cross_node_bytes,
     measured_bytes,
     moe_worker,
 )
+from paralab.exercises.lab10 import replica_setup
 from paralab.launch import run
 
 
@@ -56,6 +59,30 @@ def test_tp_outermost_gives_the_same_bits(pipelined):
     for a, b in zip(moved, out):
         assert all(torch.equal(a[0][k], b[0][k]) for k in b[0])
     all_pass(check_bytes([o[1] for o in moved], wrong))
+
+
+def test_torchtitan_order_gives_the_same_bits(pipelined):
+    """Chapter 1: `Grid(order=TORCHTITAN_ORDER)` (pp outermost) computes the same bits."""
+    grid, out = pipelined
+    titan = Grid(8, dp_shard=2, tp=2, pp=2, order=TORCHTITAN_ORDER)
+    assert titan.stride("pp") == 4 and titan.stride("dp_shard") == 2
+    moved = run(compose_worker, 8, titan, timeout=120)
+    for a, b in zip(moved, out):
+        assert all(torch.equal(a[0][k], b[0][k]) for k in b[0])
+    all_pass(check_bytes([o[1] for o in moved], titan))
+
+
+def test_the_clinic_hsdp_run_as_fsdp_passes_the_params_and_fails_the_bytes():
+    """The lab's bug clinic on 8 ranks (dp_replicate 2 x dp_shard 2 x tp 2, two 4-rank nodes):
+    `replica_setup()` shards over dp_cp, the replicas forgotten. The parameters still equal one
+    process; the bytes per group and phase do not, and the gradient traffic crosses the nodes."""
+    grid = Grid(8, dp_replicate=2, dp_shard=2, tp=2)
+    changed = run(compose_worker, 8, grid, timeout=120, patches=replica_setup())
+    all_pass(check_params([p for p, _ in changed], grid))
+    assert not all(v.passed for v in check_bytes([r for _, r in changed], grid))
+    used = {r.group_ranks for r in changed[0][1] if r.phase == "grad sync"}
+    assert used == {grid.group(0, "dp_cp")} == {(0, 2, 4, 6)}
+    assert cross_node_bytes(changed[0][1], grid, 0, gpus_per_node=4)
 
 
 def test_dp_shard_cp_tp_through_the_public_train():

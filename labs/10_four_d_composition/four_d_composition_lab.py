@@ -5,9 +5,9 @@
 # consumes ranks (`world = dp_replicate · dp_shard · cp · tp · pp`); why the doc group lays
 # them out inner → outer TP → CP → PP → DP and torchtitan pp outermost; how the tensor-,
 # context-, pipeline- and data-parallel code of labs 01, 02, 07 and 08 (and lab 09's experts)
-# runs together in one training step, unchanged; which group carries the most bytes, at this
-# lab's toy size and at Llama-3-8B's; and why TP outermost computes the same bits but is the
-# wrong layout on real hardware. **Prerequisites:** labs 07 (tensor parallelism), 08
+# runs together in one training step, nothing re-implemented; which group carries the most
+# bytes, at this lab's toy size and at Llama-3-8B's; and why TP outermost computes the same
+# bits but is the wrong layout on real hardware. **Prerequisites:** labs 07 (tensor parallelism), 08
 # (pipelines), 02 (the ring), 01 (FSDP, HSDP) and 09 (experts). **Time:** about 40 minutes to
 # read; the run time of this notebook is printed by its last cell.
 #
@@ -104,8 +104,8 @@ print(text_table(["layout", "inner -> outer", "tp", "cp", "pp", "dp_replicate"],
 # then sits between CP and DP. Both keep TP innermost, on NVLink.
 #
 # **Validation names the axis.** Every rule below is torchtitan's (re-expressed and tested
-# on every configuration up to 64 ranks in `tests/test_compose_grid.py`: the same
-# accept/reject decision and, in torchtitan's order, every rank's groups the same lists).
+# on every factorisation of every world up to 64 ranks in `tests/test_compose_grid.py`: the
+# same accept/reject decision and, in torchtitan's order, every rank's groups the same lists).
 
 # %%
 rule_checks = []
