@@ -244,3 +244,11 @@ def test_lpt_and_round_robin_on_a_known_case():
     costs = {0: [7.0, 5.0, 4.0, 3.0], 1: [], 2: []}  # largest first: 7, 5, 4, 3
     assert loads_of(costs, assign_round_robin_by_size(costs)) == {0: 10.0, 1: 5.0, 2: 4.0}
     assert loads_of(costs, assign_lpt(costs)) == {0: 7.0, 1: 5.0, 2: 7.0}
+
+
+@pytest.mark.parametrize("bad", ["3", None, True])
+def test_non_numeric_costs_are_refused_naming_rank_sample_and_value(bad):
+    with pytest.raises(
+        ValueError, match=rf"cost of sample 1 on rank 2 must be a number, got {bad!r}"
+    ):
+        plan_rebalance({0: [1.0], 2: [1.0, bad]})

@@ -8,6 +8,7 @@ compare plans by makespan.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 
@@ -24,6 +25,11 @@ class Move:
 def _check_costs(costs: dict[int, list[float]]) -> None:
     for rank, values in costs.items():
         for index, cost in enumerate(values):
+            if isinstance(cost, bool) or not isinstance(cost, numbers.Real):
+                raise ValueError(
+                    f"lb planner: cost of sample {index} on rank {rank} must be a number, "
+                    f"got {cost!r} ({type(cost).__name__})"
+                )
             if not cost >= 0:  # also rejects NaN
                 raise ValueError(
                     f"lb planner: cost of sample {index} on rank {rank} must be >= 0, got {cost!r}"
