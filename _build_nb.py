@@ -25,6 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 from paralab import notebooks  # noqa: E402
 
 
+def _why_stale(source: Path) -> str | None:
+    """`notebooks.stale`, where a lab that cannot be checked is reported and the others still are."""
+    try:
+        return notebooks.stale(source)
+    except Exception as exc:  # noqa: BLE001 - one broken lab must not hide the others' state
+        return f"cannot check {source}: {type(exc).__name__}: {str(exc)[:200]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"student release: {args.out}/ and {archive}")
         return 0
     if args.check:
-        problems = [(s, notebooks.stale(s)) for s in sources]
+        problems = [(s, _why_stale(s)) for s in sources]
         for s, why in problems:
             print(f"{s.parent.name:<24} {'stale: ' + why if why else 'up to date'}")
         return 1 if any(why for _, why in problems) else 0

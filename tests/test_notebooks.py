@@ -102,3 +102,33 @@ def test_measure_counts_visible_code_verdict_rows_and_pictures():
     m = measure(nb)
     assert (m.code_lines, m.package_lines, m.longest_cell) == (5, 3, 3)
     assert (m.check_rows, m.check_tables, m.folded_rows, m.pictures) == (4, 2, 2, 1)
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    ["", "{}", '{"cells": [{"cell_type": "code", "sou'],
+    ids=["empty", "empty-object", "truncated"],
+)
+def test_check_names_a_corrupt_notebook_and_still_reports_every_other_lab(
+    corruption, tmp_path, monkeypatch, capsys
+):
+    import importlib.util
+    import shutil
+
+    from paralab import notebooks
+
+    labs = tmp_path / "labs"
+    for lab in ("00_collectives_primer", "00_parallel_dims"):
+        shutil.copytree(ROOT / "labs" / lab, labs / lab)
+    broken = labs / "00_collectives_primer" / "collectives_primer_lab.ipynb"
+    broken.write_text(corruption)
+    monkeypatch.setattr(notebooks, "LABS", labs)
+    spec = importlib.util.spec_from_file_location("_build_nb", ROOT / "_build_nb.py")
+    build_nb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_nb)
+
+    assert build_nb.main(["--check"]) == 1
+    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert set(lines) == {"00_collectives_primer", "00_parallel_dims"}
+    assert lines["00_collectives_primer"].startswith(f"stale: corrupt notebook {broken}")
+    assert "corrupt" not in lines["00_parallel_dims"]

@@ -259,9 +259,12 @@ def stale(source: Path) -> str | None:
     target = notebook_path(source)
     if not target.exists():
         return "notebook missing"
-    committed = nbformat.read(target, as_version=4)
+    try:
+        committed = nbformat.read(target, as_version=4)
+        have = [(c.cell_type, c.source) for c in committed.cells]
+    except Exception as exc:  # noqa: BLE001 - truncated, empty, `{}`: whatever the file holds
+        return f"corrupt notebook {target}: {type(exc).__name__}: {str(exc)[:200]}"
     fresh = build(source)
-    have = [(c.cell_type, c.source) for c in committed.cells]
     want = [(c.cell_type, c.source) for c in fresh.cells]
     if have != want:
         for i, (h, w) in enumerate(zip(have, want)):
