@@ -19,6 +19,7 @@ from paralab.grade.submission import (
     Graded,
     Row,
     grade_safely,
+    lab_of,
     pristine_package,
     read_submission,
 )
@@ -94,10 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         help="folder for the feedback files (default: beside each notebook)",
     )
     args = parser.parse_args(argv)
+    labs = ", ".join(sorted({e.lab for e in EXERCISES.values()}))
     if args.lab and not for_lab(args.lab):
-        parser.error(
-            f"no exercises for lab {args.lab!r}; labs: {', '.join(sorted({e.lab for e in EXERCISES.values()}))}"
-        )
+        parser.error(f"no exercises for lab {args.lab!r}; labs: {labs}")
+    missing = [str(path) for path in args.notebooks if not path.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)} (nothing was graded or written)")
+    if not args.lab:
+        unnamed = [str(path) for path in args.notebooks if lab_of(path) is None]
+        if unnamed:
+            parser.error(
+                f"cannot tell the lab of {', '.join(unnamed)} from the file name; pass --lab "
+                f"(one of {labs})"
+            )
     seed = args.seed if args.seed is not None else secrets.randbelow(10**9)
     drawn = "" if args.seed is not None else f" (drawn at random: --seed {seed} grades these again)"
     print(f"seed {seed}{drawn}")

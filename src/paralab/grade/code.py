@@ -134,9 +134,14 @@ def editable(cell: dict) -> bool:
     return isinstance(marks, dict) and bool(marks.get("edit"))
 
 
+def _without_magics(source: str) -> list[str]:
+    """The cell's lines with IPython magics and shell lines blanked, so line numbers still hold."""
+    return ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+
+
 def cell_statements(number: int, source: str) -> list[Statement]:
     """The top-level statements of one cell (IPython magics blanked); none when it does not parse."""
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    lines = _without_magics(source)
     try:
         tree = ast.parse("\n".join(lines))
     except (SyntaxError, RecursionError, MemoryError, ValueError):
@@ -145,6 +150,22 @@ def cell_statements(number: int, source: str) -> list[Statement]:
     for node in tree.body:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         found.append(Statement(number, start, "\n".join(lines[start - 1 : node.end_lineno]), node))
+    return found
+
+
+def syntax_errors(cells: Iterable[dict]) -> list[str]:
+    """Where the student's cells do not parse, as `syntax error in cell N, line L: ...`: such a
+    cell yields no statements, so a definition in it would otherwise read as missing."""
+    found = []
+    for number, cell in enumerate(cells, 1):
+        if cell.get("cell_type") != "code" or not editable(cell):
+            continue
+        try:
+            ast.parse("\n".join(_without_magics(cell.get("source", ""))))
+        except SyntaxError as exc:
+            found.append(f"syntax error in cell {number}, line {exc.lineno}: {exc.msg}")
+        except (RecursionError, MemoryError, ValueError) as exc:
+            found.append(f"cell {number} cannot be parsed ({type(exc).__name__})")
     return found
 
 
@@ -303,9 +324,17 @@ def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
     return None
 
 
-def refusal(stmts: list[Statement] | None, exercise: Exercise, name: str) -> tuple[str, str] | None:
-    """(verdict, reason) when the grader gives this definition 0 without running it, or None."""
+def refusal(
+    stmts: list[Statement] | None,
+    exercise: Exercise,
+    name: str,
+    unparsed: Iterable[str] = (),
+) -> tuple[str, str] | None:
+    """(verdict, reason) when the grader gives this definition 0 without running it, or None.
+    `unparsed` is what `syntax_errors` found: the likely reason a definition is missing."""
     if stmts is None:
+        if unparsed := list(unparsed):
+            return "ERROR", f"{'; '.join(unparsed)} (no `{name}` can be read from your cells)"
         return "MISSING", f"no definition of `{name}` in the cells marked for your answers"
     try:
         why = screen(stmts, exercise, name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import io
 import json
@@ -33,6 +34,7 @@ import struct
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,14 @@ from paralab.grade import (
     report,
     score,
 )
-from paralab.grade.code import definition, load, refusal, statements
+from paralab.grade.code import (
+    cell_statements,
+    definition,
+    load,
+    refusal,
+    statements,
+    syntax_errors,
+)
 from paralab.grade.sandbox import RESULT_BYTES, run_sandboxed
 from paralab.stubs import stub_package
 
@@ -272,6 +281,7 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
     rows: dict[str, Row] = {}
     jobs = []
     stmts = statements(sub.cells) if not sub.unreadable else []
+    unparsed = syntax_errors(sub.cells) if not sub.unreadable else []
     if not sub.unreadable and not any(
         c["cell_type"] == "code" and c["metadata"].get("paralab") for c in sub.cells
     ):
@@ -283,7 +293,7 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
             continue
         try:
             found = definition(stmts, name)
-            refused = refusal(found, exercise, name)
+            refused = refusal(found, exercise, name, unparsed)
         except (RecursionError, MemoryError, SyntaxError, ValueError) as exc:
             found, refused = None, ("REFUSED", f"cannot be read ({type(exc).__name__})")
         if refused is not None:
@@ -417,10 +427,35 @@ def _only_stubs(result: dict) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class CellFunction:
+    """The student's function as the ranks get it: its cells, defined again on each rank.
+    Sent by value, its code would reach the ranks renamed `<dynamic-code>` (cloudpickle drops the
+    file name), and a traceback on a rank would no longer name the student's cell."""
+
+    exercise: str
+    function: str
+    statements: tuple[tuple[int, int, str], ...]
+
+    def __call__(self, *args: Any) -> Any:
+        return _defined(self)(*args)
+
+
+@functools.cache
+def _defined(cells: CellFunction) -> Callable:
+    """The function, defined once per rank process from its cells (compiled as `<cell N>`)."""
+    stmts = [
+        s
+        for cell, start, text in cells.statements
+        for s in cell_statements(cell, "\n" * (start - 1) + text)
+    ]
+    return load(stmts, EXERCISES[cells.exercise])[cells.function]
+
+
 def _run_job(job: dict) -> dict:
     """One exercise in the sandbox: define the student's function, run it on every planned world."""
     exercise = EXERCISES[job["exercise"]]
-    from paralab.grade.code import Statement, cell_statements
+    from paralab.grade.code import Statement
 
     stmts: list[Statement] = []
     for cell, start, text in job["statements"]:
@@ -442,6 +477,7 @@ def _run_job(job: dict) -> dict:
                 for w, h in job["plan"]
             ],
         }
+    cells = tuple((cell, start, text) for cell, start, text in job["statements"])
     results: list[dict] = []
     for world, hidden in job["plan"]:
         if results and _only_stubs(results[0]):  # an untouched stub raises everywhere
@@ -450,10 +486,11 @@ def _run_job(job: dict) -> dict:
                 {"world": world, "hidden": hidden, "actual": None, "failure": first, "verdict": ""}
             )
             continue
+        on_ranks = fn if world == 0 else CellFunction(exercise.name, job["function"], cells)
         per_rank, why, verdict = launch_world(
             case_outputs,
             world,
-            (fn, cases_of(exercise, hidden, job["case_seed"]), exercise.normalize),
+            (on_ranks, cases_of(exercise, hidden, job["case_seed"]), exercise.normalize),
             exercise.timeout,
         )
         results.append(

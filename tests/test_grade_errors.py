@@ -1,0 +1,84 @@
+"""The grader's errors name what went wrong and where: the cell and line of a syntax error, the
+path of a missing notebook, the flag to pass when a file name names no lab, the student's cell in
+a traceback raised on a rank."""
+
+import nbformat
+import pytest
+
+from paralab.exercises import EXERCISES
+from paralab.grade.__main__ import main
+from paralab.grade.submission import Submission, _run_job, grade_submission
+
+
+def _distributed_exercise():
+    return next(e for e in EXERCISES.values() if any(e.world_sizes))
+
+
+def _function(exercise) -> str:
+    return exercise.target.rsplit(".", 1)[1]
+
+
+def _answer_cell(source: str, function: str) -> dict:
+    return {"cell_type": "code", "source": source, "metadata": {"paralab": {"edit": [function]}}}
+
+
+def test_a_cell_that_does_not_parse_is_graded_as_its_syntax_error(tmp_path):
+    exercise = _distributed_exercise()
+    name = _function(exercise)
+    cells = [
+        {"cell_type": "markdown", "source": "# lab", "metadata": {}},
+        _answer_cell(f"import torch\n\ndef {name}(x:\n    return x\n", name),
+    ]
+    sub = Submission(tmp_path / "x_lab.ipynb", "student", exercise.lab, cells)
+    graded = grade_submission(sub, seed=1, budget_s=60, pristine=tmp_path)
+    row = next(r for r in graded.rows if r.exercise == exercise.name)
+    assert row.verdict == "ERROR" and row.points == 0
+    assert "syntax error in cell 2, line 3" in row.reason, row.reason
+    assert "MISSING" not in row.reason and "no definition" not in row.reason
+
+
+def test_a_missing_notebook_is_named_and_nothing_is_created(tmp_path, capsys):
+    missing = tmp_path / "absent" / "cp_ring_vs_ulysses_lab.ipynb"
+    with pytest.raises(SystemExit) as stopped:
+        main([str(missing), "--seed", "1"])
+    assert stopped.value.code == 2
+    assert f"no such notebook: {missing}" in capsys.readouterr().err
+    assert not missing.parent.exists()
+
+
+def test_a_file_name_that_names_no_lab_asks_for_lab(tmp_path, capsys):
+    handed_in = tmp_path / "homework.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), handed_in)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(handed_in), "--seed", "1"])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2
+    assert f"cannot tell the lab of {handed_in}" in err and "pass --lab" in err
+    assert "total" not in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["homework.ipynb"]
+
+
+def test_a_traceback_raised_on_a_rank_names_the_students_cell():
+    exercise = _distributed_exercise()
+    name = _function(exercise)
+    world = next(w for w in exercise.world_sizes if w > 1)
+    source = (
+        "import torch.distributed as dist\n"
+        f"def {name}(*args):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        raise ValueError('my index is off')\n"
+        "    return None\n"
+    )
+    job = {
+        "exercise": exercise.name,
+        "function": name,
+        "statements": [[4, 1, source]],
+        "plan": [(world, False)],
+        "case_seed": 0,
+    }
+    (result,) = _run_job(job)["worlds"]
+    assert result["actual"] is not None, result["failure"]
+    ok, text = result["actual"][1][0]
+    assert not ok and "ValueError: my index is off" in text
+    assert 'File "<cell 4>", line 4' in text, text
+    assert "<dynamic-code>" not in text
