@@ -195,3 +195,59 @@ def test_cp_subgroups_use_their_own_peers(world, cp_size):
                     atol=1e-12 * want.abs().max().item(),
                     name=f"group {i} {config.name} {name}",
                 )
+
+
+def _refusals(attention):
+    """Rank 1 passes q float32 with k/v float64, rank 0 good inputs; then both call again."""
+    rank = dist.get_rank()
+    good = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    q = good.float() if rank == 1 else good
+    try:
+        attention(q, good, good)
+        message = None
+    except ValueError as error:
+        message = str(error)
+    return message, attention(good, good, good).shape  # the next call runs, nothing hangs
+
+
+@pytest.mark.parametrize("attention", [cp.ring_attention, cp.ulysses_attention])
+def test_mismatched_dtypes_are_refused_on_every_rank_before_any_exchange(attention):
+    (msg0, shape0), (msg1, shape1) = run(_refusals, 2, attention, timeout=20)
+    assert "float32, torch.float64, torch.float64" in msg1
+    assert "rank(s) [1] of the group refused their inputs" in msg0
+    assert shape0 == shape1 == (1, 2, 4, 3)
+
+
+def _unequal_shards(attention):
+    seq = 2 + 2 * dist.get_rank()
+    q = torch.zeros(1, 2, seq, 3, dtype=torch.float64)
+    attention(q, q, q)
+
+
+@pytest.mark.parametrize("attention", [cp.ring_attention, cp.ulysses_attention])
+def test_unequal_shard_lengths_are_named_on_every_rank(attention):
+    with pytest.raises(LaunchError, match=r"sequence lengths \(dim 2\) rank 0: 2, rank 1: 4"):
+        run(_unequal_shards, 2, attention, timeout=20)
+
+
+def _outside_the_group():
+    group = dist.new_group([0, 1])
+    if dist.get_rank() != 2:
+        return None
+    q = torch.zeros(1, 2, 4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"global rank 2 is not in the group \(ranks \[0, 1\]\)"):
+        cp.ring_attention(q, q, q, group)
+    with pytest.raises(ValueError, match="global rank 2 is not in the group"):
+        cp.ulysses_attention(q, q, q, group)
+    return "refused"
+
+
+def test_a_rank_outside_the_group_is_told_so():
+    assert run(_outside_the_group, 3, timeout=20) == [None, None, "refused"]
+
+
+def test_head_dim_zero_is_refused_with_its_value():
+    q = torch.zeros(1, 2, 4, 0, dtype=torch.float64)
+    for attention in (cp.ring_attention, cp.ulysses_attention):
+        with pytest.raises(ValueError, match=r"head_dim = 0 \(dim 3\) in \(1, 2, 4, 0\)"):
+            attention(q, q, q)

@@ -12,7 +12,8 @@ The ledger replaces the functions in `torch.distributed` (and in
 for the duration of the `with` block, so calls made by torch internals —
 FSDP2 looks `dist.all_gather_single` up at call time — are counted too. Only
 the outermost call is counted: `all_gather_object` is one record, not one
-plus the `all_gather` it makes inside.
+plus the `all_gather` it makes inside. Calls inside `unrecorded()` (a guard that
+ranks agree on their inputs) are left out.
 
 Bytes follow one fixed cost model, per rank, with `n` the group size and `S`
 the bytes of the tensor named: ring all-reduce, all-gather and reduce-scatter
@@ -294,6 +295,23 @@ def in_phase(name: str) -> Iterator[None]:
     ledger = Ledger._active
     with ledger.phase(name) if ledger is not None else contextlib.nullcontext():
         yield
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Leave the calls made inside the block out of whichever Ledger is recording, if any.
+
+    For a guard such as ranks agreeing on their inputs before an algorithm starts:
+    the tables count the algorithm's traffic, and a guard is not part of it.
+    """
+    ledger = Ledger._active
+    if ledger is not None:
+        ledger._depth += 1
+    try:
+        yield
+    finally:
+        if ledger is not None:
+            ledger._depth -= 1
 
 
 def _rebind_p2p_ops(ops: Iterable[Any]) -> None:

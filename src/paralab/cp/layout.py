@@ -30,7 +30,7 @@ def check_sequence_divisible(seq_len: int, cp: int, *, zigzag: bool, dim: int = 
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, who: str) -> None:
-    """q, k, v must be 4-D (batch, heads, seq, head_dim) shards of the same shape."""
+    """q, k, v must be 4-D (batch, heads, seq, head_dim) shards of one shape, dtype and device."""
     if q.dim() != 4:
         raise ValueError(
             f"{who}: q must be (batch, heads, seq, head_dim), got {q.dim()} dims {tuple(q.shape)}"
@@ -39,6 +39,14 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, who: str) -> No
         raise ValueError(
             f"{who}: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    if q.shape[3] == 0:
+        raise ValueError(f"{who}: head_dim = 0 (dim 3) in {tuple(q.shape)}; it must be positive")
+    if not q.dtype == k.dtype == v.dtype or not q.dtype.is_floating_point:
+        raise ValueError(
+            f"{who}: q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not q.device == k.device == v.device:
+        raise ValueError(f"{who}: q, k, v devices differ: {q.device}, {k.device}, {v.device}")
 
 
 def shard_sequence(

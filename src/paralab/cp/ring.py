@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paralab.cp.agree import refuse_together
 from paralab.cp.blocks import attention_block, attention_block_backward, merge_partials
 from paralab.cp.layout import DIAGONAL, check_qkv, ring_blocks
 
@@ -160,6 +161,16 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def check_ring_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zigzag: bool) -> None:
+    """This rank's shards: one shape, dtype and device; a zigzag shard is two equal chunks."""
+    check_qkv(q, k, v, "ring_attention")
+    if zigzag and q.shape[2] % 2:
+        raise ValueError(
+            f"ring_attention(zigzag=True): local sequence length {q.shape[2]} (dim 2) is odd; "
+            "a zigzag shard is two equal chunks (cut it with shard_sequence(..., zigzag=True))"
+        )
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,13 +184,9 @@ def ring_attention(
 
     q, k, v: this rank's sequence shards, (batch, heads, seq/cp, head_dim), cut by
     `shard_sequence(..., zigzag=zigzag)`. Returns this rank's shard of the output.
+    Every rank checks its inputs and the ranks agree before the first send.
     """
-    check_qkv(q, k, v, "ring_attention")
-    if zigzag and q.shape[2] % 2:
-        raise ValueError(
-            f"ring_attention(zigzag=True): local sequence length {q.shape[2]} (dim 2) is odd; "
-            "a zigzag shard is two equal chunks (cut it with shard_sequence(..., zigzag=True))"
-        )
+    refuse_together(lambda: check_ring_inputs(q, k, v, zigzag), q, group, "ring_attention")
     return RingAttention.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), group, causal, zigzag
     )

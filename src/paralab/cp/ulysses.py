@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from paralab.cp.agree import refuse_together
 from paralab.cp.blocks import attention_block, attention_block_backward
 from paralab.cp.layout import check_qkv
 
@@ -154,12 +155,17 @@ def ulysses_attention(
 
     layout="sequence_sharded": q, k, v and the result are contiguous sequence shards
     (batch, heads, seq/cp, head_dim). layout="replicated": full (batch, heads, seq, head_dim)
-    on every rank, in and out.
+    on every rank, in and out. Every rank checks its inputs and the ranks agree before
+    the first all-to-all.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"ulysses_attention: layout = {layout!r}, expected one of {LAYOUTS}")
-    check_qkv(q, k, v, "ulysses_attention")
-    check_heads_divisible(q.shape[1], dist.get_world_size(group))
+
+    def check_inputs() -> None:
+        check_qkv(q, k, v, "ulysses_attention")
+        check_heads_divisible(q.shape[1], dist.get_world_size(group))
+
+    refuse_together(check_inputs, q, group, "ulysses_attention")
     return UlyssesAttention.apply(q, k, v, group, causal, layout)
 
 
