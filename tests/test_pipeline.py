@@ -88,3 +88,11 @@ def test_two_ranks_fsdp_alone_and_with_cfgp_match_one_process_bitwise(reference)
                 expected = costs.step_bytes(inference.make_denoiser(), pd, "ulysses", True, step)
                 measured = runs.sent_by_group(result, f"step {step}")
                 assert {g: measured[g] for g in expected} == expected, (layout, rank, step)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, None])
+def test_generate_refuses_steps_that_are_not_a_positive_int(steps):
+    with pytest.raises(
+        ValueError, match=rf"generate: steps must be an int >= 1, got steps={steps!r}"
+    ):
+        generate(steps=steps)

@@ -190,3 +190,17 @@ def test_compiled_full_ac_keeps_the_eager_bytes():
     assert compiled[0] == eager[0] == sum(activation_terms("full").values())
     for got, want in zip(compiled[1], eager[1]):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 2.0, True])
+def test_train_refuses_steps_that_are_not_a_positive_int(steps):
+    with pytest.raises(ValueError, match=rf"steps must be an int >= 1, got steps={steps!r}"):
+        train(ParallelDims(2, dp_shard=2), steps=steps)
+
+
+def test_train_refuses_an_inference_descriptor_naming_cfgp():
+    pd = ParallelDims(2, cfgp=2, enable_inference_mode=True)
+    with pytest.raises(
+        ValueError, match=r"inference layout \(enable_inference_mode=True, cfgp=2\)"
+    ):
+        train(pd)

@@ -327,6 +327,8 @@ def generate(
     `guidance_scale`. `attention`: the cp algorithm, "ulysses" or "ring";
     `reshard_after_forward`: FSDP2 frees the gathered parameters after each forward, or keeps them.
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"generate: steps must be an int >= 1, got steps={steps!r}")
     encoder, model = TinyVideoEncoder(), make_denoiser()
     decoder = make_decoder(model)
     pd = parallel_dims

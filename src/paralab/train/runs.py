@@ -111,6 +111,18 @@ def ensure_meshes(parallel_dims: ParallelDims) -> ParallelDims:
     return parallel_dims
 
 
+def check_training_args(parallel_dims: ParallelDims, steps: int) -> None:
+    """Refuse, naming the value, what would otherwise train nothing or train an inference layout."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"train: steps must be an int >= 1, got steps={steps!r}")
+    if parallel_dims.enable_inference_mode:
+        raise ValueError(
+            f"train: the descriptor is an inference layout (enable_inference_mode=True, "
+            f"cfgp={parallel_dims.cfgp}); CFG parallelism has no backward. Train with "
+            "enable_inference_mode=False and cfgp=1"
+        )
+
+
 def train(
     parallel_dims: ParallelDims,
     *,
@@ -127,6 +139,7 @@ def train(
     Runs on the current default process group (call it inside `paralab.launch.run`).
     The model is parallelized by `parallelize` (CP -> AC -> compile -> FSDP).
     """
+    check_training_args(parallel_dims, steps)
     pd = ensure_meshes(parallel_dims)
     model = parallelize(build_model(causal), pd, attention=attention, ac=ac, compile=compile)
     return training_loop(
