@@ -119,7 +119,7 @@ def _with_answer(code: str) -> nbformat.NotebookNode:
     return nb
 
 
-def _unscreened(found, exercise, name):
+def _unscreened(found, exercise, name, unparsed=()):
     """The grader with its courtesy screen off: only a missing or untouched answer is not run."""
     if found is None:
         return "MISSING", f"no definition of `{name}`"
