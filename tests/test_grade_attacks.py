@@ -147,9 +147,9 @@ def batch(tmp_path_factory):
     jobs = []
     real_run = grading.run_sandboxed
 
-    def recording(package, module, job, budget_s):
+    def recording(package, module, job, *limits):
         jobs.append(job)
-        return real_run(package, module, job, budget_s)
+        return real_run(package, module, job, *limits)
 
     started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
@@ -240,7 +240,8 @@ def test_the_seed_never_reaches_the_students_process(batch):
 def test_time_is_budgeted_per_submission_and_memory_and_output_are_capped(batch):
     assert "time budget of 20 s ran out" in _row(batch, "stacked-sleeps")["reason"]
     assert "File too large" in _row(batch, "output")["reason"], _row(batch, "output")
-    assert _row(batch, "memory")["verdict"] in ("ERROR", "FAIL"), _row(batch, "memory")
+    assert _row(batch, "memory")["verdict"] == "ERROR", _row(batch, "memory")
+    assert "may use 3 GiB: the grader's --memory" in _row(batch, "memory")["reason"]
 
 
 def test_an_unguarded_package_helper_that_answers_the_exercise_is_withheld(tmp_path):

@@ -1,6 +1,8 @@
 """The grader's errors name what went wrong and where: the cell and line of a syntax error, the
 path of a missing notebook, the flag to pass when a file name names no lab, the student's cell in
-a traceback raised on a rank."""
+a traceback raised on a rank, the memory cap a submission ran out of."""
+
+import json
 
 import nbformat
 import pytest
@@ -82,3 +84,49 @@ def test_a_traceback_raised_on_a_rank_names_the_students_cell():
     assert not ok and "ValueError: my index is off" in text
     assert 'File "<cell 4>", line 4' in text, text
     assert "<dynamic-code>" not in text
+
+
+ALLOCATES = """import torch
+
+def merge_partials(out, lse, block_out, block_lse):
+    held = torch.ones(3 << 29, dtype=torch.uint8)  # 1.5 GiB
+    new_lse = torch.logaddexp(lse, block_lse)
+    keep, add = torch.exp(lse - new_lse), torch.exp(block_lse - new_lse)
+    return out * keep.unsqueeze(-1) + block_out * add.unsqueeze(-1) + held[0] * 0, new_lse
+"""
+
+
+def test_memory_sets_each_processs_cap_and_the_feedback_names_it(tmp_path):
+    """The same honest answer, holding 1.5 GiB: under --memory 1G it fails and says what the cap
+    was and which flag sets it; under --memory 4G it scores its points."""
+    from test_grade_notebooks import LAB02, hand_in, notebook_name, release
+
+    nb = release(LAB02)
+    nb.cells.append(
+        nbformat.v4.new_code_cell(ALLOCATES, metadata={"paralab": {"edit": ["merge_partials"]}})
+    )
+    path = hand_in(tmp_path / "student" / notebook_name(LAB02), nb)
+    rows = {}
+    for memory in ("1G", "4G"):
+        scores = tmp_path / f"scores-{memory}.json"
+        main([str(path), "--seed", "3", "--memory", memory, "--json", str(scores)])
+        rows[memory] = next(
+            r for r in json.loads(scores.read_text()) if r["exercise"] == "merge_partials"
+        )
+    assert rows["1G"]["points"] == 0 and rows["1G"]["verdict"] == "ERROR", rows["1G"]
+    assert "may use 1 GiB: the grader's --memory" in rows["1G"]["reason"], rows["1G"]
+    points = EXERCISES["merge_partials"].points
+    assert (rows["4G"]["points"], rows["4G"]["verdict"]) == (points, "PASS"), rows["4G"]
+
+
+@pytest.mark.parametrize(
+    "memory, says", [("lots", "is not a size"), ("512M", "is below 1 GiB"), ("0", "is below")]
+)
+def test_a_memory_the_grader_cannot_use_is_refused_naming_it(tmp_path, capsys, memory, says):
+    handed_in = tmp_path / "cp_ring_vs_ulysses_lab.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), handed_in)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(handed_in), "--seed", "1", "--memory", memory])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --memory: {memory!r} {says}" in err, err

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from paralab.exercises import EXERCISES, for_lab
-from paralab.grade.sandbox import isolation
+from paralab.grade.sandbox import MEMORY_BYTES, MIN_MEMORY_BYTES, gibibytes, isolation
 from paralab.grade.submission import (
     Graded,
     Row,
@@ -32,6 +32,28 @@ def score_table(rows: list[Row]) -> str:
         ("total", f"{sum(r.points for r in rows):g}/{sum(r.max_points for r in rows)}", "")
     )
     return text_table(("exercise", "points", "verdict"), table)
+
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def memory_size(text: str) -> int:
+    """`3G`, `1500M`, `2.5G` or a number of bytes, as the address space a process may use."""
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number and number[-1] in UNITS:
+        number, unit = number[:-1], number[-1]
+    try:
+        size = int(float(number) * UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: write it as 3G, 1500M or a number of bytes"
+        ) from None
+    if size < MIN_MEMORY_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is below {gibibytes(MIN_MEMORY_BYTES)}: a submission's process needs about "
+            "0.9 GiB to import torch and start its ranks"
+        )
+    return size
 
 
 def _write(path: Path, text: str) -> None:
@@ -84,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds one submission may run, all its exercises together",
     )
     parser.add_argument(
+        "--memory",
+        type=memory_size,
+        default=MEMORY_BYTES,
+        help="address space each process of a submission may use, e.g. 3G (the default) or "
+        "1500M; a submission over it fails, and its feedback says so",
+    )
+    parser.add_argument(
         "--json", type=Path, help="write every row (student × exercise, and totals) as JSON"
     )
     parser.add_argument(
@@ -112,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     drawn = "" if args.seed is not None else f" (drawn at random: --seed {seed} grades these again)"
     print(f"seed {seed}{drawn}")
     print(isolation().describe(), flush=True)
+    print(f"each submission: {args.budget:g} s, {gibibytes(args.memory)} per process", flush=True)
     submissions = [read_submission(path, args.lab) for path in args.notebooks]  # before any runs
     graded: list[Graded] = []
     with tempfile.TemporaryDirectory(prefix="paralab-grading-") as tmp:
         pristine = pristine_package(Path(tmp) / "src")
         for sub in submissions:
-            result = grade_safely(sub, seed, args.budget, pristine)
+            result = grade_safely(sub, seed, args.budget, pristine, args.memory)
             print(
                 f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
                 f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",

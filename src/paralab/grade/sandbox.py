@@ -23,6 +23,7 @@ kill. `isolation()` says which applies; the grader prints it.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -36,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MEMORY_BYTES = 3 << 30
-"""Address space per process (torch with gloo ranks needs about 0.9 GiB of it)."""
+"""Default address space per process (`--memory`): torch with gloo ranks needs about 0.9 GiB."""
+MIN_MEMORY_BYTES = 1 << 30
+"""Below this a submission's process cannot even import torch and start its ranks."""
 OUTPUT_BYTES = 8 << 20
 """Largest file the student's processes may write (their captured output included)."""
 RESULT_BYTES = 64 << 20
@@ -84,6 +87,10 @@ def bwrap() -> str | None:
         check=False,
     )
     return path if probe.returncode == 0 else None
+
+
+def gibibytes(size: int) -> str:
+    return f"{size / (1 << 30):g} GiB"
 
 
 def isolation() -> Isolation:
@@ -158,9 +165,9 @@ def _environment(package: str, home: str) -> dict[str, str]:
     }
 
 
-def _limits() -> None:
+def _limits(memory_bytes: int) -> None:
     """In the child, before it runs anything: cap its memory and the files it writes."""
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -184,8 +191,11 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def run_sandboxed(package: Path, module: str, job: bytes, budget_s: float) -> SandboxRun:
-    """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`."""
+def run_sandboxed(
+    package: Path, module: str, job: bytes, budget_s: float, memory_bytes: int = MEMORY_BYTES
+) -> SandboxRun:
+    """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`,
+    each of its processes within `memory_bytes` of address space."""
     executable = bwrap()
     read_end, write_end = os.pipe()
     with tempfile.TemporaryDirectory(prefix="paralab-sandbox-") as tmp:
@@ -211,7 +221,7 @@ def run_sandboxed(package: Path, module: str, job: bytes, budget_s: float) -> Sa
                 env=env if env is not None else {"PATH": "/usr/bin:/bin"},
                 pass_fds=(write_end,),
                 start_new_session=True,
-                preexec_fn=_limits,
+                preexec_fn=functools.partial(_limits, memory_bytes),
             )
         os.close(write_end)
         result, flags = bytearray(), {"overflowed": False}

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import torch
 
 from paralab.exercises import EXERCISES, Exercise, for_lab
@@ -62,7 +61,7 @@ from paralab.grade.code import (
     statements,
     syntax_errors,
 )
-from paralab.grade.sandbox import RESULT_BYTES, run_sandboxed
+from paralab.grade.sandbox import MEMORY_BYTES, RESULT_BYTES, gibibytes, run_sandboxed
 from paralab.stubs import stub_package
 
 WORKER = "paralab.grade.submission"
@@ -122,6 +121,9 @@ def student_of(path: Path) -> str:
 
 def read_submission(path: Path, lab: str | None) -> Submission:
     """The notebook's cells, in memory: later changes to the file (by anyone) change nothing."""
+    import nbformat  # here, not at the top: the sandboxed worker never reads a notebook, and
+    # this import alone (jsonschema compiling a grammar) would cost it 1.4 s per submission
+
     submission = Submission(path, student_of(path), lab or lab_of(path))
     try:
         nb = nbformat.reads(path.read_text(), as_version=4)
@@ -259,12 +261,18 @@ def _zero(sub: Submission, exercise: Exercise, verdict: str, reason: str) -> Row
     return Row(sub.student, sub.lab or "?", exercise.name, 0, exercise.points, verdict, reason)
 
 
-def _stopped(run: Any, budget_s: float) -> tuple[str, str]:
+OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc")
+"""How running out of the address-space cap shows, in Python, in torch's allocator, in C++."""
+
+
+def _stopped(run: Any, budget_s: float, memory_bytes: int) -> tuple[str, str]:
     """Why the sandbox gave no result for an exercise (never its output, which may hold data)."""
     if run.timed_out:
         return "TIMEOUT", f"the submission's time budget of {budget_s:g} s ran out"
     if run.overflowed:
         return "ERROR", "the result is larger than the grader reads"
+    if any(marker in run.output_tail for marker in OUT_OF_MEMORY):
+        return "ERROR", f"the grading process ran out of memory{_memory_cap(memory_bytes)}"
     code = run.returncode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
@@ -273,7 +281,24 @@ def _stopped(run: Any, budget_s: float) -> tuple[str, str]:
     return "ERROR", f"the grading process stopped (exit {code}) before this exercise's result"
 
 
-def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path) -> Graded:
+def _memory_cap(memory_bytes: int) -> str:
+    return f" (each of its processes may use {gibibytes(memory_bytes)}: the grader's --memory)"
+
+
+def _with_memory_cap(reason: str, memory_bytes: int) -> str:
+    """A case that failed to allocate says what the cap was, and which flag sets it."""
+    if any(marker in reason for marker in OUT_OF_MEMORY):
+        return reason + _memory_cap(memory_bytes)
+    return reason
+
+
+def grade_submission(
+    sub: Submission,
+    seed: int,
+    budget_s: float,
+    pristine: Path,
+    memory_bytes: int = MEMORY_BYTES,
+) -> Graded:
     """Rows and feedback for one submission, graded in its own throwaway copy of the package."""
     if sub.lab is None:
         return Graded(sub, [], [f"{sub.path}: cannot tell the lab from the file name; pass --lab"])
@@ -319,13 +344,15 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
             package = Path(tmp) / "src"
             shutil.copytree(pristine, package)
             withhold_alternatives(package, sub.lab)
-            run = run_sandboxed(package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s)
+            run = run_sandboxed(
+                package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s, memory_bytes
+            )
         seconds = run.seconds
         got = frames(run.result)  # one per job, in the order of the jobs
         for i, job in enumerate(jobs):
             exercise = EXERCISES[job["exercise"]]
             if i >= len(got):
-                verdict, why = _stopped(run, budget_s)
+                verdict, why = _stopped(run, budget_s, memory_bytes)
                 rows[exercise.name] = _zero(sub, exercise, verdict, why)
                 continue
             try:
@@ -338,6 +365,7 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
             except Refused as exc:
                 rows[exercise.name] = _zero(sub, exercise, "REFUSED", str(exc))
                 continue
+            outcome.details = [_with_memory_cap(d, memory_bytes) for d in outcome.details]
             feedback[exercise.name] = report(exercise, outcome)
             rows[exercise.name] = Row(
                 sub.student,
@@ -357,10 +385,16 @@ def grade_submission(sub: Submission, seed: int, budget_s: float, pristine: Path
     return Graded(sub, ordered, texts, seconds)
 
 
-def grade_safely(sub: Submission, seed: int, budget_s: float, pristine: Path) -> Graded:
+def grade_safely(
+    sub: Submission,
+    seed: int,
+    budget_s: float,
+    pristine: Path,
+    memory_bytes: int = MEMORY_BYTES,
+) -> Graded:
     """`grade_submission`, where anything that still goes wrong is this student's zero rows."""
     try:
-        return grade_submission(sub, seed, budget_s, pristine)
+        return grade_submission(sub, seed, budget_s, pristine, memory_bytes)
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the batch
         why = f"the grader could not grade it ({type(exc).__name__})"
         rows = [_zero(sub, e, "ERROR", why) for e in for_lab(sub.lab or "")]
@@ -531,6 +565,11 @@ def _worker(result_fd: int) -> None:
 
 
 if __name__ == "__main__":
+    # Run as the package's module, not as `__main__`: what the ranks get (a `CellFunction`) then
+    # pickles by reference to `paralab.grade.submission`, which they import (ranks never import
+    # the parent's `__main__`).
+    from paralab.grade import submission
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--result-fd", type=int, required=True)
-    _worker(parser.parse_args().result_fd)
+    submission._worker(parser.parse_args().result_fd)
