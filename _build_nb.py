@@ -1,7 +1,8 @@
 """Build the lab notebooks from their sources, and optionally execute them.
 
     python _build_nb.py                 # labs/*/*_lab.py -> .ipynb (no outputs)
-    python _build_nb.py --execute       # build and run every lab, store outputs
+    python _build_nb.py --execute       # build and run every lab, store outputs (2 at a time)
+    python _build_nb.py --execute --jobs 1   # one lab after another
     python _build_nb.py --check         # fail if a committed notebook is stale
     python _build_nb.py --lab 01_fsdp_hsdp --execute
     python _build_nb.py --measure       # what a reader meets in each committed notebook
@@ -16,6 +17,7 @@ are made); this file is only its command line.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="labs executed at once (default: 2, or 1 on a one-core machine); lines stay in order",
+    )
+    parser.add_argument(
         "--site", action="store_true", help="build the static site (paralab.site) into site/"
     )
     args = parser.parse_args(argv)
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         for s, why in problems:
             print(f"{s.parent.name:<24} {'stale: ' + why if why else 'up to date'}")
         return 1 if any(why for _, why in problems) else 0
-    return 0 if notebooks.build_labs(sources, run=args.execute) else 1
+    return 0 if notebooks.build_labs(sources, run=args.execute, jobs=args.jobs) else 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import datetime
 import hashlib
 import importlib
 import inspect
+import multiprocessing
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ import tempfile
 import textwrap
 import time
 import types
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -391,23 +393,36 @@ def measure_labs(sources: list[Path]) -> str:
     )
 
 
-def build_labs(sources: list[Path], run: bool) -> bool:
-    """Build (and with `run`, execute) each lab notebook, one line per lab; True if every run passed."""
+def build_labs(sources: list[Path], run: bool, jobs: int = 1) -> bool:
+    """Build (and with `run`, execute) each lab notebook, one line per lab, in the labs' order;
+    True if every run passed. With `jobs` > 1 that many labs run at once, each in its own
+    process and kernel: a lab leaves cores idle while its kernel plots or waits on ranks."""
     _kernel_env()
     all_ok = True
+    if jobs > 1 and len(sources) > 1:
+        context = multiprocessing.get_context("spawn")  # never fork a process that ran kernels
+        with ProcessPoolExecutor(min(jobs, len(sources)), mp_context=context) as pool:
+            for ok, line in pool.map(_build_one, sources, [run] * len(sources)):
+                all_ok &= ok
+                print(line, flush=True)
+        return all_ok
     for source in sources:
-        start = time.monotonic()
-        nb = build(source)
-        verdict = "built"
-        if run:
-            ok, verdict = execute(nb, source.parent)
-            all_ok &= ok
-            verdict = ("ok    " if ok else "FAILED ") + verdict
-        nbformat.write(strip_volatile(nb), notebook_path(source))
-        print(
-            f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s", flush=True
-        )
+        ok, line = _build_one(source, run)
+        all_ok &= ok
+        print(line, flush=True)
     return all_ok
+
+
+def _build_one(source: Path, run: bool) -> tuple[bool, str]:
+    """One lab built (and executed), written, and its line: folder, verdict, seconds."""
+    start = time.monotonic()
+    nb = build(source)
+    ok, verdict = True, "built"
+    if run:
+        ok, verdict = execute(nb, source.parent)
+        verdict = ("ok    " if ok else "FAILED ") + verdict
+    nbformat.write(strip_volatile(nb), notebook_path(source))
+    return ok, f"{source.parent.name:<24} {verdict:<40} {time.monotonic() - start:6.1f} s"
 
 
 @dataclass
