@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = ["src", "tests", "tools", "labs", "_build_nb.py"]
+CHECKED = ["src", "tests", "tools", "labs", "_build_nb.py", "conftest.py"]
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
