@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)$")
+DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(.+?)\s*$")
 
 
 def busy_seconds() -> float | None:
