@@ -40,6 +40,7 @@ from paralab.scale.axes import (
 )
 from paralab.scale.cases import SHIPPED
 from paralab.scale.hardware import BASE_LATENCY, STEP_LATENCY
+from paralab.scale.models import COSMOS_LIKE_14B, LAB06_TOY
 from paralab.scale.plan import LB_EXCHANGE, LB_LOAD, plan_inference, plan_train, table, why
 from paralab.scale.predict import fsdp_unit_bytes, link_for, train_links
 from paralab.tables import text_table
@@ -165,20 +166,7 @@ show(plot_roofline())
 eight_b, seventy_b = model("llama3.1-8b"), model("llama3.1-70b")
 fsdp8 = fsdp_block_seconds(eight_b, H100, 8, 16384, FITTED["h100-sxm"]["gemm"])
 fsdp128 = fsdp_block_seconds(eight_b, H100, 128, 16384, FITTED["h100-sxm"]["gemm"])
-h = 5120
-cosmos14 = model(
-    {
-        "kind": "dit",
-        "layers": 36,
-        "hidden": h,
-        "heads": 40,
-        "branches": 2,
-        "matmul_per_layer": 14 * h * h,
-        "params": 36 * 15 * h * h,
-        "name": "cosmos-14b",
-    }
-)
-toy = model({"kind": "dit", "layers": 2, "hidden": 16, "heads": 2, "branches": 2})
+cosmos14, toy = model(COSMOS_LIKE_14B), model(LAB06_TOY)  # 14B: 36 blocks of 5120, 40 heads
 real_step, toy_step = (
     inference_step_bytes(cosmos14, 8, 8, 75_600),
     inference_step_bytes(toy, 4, 2, 64),

@@ -240,3 +240,20 @@ def model(spec: str | dict) -> ModelShape:
         fields["matmul_per_layer"] = 12 * fields["hidden"] ** 2
         fields.setdefault("params", fields["layers"] * 18 * fields["hidden"] ** 2)
     return ModelShape(**fields)
+
+
+_COSMOS_14B_H = 5120
+COSMOS_LIKE_14B = {
+    "kind": "dit",
+    "layers": 36,
+    "hidden": _COSMOS_14B_H,
+    "heads": 40,
+    "branches": 2,
+    "matmul_per_layer": 14 * _COSMOS_14B_H**2,
+    "params": 36 * 15 * _COSMOS_14B_H**2,
+    "name": "cosmos-14b",
+}
+"""A Cosmos-like 14B DiT (36 blocks of 5120 with 40 heads, cross-attention: 14 h^2 a token), the
+size at which lab 11 evaluates lab 06's step bytes; an inline table for `model`, not a preset."""
+LAB06_TOY = {"kind": "dit", "layers": 2, "hidden": 16, "heads": 2, "branches": 2}
+"""The toy DiT lab 06 runs on its ranks, as an inline table for `model`."""

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from paralab.scale import FITTED, Layout, Workload, hardware, load_cases, model, predict
 from paralab.scale.axes import alpha_beta_knee, inference_step_bytes, ring_collective_seconds
+from paralab.scale.models import COSMOS_LIKE_14B, LAB06_TOY
 from paralab.scale.plan import describe
 from paralab.scale.predict import link_for
 from paralab.viz.common import PALETTE
@@ -75,21 +76,9 @@ def plot_axis_seconds(rows: dict[str, dict[str, float]]) -> Figure:
 
 def plot_cosmos_step_bytes(dp_shard: int = 8, cp: int = 8, tokens: int = 75_600) -> Figure:
     """Lab 06's all-gathers against its cp traffic: toy size (as the lab ran) vs 14B, 75,600 tokens."""
-    h = 5120  # Cosmos 14B: 36 blocks of 5120 with 40 heads, cross-attention (14 h^2 a token)
-    m = model(
-        {
-            "kind": "dit",
-            "layers": 36,
-            "hidden": h,
-            "heads": 40,
-            "branches": 2,
-            "matmul_per_layer": 14 * h * h,
-            "params": 36 * 15 * h * h,
-            "name": "cosmos-14b",
-        }
-    )
+    m = model(COSMOS_LIKE_14B)
     real = inference_step_bytes(m, dp_shard, cp, tokens)
-    toy_model = model({"kind": "dit", "layers": 2, "hidden": 16, "heads": 2, "branches": 2})
+    toy_model = model(LAB06_TOY)
     toy = inference_step_bytes(toy_model, 4, 2, 64)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, (title, data) in zip(
