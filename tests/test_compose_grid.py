@@ -25,6 +25,18 @@ from paralab.parallel_dims import ParallelDims, predict_groups
 MAX_WORLD = 64
 
 
+def _groups_along(mesh: torch.Tensor, names: tuple, along: list) -> list[tuple]:
+    """Per rank, the ranks of its group along the named dims of `mesh` (a rank -> group table)."""
+    idx = [names.index(d) for d in along]
+    rest = [i for i in range(len(names)) if i not in idx]
+    rows = mesh.permute(rest + idx).reshape(-1, math.prod(mesh.shape[i] for i in idx))
+    table: list = [None] * mesh.numel()
+    for row in rows.tolist():
+        for r in row:
+            table[r] = tuple(row)
+    return table
+
+
 def torchtitan_dp_shard(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp) -> int | None:
     """torchtitan's decision: the (inferred) dp_shard when accepted, None when an assert fires."""
     if any(d < 1 for d in (dp_replicate, cp, tp, pp, ep, etp)):
@@ -69,16 +81,7 @@ def torchtitan_groups(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp) -> dic
     }
     if ep > 1:
         dims["ep"] = ["dp_shard_in_ep", "cp"] + (["tp"] if etp == 1 else [])
-    out = {}
-    for name, along in dims.items():
-        idx = [names.index(d) for d in along]
-        rest = [i for i in range(len(names)) if i not in idx]
-        rows = mesh.permute(rest + idx).reshape(-1, math.prod(sizes[i] for i in idx))
-        table: list = [None] * world
-        for row in rows.tolist():
-            for r in row:
-                table[r] = tuple(row)
-        out[name] = table
+    out = {name: _groups_along(mesh, names, along) for name, along in dims.items()}
     if ep == 1:
         out["ep"] = [(r,) for r in range(world)]
     return out
@@ -238,14 +241,7 @@ def torchtitan_238fa99_groups(world, dp_replicate, dp_shard, cp, tp, pp, ep, etp
     for mesh_name, (names, sizes) in meshes.items():
         mesh = torch.arange(world).reshape(sizes)
         for name, along in wanted[mesh_name].items():
-            idx = [names.index(d) for d in along]
-            rest = [i for i in range(len(names)) if i not in idx]
-            rows = mesh.permute(rest + idx).reshape(-1, math.prod(sizes[i] for i in idx))
-            table: list = [None] * world
-            for row in rows.tolist():
-                for r in row:
-                    table[r] = tuple(row)
-            out[name] = table
+            out[name] = _groups_along(mesh, names, along)
     return out
 
 
