@@ -130,3 +130,12 @@ def test_a_memory_the_grader_cannot_use_is_refused_naming_it(tmp_path, capsys, m
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --memory: {memory!r} {says}" in err, err
+
+
+def test_the_instructors_readme_states_the_default_memory_cap():
+    from pathlib import Path
+
+    from paralab.grade.sandbox import MEMORY_BYTES
+
+    readme = (Path(__file__).resolve().parents[1] / "labs" / "README.md").read_text()
+    assert f"`--memory`, {MEMORY_BYTES >> 30}G unless you say" in " ".join(readme.split())
