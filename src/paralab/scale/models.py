@@ -230,6 +230,11 @@ def model(spec: str | dict) -> ModelShape:
             raise ValueError(f"unknown model {spec!r}; presets: {sorted(MODELS)}")
         return MODELS[spec]
     fields = dict(spec)
+    if "preset" in fields:  # a preset with some fields changed: {preset = "...", branches = 1}
+        from dataclasses import replace
+
+        base = model(fields.pop("preset"))
+        return replace(base, name=fields.pop("name", base.name), **fields)
     fields.setdefault("name", "inline")
     fields.setdefault("head_dim", fields["hidden"] // fields["heads"])
     if "patch" in fields:

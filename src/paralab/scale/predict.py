@@ -84,6 +84,8 @@ class Workload:
     dtype: str = "bf16"
     ac: str = "none"
     compile: bool = False
+    forward_only: bool = False
+    """For "attention": the forward alone (ring-flash-attention's "fwd only" rows)."""
 
 
 @dataclass(frozen=True)
@@ -348,20 +350,71 @@ def _inference_cp(
 
 
 # ------------------------------------------------------------------ attention alone
+def ring_critical_blocks(cp_kind: str, cp: int) -> float:
+    """Causal attention on a ring of `cp` ranks: the blocks on the critical path, in units of one
+    full (unmasked) local block, the ranks in lockstep (each hop waits for its K/V).
+
+    Step 0 is every rank's own causal diagonal, half a block. After it, zhuzilin/
+    ring-flash-attention@8996282 computes, per step:
+    - `ring` (contiguous shards): rank r a full block while the K/V come from a rank before it,
+      nothing after; the last rank works every step, so cp - 1 full blocks follow;
+    - `zigzag` (chunks i and 2cp - 1 - i): every rank half a block every step;
+    - `stripe` (tokens r, r + cp, ...): every rank a causal block (half) every step.
+    The ideal, the causal work spread evenly, is cp / 2 blocks: a plain ring takes
+    (2cp - 1) / cp times that, zigzag and stripe exactly that."""
+    if cp_kind == "ring":
+        return 0.5 + (cp - 1)
+    if cp_kind in ("zigzag", "stripe"):
+        return cp / 2
+    raise ValueError(f"ring attention kind must be ring, zigzag or stripe, got {cp_kind!r}")
+
+
+MERGE_BYTES = {"forward": 10, "stripe_forward": 18, "backward": 18}
+"""HBM bytes per element of q (tokens x heads x head_dim) that one ring hop's bookkeeping moves,
+counted from ring-flash-attention@8996282:ring_flash_attn/utils.py and the three kernels' loops:
+forward, `_update_out_and_lse` (a TorchScript function, its elementwise chain fused into one
+pass) reads the fp32 out (4) and the bf16 block out (2) and writes the fp32 out (4); stripe's
+hops from a later rank merge a slice `out[slice_]` and write it back (+ 4 read, 4 written);
+backward, `dq += block_dq` in fp32 (12) and dk, dv the same on K/V's quarter of q's size under
+8 of 32 heads (2 x 12 / 4 = 6)."""
+
+
+def ring_merge_time(q_elements: float, hops: int, hw: Hardware, pass_: str) -> float:
+    """The per-hop merge of a ring's partial outputs (or gradients), bytes over HBM bandwidth:
+    it runs between the hop's attention kernels, on the same stream, so it is not hidden."""
+    return hops * q_elements * MERGE_BYTES[pass_] / hw.hbm_bandwidth
+
+
 def predict_attention(
     m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
 ) -> Prediction:
-    """ring-flash-attention's efficiency: cp x (one GPU's attention on its `seq` tokens) over
-    the ring's time on cp x seq tokens (forward + backward, causal, zigzag-balanced)."""
-    cp, seq = layout.cp, w.seq
-    one_fwd = 2 * seq * seq * m.attention_width  # causal, on one GPU's tokens
-    per_call = one_fwd * (1 + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
-    ideal = cp * compute_time(per_call, hw, "bf16", eff["attention"])
-    link = train_links(hw, layout)["cp"]
-    ring = Workload("train", seq=seq * cp)
-    exposed = _train_cp(m, hw, layout, ring, link, eff) if cp > 1 else 0.0
-    out = {"compute: attention": ideal, "exposed: cp": exposed}
-    seconds = ideal + exposed
+    """ring-flash-attention's efficiency: cp x (one GPU's causal attention on its `seq` tokens)
+    over the ring's time on cp x seq tokens, forward (+ backward unless `forward_only`).
+
+    The ring's time: the critical path's blocks (`ring_critical_blocks`), each hop's merge
+    (`ring_merge_time`), and whatever of each hop's K/V transfer its block does not hide."""
+    cp, seq, kind = layout.cp, w.seq, layout.cp_kind
+    bwd = 0.0 if w.forward_only else BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED
+    full_fwd = 4 * seq * seq * m.attention_width  # one full local block: q and k of seq tokens
+    per_block = compute_time(full_fwd * (1 + bwd), hw, "bf16", eff["attention"])
+    ideal = cp * per_block / 2  # one GPU's causal call, cp times
+    out = {"compute: attention": ideal}
+    if cp > 1:
+        out["ring imbalance"] = (ring_critical_blocks(kind, cp) - cp / 2) * per_block
+        q_elements = seq * m.attention_width
+        fwd_pass = "stripe_forward" if kind == "stripe" else "forward"
+        merge = ring_merge_time(q_elements, cp - 1, hw, fwd_pass)
+        if not w.forward_only:
+            merge += ring_merge_time(q_elements, cp - 1, hw, "backward")
+        out["ring merges (HBM)"] = merge
+        link = train_links(hw, layout)["cp"]
+        sent = ring_bytes(shard_bytes(1, m.kv_heads, seq * cp, m.head_dim, cp, ACT_BYTES), cp)
+        hop_block = per_block / (1 + bwd) / 2  # every rank computes at least half a block a hop
+        exposed = ring_exposed(sent["forward"] / (cp - 1), hop_block, cp, link)
+        if not w.forward_only:
+            exposed += ring_exposed(sent["backward"] / (cp - 1), hop_block * bwd, cp, link)
+        out["exposed: cp"] = exposed
+    seconds = sum(out.values())
     return Prediction(seconds, out, efficiency=ideal / seconds)
 
 
