@@ -6,8 +6,8 @@
 # latency per step plus bytes over a bus bandwidth), the roofline of a kernel (FLOPs over
 # peak, or bytes over memory bandwidth, whichever is slower), which traffic hides behind
 # compute and which is exposed, why a parallel run can be slower than one GPU, how far such
-# a model lands from ten published GPU measurements, and how it ranks the layouts of a model
-# on a cluster. **Prerequisites:** the collectives primer (the ring's bytes), labs 01–03 and
+# a model lands from ten published GPU measurements it is fitted on and 58 it is not, and how
+# it ranks the layouts of a model on a cluster. **Prerequisites:** the collectives primer (the ring's bytes), labs 01–03 and
 # 06–08 for the formulas this lab evaluates. **Time:** about 30 minutes to read; nothing here
 # launches ranks, so it runs in seconds (the last cell prints this notebook's run time).
 #
@@ -40,9 +40,10 @@ from paralab.scale.axes import (
 )
 from paralab.scale.cases import SHIPPED
 from paralab.scale.hardware import BASE_LATENCY, STEP_LATENCY
+from paralab.scale.heldout import GENERALIZATION, MISSES, fixed_seconds
 from paralab.scale.models import COSMOS_LIKE_14B, LAB06_TOY
 from paralab.scale.plan import LB_EXCHANGE, LB_LOAD, plan_inference, plan_train, table, why
-from paralab.scale.predict import fsdp_unit_bytes, link_for, train_links
+from paralab.scale.predict import fsdp_unit_bytes, link_for, ring_critical_blocks, train_links
 from paralab.tables import text_table
 from paralab.tp.costs import block_bytes
 from paralab.viz import (
@@ -333,11 +334,19 @@ show(
 # question: the ring is slower only where a hop's transfer is longer than the block of
 # attention it hides behind: short sequences per GPU, slow links.
 #
+# Two more costs a ring pays, both counted. **Causal imbalance:** with contiguous shards, rank
+# r needs the K/V of ranks 0..r only, so the last rank computes a full block on every step while
+# rank 0 idles; the ranks move in lockstep, so the plain ring takes 0.5 + (cp − 1) blocks
+# where the work spread evenly is cp / 2: at 8 GPUs 7.5 against 4, an efficiency of at most
+# 8/15. Zigzag (chunks i and 2cp − 1 − i on rank i) and stripe (every cp-th token) give every
+# rank half a block a step. **Merges:** each hop's partial output is folded into the running
+# one in fp32 (`_update_out_and_lse`), HBM traffic between the attention kernels.
+#
 # **Predict before you run.** On 8 H100 NVL (PCIe between pairs), is a ring over 2,048 tokens
 # in all faster than one GPU doing the same 2,048 tokens?
 
 # %%
-# show: paralab.scale.predict.ring_exposed
+# show: paralab.scale.predict.ring_exposed paralab.scale.predict.ring_critical_blocks
 
 # %%
 shape = model("llama3-8b-attention")
@@ -352,11 +361,24 @@ h800 = predict(
     Workload("attention", seq=8192),
     FITTED["h100-sxm"],
 )
+plain = predict(
+    shape,
+    hardware("h800"),
+    Layout(cp=8, cp_kind="ring"),
+    Workload("attention", seq=8192),
+    FITTED["h100-sxm"],
+)
 slow_claims = [
     claim(
-        "8 H800, 8K tokens a GPU: the ring's hops hide (the README measures 90.2 %)",
-        h800.efficiency > 0.99,
+        "8 H800, 8K tokens a GPU: the zigzag ring's hops hide; merges cost a few % "
+        "(the README measures 90.2 %)",
+        h800.breakdown["exposed: cp"] == 0 and 0.95 < h800.efficiency < 0.99,
         f"predicted {h800.efficiency:.3f}",
+    ),
+    claim(
+        "the plain ring's last rank works every step: 7.5 blocks for 4, 8/15 (README: 53.9 %)",
+        ring_critical_blocks("ring", 8) == 7.5 and 0.5 < plain.efficiency < 8 / 15,
+        f"predicted {plain.efficiency:.3f}",
     ),
     claim(
         "8 H100 NVL, 2,048 tokens in all: the ring is slower than one GPU",
@@ -413,17 +435,109 @@ case_claims.append(
     claim("the stored efficiencies are the fit of the shipped cases", refit == FITTED, str(refit))
 )
 print(verdict_table(case_claims, "python -m paralab.scale check"))
-show(plot_prediction_scatter(check))
 
 # %% [markdown]
-# The largest errors are where the model is knowingly blind. HunyuanVideo on one GPU is
-# *faster* than the model says (+21 %; its 2-GPU run is 2.06× faster still: more than linear);
-# the 8-GPU run is slower (−14 %): measured, 8 GPUs are 5.6× one, the model says 7.9×. A fixed
-# cost of the pipeline (VAE decode, text encoders) that does not shrink with GPUs is not in a
-# denoiser-only model. torchtitan's 256K row
-# (+21 %) runs PyTorch's context-parallel SDPA, slower per FLOP than the plain kernels the
-# other rows fit. The ring-flash-attention row (+11 %) is the cost of the many small
-# kernels and merges a ring makes, which a FLOP count does not see.
+# **Held out.** The issue warns that other rows of the same sources will check that the model
+# generalizes. `GENERALIZATION.toml` (next to `CASES.toml`) holds every one the case vocabulary
+# can express: 58 rows, none read by the fit. Its check exits 1, honestly: `paralab.scale.
+# heldout.MISSES` names each row that misses and why, and the claims below check that exactly
+# those miss.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+held = check_rows(str(GENERALIZATION))
+print(
+    text_table(
+        ("held-out case", "predicted", "measured", "error"),
+        [
+            (
+                r["name"],
+                f"{r['predicted']:.4g}",
+                f"{r['measured']:.4g}",
+                f"{r['relative_error']:+.1%}",
+            )
+            for r in held
+        ],
+        align_right=(1, 2, 3),
+    )
+)
+
+# %%
+missed = {r["name"] for r in held if abs(r["relative_error"]) > 0.25}
+
+
+def _tally(prefix: str) -> str:
+    rows = [r for r in held if r["name"].startswith(prefix)]
+    return f"{sum(r['name'] not in missed for r in rows)}/{len(rows)}"
+
+
+by_cases = {c.name: c for c in load_cases(GENERALIZATION)} | {c.name: c for c in load_cases()}
+cosmos_one = fixed_seconds(
+    by_cases["cosmos-transfer2.5-2b edge 35 steps 1 h100-nvl"],
+    by_cases["cosmos-transfer2.5-2b edge distilled 4 steps 1 h100-nvl"],
+)
+held_claims = [
+    claim("the fit is unchanged by the held-out file", fit(load_cases()) == FITTED, "CASES.toml"),
+    claim(
+        "exactly the rows heldout.MISSES names miss the 25 % band",
+        missed == set(MISSES),
+        f"{len(held) - len(missed)}/{len(held)} within",
+    ),
+    claim(
+        "torchtitan, 8 to 512 GPUs, compile, Float8, CP, TP, PP: all but async TP within",
+        {n for n in missed if n.startswith("torchtitan")} == {n for n in MISSES if "async" in n},
+        _tally("torchtitan"),
+    ),
+    claim(
+        "ring-flash-attention: every ring and zigzag row within, stripe's fwd rows miss",
+        all("stripe" in n and n.endswith("fwd") for n in missed if n.startswith("ring")),
+        _tally("ring"),
+    ),
+    claim(
+        "xDiT HunyuanVideo, 1 to 6 GPUs: all but the 960x960 1-GPU run within",
+        _tally("xdit hunyuan") == "5/6",
+        _tally("xdit hunyuan"),
+    ),
+    claim(
+        "xDiT ConsisID with sequence parallelism: only Ring 2 within",
+        _tally("xdit consisid") == "1/10",
+        _tally("xdit consisid"),
+    ),
+    claim(
+        "Cosmos base, H100 NVL, H200 NVL, B200: the 1- and 4-GPU H200 NVL and 1-GPU B200 miss",
+        _tally("cosmos-transfer2.5-2b edge base") == "4/7",
+        _tally("cosmos-transfer2.5-2b edge base"),
+    ),
+    claim(
+        "Cosmos distilled (4 steps): all miss; base against distilled puts "
+        "seconds outside the denoiser",
+        _tally("cosmos-transfer2.5-2b edge distilled").startswith("0/"),
+        f"{cosmos_one[1]:.0f} s on one H100 NVL",
+    ),
+]
+print(verdict_table(held_claims, "python -m paralab.scale check GENERALIZATION.toml"))
+show(plot_prediction_scatter(check, held_out=held))
+
+# %% [markdown]
+# The largest errors are where the model is knowingly blind, and the held-out rows show
+# where that matters. Where the run is what the model counts (training steps, the ring, a
+# denoiser on one chip family) it generalizes: 14 of torchtitan's 15 held-out rows, up to 512
+# GPUs with TP and PP as the tables state them, and the ring benchmark's plain-ring rows, once its
+# causal imbalance is counted, land inside the band. It misses where the measurement holds
+# work it does not count:
+# - **Cosmos' distilled rows** (4 steps, one branch) are predicted at half or less: set
+#   against the base rows on the same GPUs, they imply seconds of VAE encode, decode and
+#   control extraction outside the denoiser's forwards (the claim above), which a
+#   denoiser-only model does not have;
+# - **xDiT's ConsisID with sequence parallelism** runs far below its FLOPs and bytes, while
+#   its CFG-parallel row scales almost linearly;
+# - **H200 NVL** has H100 NVL's dense peak on the datasheet yet runs the same forward 1.35×
+#   faster: the H100 NVL's lower board power holds its clocks down, and no cited
+#   sustained-clock figure in the presets captures it;
+# - **async TP** hides little of TP's traffic in practice, all of it in the model.
+#
+# Each reason is in `paralab.scale.heldout.MISSES`, word for word. None is tuned away: the
+# fitted efficiencies come from `CASES.toml` alone.
 
 # %% [markdown]
 # ## 5. The planner on two real questions
@@ -508,7 +622,7 @@ print(verdict_table(plan_claims, "the planner"))
 # 2. Check a row the model was not fitted on: ConsisID with Ring 3 × CFG 2 on 6 GPUs took
 #    35.78 s (xDiT's table). Run `predict(model("consisid"), H100, Layout(cp=3,
 #    cp_kind="ring", cfgp=2), Workload("diffusion", seq=17776, steps=50), FITTED["h100-sxm"])`
-#    and compare.
+#    and compare (it is a row of `GENERALIZATION.toml`).
 #
 #    <details><summary>Hint</summary>About 17.8 s, half the measurement: at 6 GPUs each
 #    one holds 5,900 tokens of a 5B model, and the per-step overheads a FLOP count does not

@@ -36,7 +36,7 @@ _POWER = (
     "400 W one cannot, and no cited sustained-clock figure is in the presets"
 )
 
-MISSES: dict[str, str] = {
+MISSES = {
     "torchtitan llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8": (
         "the model hides all of TP's traffic under async TP (its collectives are shorter than "
         "the GEMMs they are fused with); measured, async TP gained 5.7 % (876 against 829), "

@@ -129,10 +129,13 @@ def plot_ring_efficiency(names: tuple[str, ...] = ("h800", "h100-nvl"), cp: int 
     return fig
 
 
-def plot_prediction_scatter(rows: list[dict], tolerance: float = 0.25) -> Figure:
-    """Every case: predicted against measured (log-log, each in its own unit) and the band."""
+def plot_prediction_scatter(
+    rows: list[dict], tolerance: float = 0.25, held_out: list[dict] | None = None
+) -> Figure:
+    """Every case: predicted against measured (log-log, each in its own unit) and the band;
+    `held_out` rows (not fitted) as hollow marks, one legend entry for them all."""
     fig, ax = plt.subplots(figsize=(6, 5.5))
-    measured = np.array([r["measured"] for r in rows])
+    measured = np.array([r["measured"] for r in rows + (held_out or [])])
     line = np.logspace(np.log10(measured.min() / 2), np.log10(measured.max() * 2), 10)
     ax.fill_between(
         line, line * (1 - tolerance), line * (1 + tolerance), color="0.9", label=f"±{tolerance:.0%}"
@@ -145,6 +148,16 @@ def plot_prediction_scatter(rows: list[dict], tolerance: float = 0.25) -> Figure
             "o",
             color=PALETTE[i % len(PALETTE)],
             label=f"{r['name'][:38]} ({r['relative_error']:+.0%})",
+        )
+    if held_out:
+        inside = sum(abs(r["relative_error"]) <= tolerance for r in held_out)
+        ax.loglog(
+            [r["measured"] for r in held_out],
+            [r["predicted"] for r in held_out],
+            "o",
+            mfc="none",
+            color="0.4",
+            label=f"held out, not fitted: {inside}/{len(held_out)} within {tolerance:.0%}",
         )
     ax.set(xlabel="measured (tokens/s/GPU, s or efficiency)", ylabel="predicted")
     ax.legend(fontsize=6, loc="upper left")
