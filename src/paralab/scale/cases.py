@@ -13,10 +13,12 @@ measured = { tokens_per_s_per_gpu = 5762 }   # exactly one of tokens_per_s_per_g
 ```
 
 `workload`: `kind` ("train", "diffusion", "attention"), `seq` or `tokens`, `micro_batch`, `steps`,
-`dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`. `layout`: `dp_shard`,
-`dp_replicate`, `cp`, `cp_kind` ("ring", "zigzag", "ulysses"), `cfgp`, `tp`, `pp`,
-`schedule`, `microbatches`, and this package's extras `ulysses` (USP's all-to-all degree),
-`virtual` (stages per rank, interleaved) and `async_tp`. Keys it does not know are reported
+`dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`, and this package's
+extra `forward_only` ("attention" rows timed without the backward). `layout`: `dp_shard`,
+`dp_replicate`, `cp`, `cp_kind` ("ring", "zigzag", "ulysses", and the extra "stripe"), `cfgp`,
+`tp`, `pp`, `schedule`, `microbatches`, and this package's extras `ulysses` (USP's all-to-all
+degree), `virtual` (stages per rank, interleaved) and `async_tp`. `model` may also be a preset
+with fields changed: `{ preset = "cosmos-transfer2.5-2b", branches = 1 }`. Keys it does not know are reported
 and ignored, so a newer file still loads.
 """
 
