@@ -36,10 +36,10 @@ SOURCES = {
     "h100": "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/): "
     "SXM 989 TFLOP/s bf16 dense (1,979 with sparsity), fp8 1,979 dense, HBM3 80 GB at "
     "3.35 TB/s, NVLink 900 GB/s; NVL 835 TFLOP/s bf16 dense, fp8 1,671, 94 GB at 3.9 TB/s, "
-    "NVLink bridge 600 GB/s between a pair, PCIe Gen5 128 GB/s",
+    "NVLink bridge 600 GB/s between a pair, PCIe Gen5 128 GB/s, max board power 350-400 W",
     "h200": "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200/): 141 GB HBM3e at "
     "4.8 TB/s; SXM 989 TFLOP/s bf16 dense, NVLink 900 GB/s; NVL 835 TFLOP/s, NVLink bridge "
-    "900 GB/s (2- or 4-way), PCIe Gen5 128 GB/s",
+    "900 GB/s (2- or 4-way), PCIe Gen5 128 GB/s, max board power up to 600 W",
     "h800": "NVIDIA H800 SXM5 (the H100 SXM die with NVLink cut to 400 GB/s): 989 TFLOP/s bf16 "
     "dense, 80 GB HBM3 at 3.35 TB/s (NVIDIA/nccl-tests#153 runs 8 of them per node)",
     "a100": "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100/): SXM 80 GB, 312 TFLOP/s "

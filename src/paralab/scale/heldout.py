@@ -21,26 +21,42 @@ _CONSISID = (
     "Ulysses 2 at 75 % on the same GPUs, and the 6-GPU runs at 43-54 %; at these sizes the "
     "model's all-to-alls and hops cost about 1 s a video, so the missing seconds are outside "
     "what it counts (the USP / yunchang attention path on 48 heads of 64, the unsplit text at "
-    "degrees 3 and 6, per-step work every rank repeats)"
+    "degrees 3 and 6, per-step work every rank repeats). No source read names the machine's "
+    "links: xDiT's report and ConsisID's tools/parallel_inference README say only H100, so no "
+    "PCIe preset is cited for these rows"
 )
 _COSMOS_FIXED = (
     "the doc's 'diffusion time' holds seconds outside the 70 (base) or 4 (distilled) denoiser "
     "forwards: the generate_chunk timer of cosmos_transfer2/_src/transfer2/inference/"
     "inference_pipeline.py wraps the control extraction, VAE encode and decode too; "
     "`fixed_seconds` of the base and distilled rows on the same GPUs puts them at 38 s on one "
-    "H100 NVL. The model counts the denoiser alone"
+    "H100 NVL. The model counts the denoiser alone. Part of them is the Wan2.1 VAE: measured "
+    "at 5.113 s to encode and 9.256 s to decode 5 s of 720p on one A800 in bf16 (nono-Sang/"
+    "FastVAE's README), and a chunk encodes twice (the input video, then the edge map in "
+    "vid2vid_model_control_vace_rectified_flow.py's get_control_latent) and decodes once, the "
+    "tokenizer's context-parallel path off (wan2pt1.py: is_parallel defaults to False); no cited "
+    "figure carries those seconds to an H100 NVL, H200 NVL or B200"
 )
 _POWER = (
     "the same dense peak (835 TFLOP/s) on H200 NVL as on H100 NVL, but a forward runs 1.35x "
-    "faster there (`fixed_seconds`: 4.92 s against 6.64 s); the 600 W card sustains clocks the "
-    "400 W one cannot, and no cited sustained-clock figure is in the presets"
+    "faster there (`fixed_seconds`: 4.92 s against 6.64 s); the datasheets' board power (600 W "
+    "against 400 W) suggests sustained clocks, but no cited figure measures them. The same doc's "
+    "Segmentation table shows that H100 NVL running below its datasheet: one H100 PCIe, whose "
+    "datasheet peak is lower, generates the same 93 frames 1.69x sooner (264.13 s against "
+    "445.52 s); no public per-card sustained bf16 figure was found to put in a preset instead"
 )
 
 MISSES = {
     "torchtitan llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8": (
         "the model hides all of TP's traffic under async TP (its collectives are shorter than "
         "the GEMMs they are fused with); measured, async TP gained 5.7 % (876 against 829), "
-        "not the 34 % that hiding every all-reduce would"
+        "not the 34 % that hiding every all-reduce would. torchtitan's own async-TP benchmark "
+        "(benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, the same 70B FSDP 32 x TP 8 "
+        "full-AC layout on 500 W H100s) measures 1.04x to 1.16x, and the PyTorch post that "
+        "introduced it (discuss.pytorch.org/t/209487) ~20 % on the forward, ~8 % end to end; "
+        "torch 2.13's inductor runs its micro_pipeline_tp pass on every compiled graph, "
+        "forward and backward, and no source says which traffic stays exposed, so the model "
+        "keeps hiding all of it"
     ),
     "ring-flash-attention stripe 8xH800 fwd": (
         "stripe is balanced in FLOPs but each hop runs a causal kernel on shifted slices "
