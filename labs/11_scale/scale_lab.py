@@ -528,13 +528,18 @@ show(plot_prediction_scatter(check, held_out=held))
 # - **Cosmos' distilled rows** (4 steps, one branch) are predicted at half or less: set
 #   against the base rows on the same GPUs, they imply seconds of VAE encode, decode and
 #   control extraction outside the denoiser's forwards (the claim above), which a
-#   denoiser-only model does not have;
+#   denoiser-only model does not have; the Wan VAE's share is measured only on an A800, and
+#   no cited figure carries it to these cards;
 # - **xDiT's ConsisID with sequence parallelism** runs far below its FLOPs and bytes, while
-#   its CFG-parallel row scales almost linearly;
+#   its CFG-parallel row scales almost linearly; no source read names the links of the
+#   machine it was measured on, so no slower-link preset is cited for it;
 # - **H200 NVL** has H100 NVL's dense peak on the datasheet yet runs the same forward 1.35×
-#   faster: the H100 NVL's lower board power holds its clocks down, and no cited
-#   sustained-clock figure in the presets captures it;
-# - **async TP** hides little of TP's traffic in practice, all of it in the model.
+#   faster; the same doc's Segmentation table has an H100 PCIe, the card with the lower
+#   datasheet peak, finish well before the H100 NVL, so that H100 NVL runs below its
+#   datasheet, and no public sustained figure per card was found to put in a preset;
+# - **async TP** hides little of TP's traffic in practice, all of it in the model;
+#   torchtitan's own async-TP benchmark on the same layout gains far less than hiding it all
+#   would, and no source says which traffic stays exposed.
 #
 # Each reason is in `paralab.scale.heldout.MISSES`, word for word. None is tuned away: the
 # fitted efficiencies come from `CASES.toml` alone.
