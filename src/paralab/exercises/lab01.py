@@ -7,6 +7,8 @@ written once.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -21,10 +23,12 @@ LAB = "01_fsdp_hsdp"
 WIDTH, HIDDEN = 2, 3  # one MLPBlock of 17 parameters: padded to 18 on 2 ranks, to 20 on 4
 
 
+@functools.cache
 def _meshes(
     world: int, dp_replicate: int
 ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """(shard group, replicate group) of a (dp_replicate, world // dp_replicate) dp mesh."""
+    """(shard group, replicate group) of a (dp_replicate, world // dp_replicate) dp mesh, built
+    once per rank process: every case and grading seed at one layout shares its groups."""
     pd = ParallelDims(world, dp_shard=world // dp_replicate, dp_replicate=dp_replicate)
     pd.build_meshes("cpu")
     replicate = pd.dp_replicate_mesh.get_group() if pd.dp_replicate_mesh is not None else None

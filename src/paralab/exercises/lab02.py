@@ -6,6 +6,7 @@ clinic and tests/test_cp_dist.py import them from here, so each bug is written o
 
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
@@ -120,8 +121,10 @@ def merge_through_exp(out, lse, block_out, block_lse):
 
 
 # --------------------------------------------------------------------------- Ulysses all-to-alls
+@functools.cache
 def _cp_groups(world: int) -> list[tuple[dist.ProcessGroup, int]]:
-    """(group, its size): the whole world as one cp group and, at world 4, two cp groups of 2."""
+    """(group, its size): the whole world as one cp group and, at world 4, two cp groups of 2.
+    Built once per rank process: every case and grading seed shares them."""
     sizes = [world] + ([2] if world == 4 else [])
     groups = []
     for cp in sizes:
