@@ -70,7 +70,8 @@ def test_stub_exception_and_hang_each_get_their_own_words():
     assert "test_grade.py" not in report(exercise, error), (
         "only the learner's own frames (cells) are shown"
     )
-    hang = grade(dataclasses.replace(exercise, timeout=4.0), _collective_on_rank_zero_only)
+    one_world = dataclasses.replace(exercise, timeout=4.0, world_sizes=exercise.world_sizes[:1])
+    hang = grade(one_world, _collective_on_rank_zero_only)  # one world: each one waits 4 s
     assert hang.verdict == "TIMEOUT" and "never finished" in hang.details[0]
 
 
