@@ -31,7 +31,7 @@ from paralab.check import claim, closing_table, verdict_table
 from paralab.collectives.costs import all_gather_bytes
 from paralab.pp import bubble_formula, simulate
 from paralab.scale import FITTED, Layout, Workload, fit, hardware, load_cases, model, predict
-from paralab.scale.__main__ import check_rows
+from paralab.scale.__main__ import check_rows, error_table
 from paralab.scale.axes import (
     fsdp_block_seconds,
     inference_step_bytes,
@@ -406,21 +406,7 @@ show(plot_ring_efficiency())
 # NBVAL_IGNORE_OUTPUT
 check = check_rows(str(SHIPPED))
 refit = fit(load_cases())
-print(
-    text_table(
-        ("case", "predicted", "measured", "error"),
-        [
-            (
-                r["name"],
-                f"{r['predicted']:.4g}",
-                f"{r['measured']:.4g}",
-                f"{r['relative_error']:+.1%}",
-            )
-            for r in check
-        ],
-        align_right=(1, 2, 3),
-    )
-)
+print(error_table(check))
 
 # %%
 case_claims = [
@@ -437,8 +423,8 @@ case_claims.append(
 print(verdict_table(case_claims, "python -m paralab.scale check"))
 
 # %% [markdown]
-# **Held out.** The issue warns that other rows of the same sources will check that the model
-# generalizes. `GENERALIZATION.toml` (next to `CASES.toml`) holds every one the case vocabulary
+# **Held out.** A model fitted on the shipped rows proves little until it meets rows it was not
+# fitted on. `GENERALIZATION.toml` (next to `CASES.toml`) holds every one the case vocabulary
 # can express: 58 rows, none read by the fit. Its check exits 1, honestly: `paralab.scale.
 # heldout.MISSES` names each row that misses and why, and the claims below check that exactly
 # those miss.
@@ -446,21 +432,7 @@ print(verdict_table(case_claims, "python -m paralab.scale check"))
 # %%
 # NBVAL_IGNORE_OUTPUT
 held = check_rows(str(GENERALIZATION))
-print(
-    text_table(
-        ("held-out case", "predicted", "measured", "error"),
-        [
-            (
-                r["name"],
-                f"{r['predicted']:.4g}",
-                f"{r['measured']:.4g}",
-                f"{r['relative_error']:+.1%}",
-            )
-            for r in held
-        ],
-        align_right=(1, 2, 3),
-    )
-)
+print(error_table(held, "held-out case"))
 
 # %%
 missed = {r["name"] for r in held if abs(r["relative_error"]) > 0.25}

@@ -13,6 +13,7 @@ import sys
 
 from paralab.scale.cases import SHIPPED, load_cases
 from paralab.scale.fit import FITTED, fit, predict_case
+from paralab.tables import text_table
 
 TOLERANCE = 0.25
 
@@ -31,6 +32,23 @@ def check_rows(path: str) -> list[dict]:
             }
         )
     return rows
+
+
+def error_table(rows: list[dict], heading: str = "case") -> str:
+    """`check_rows` as a table: prediction, measurement and signed error per case."""
+    return text_table(
+        (heading, "predicted", "measured", "error"),
+        [
+            (
+                r["name"],
+                f"{r['predicted']:.4g}",
+                f"{r['measured']:.4g}",
+                f"{r['relative_error']:+.1%}",
+            )
+            for r in rows
+        ],
+        align_right=(1, 2, 3),
+    )
 
 
 def print_constants() -> None:
