@@ -354,19 +354,15 @@ ring_nvl = predict(
     shape, NVL, Layout(cp=8, cp_kind="zigzag"), Workload("attention", seq=256), FITTED["h100-nvl"]
 )
 one_nvl = predict(shape, NVL, Layout(cp=1), Workload("attention", seq=8 * 256), FITTED["h100-nvl"])
-h800 = predict(
-    shape,
-    hardware("h800"),
-    Layout(cp=8, cp_kind="zigzag"),
-    Workload("attention", seq=8192),
-    FITTED["h100-sxm"],
-)
-plain = predict(
-    shape,
-    hardware("h800"),
-    Layout(cp=8, cp_kind="ring"),
-    Workload("attention", seq=8192),
-    FITTED["h100-sxm"],
+h800, plain = (
+    predict(
+        shape,
+        hardware("h800"),
+        Layout(cp=8, cp_kind=kind),
+        Workload("attention", seq=8192),
+        FITTED["h100-sxm"],
+    )
+    for kind in ("zigzag", "ring")
 )
 slow_claims = [
     claim(
