@@ -7,7 +7,15 @@ from paralab.collectives.costs import all_gather_bytes, all_reduce_bytes
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
 from paralab.scale.hardware import BASE_LATENCY, Hardware
 from paralab.scale.models import ModelShape
-from paralab.scale.predict import ACT_BYTES, Layout, compute_time, fsdp_unit_bytes, link_for
+from paralab.scale.predict import (
+    ACT_BYTES,
+    Layout,
+    Workload,
+    block_forward_seconds,
+    compute_time,
+    fsdp_unit_bytes,
+    link_for,
+)
 
 COSMOS_LIKE_TOKENS = 75_600
 """Lab 06's Cosmos-like size: 21 latent frames of 45 x 80 patches."""
@@ -43,16 +51,17 @@ def inference_step_bytes(m: ModelShape, dp_shard: int, cp: int, tokens: int) -> 
 
 
 def fsdp_block_seconds(
-    m: ModelShape, hw: Hardware, dp_shard: int, tokens_per_gpu: int, gemm_eff: float
+    m: ModelShape, hw: Hardware, dp_shard: int, w: Workload, eff: dict[str, float]
 ) -> dict[str, float]:
     """One block's all-gather against the forward compute it hides behind, at `dp_shard` GPUs
-    (the node boundary is crossed beyond 8)."""
-    unit = fsdp_unit_bytes(m.block_params(), Layout(dp_shard=dp_shard))
+    (the node boundary is crossed beyond 8): the same `block_forward_seconds` (GEMMs and
+    attention) that `predict_train` hides it behind, for `w`'s sequences on each GPU."""
+    lo = Layout(dp_shard=dp_shard)
+    unit = fsdp_unit_bytes(m.block_params(), lo)
     link = link_for(hw, 1, dp_shard)
-    flops = 2 * m.matmul_per_layer * tokens_per_gpu
     return {
         "all-gather": link.time(unit["all_gather"], dp_shard - 1),
-        "block forward": compute_time(flops, hw, "bf16", gemm_eff),
+        "block forward": block_forward_seconds(m, hw, lo, w, eff),
         "link": link.name,
     }
 
@@ -68,4 +77,19 @@ def ring_hop_seconds(
     return {
         "hop": link_for(hw, 1, cp).time(hop, 1),
         "attention a hop": compute_time(flops, hw, "bf16", attention_eff),
+    }
+
+
+def cp_gather_seconds(
+    m: ModelShape, hw: Hardware, seq: int, cp: int, attention_eff: float
+) -> dict[str, float]:
+    """torchtitan's default CP exchange at a real size (`Layout.cp_rotate` "allgather"): one
+    all-gather of every rank's K and V shards (lab 02's ring bytes, bf16, in one collective)
+    against the first sub-SDPA it hides behind, the causal diagonal block (1/cp of a rank's 1/cp
+    share of the layer)."""
+    s = shard_bytes(1, m.kv_heads, seq, m.head_dim, cp, ACT_BYTES)
+    flops = 2 * seq * seq * m.attention_width / cp / cp
+    return {
+        "K/V all-gather": link_for(hw, 1, cp).time(ring_bytes(s, cp)["forward"], cp - 1),
+        "first block": compute_time(flops, hw, "bf16", attention_eff),
     }

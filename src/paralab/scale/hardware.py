@@ -6,14 +6,26 @@ so the time of a ring collective is simply (bytes one rank sends) / busbw, whate
 collective: all-gather, reduce-scatter and all-to-all send (n-1)/n S, all-reduce 2(n-1)/n S,
 and busbw is algbw times exactly that factor (nccl-tests' PERFORMANCE.md).
 
-The bus bandwidth a ring reaches is the per-direction line rate times NCCL's protocol
-efficiency, 370 / 450 on H100 NVLink (S. Jeaugey, NVIDIA/nccl-tests#212: "450GB/s is the line
-rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
-370GB/s"); the same factor is applied to every other link, NVLink or network.
+The bus bandwidth a ring reaches over NVLink is the per-direction line rate times NCCL's
+protocol efficiency, 370 / 450 on H100 NVLink (S. Jeaugey, NVIDIA/nccl-tests#212: "450GB/s is the
+line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
+370GB/s"); the factor is applied to every NVLink generation and to the NVL bridges. It is a
+statement about NVLink only. The network is set from what NCCL's maintainers expect of a NIC:
+"For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA/nccl-tests#290; 46, the lower end,
+is 92 % of the 50 GB/s line) and "24GB/s is the peak performance per 200G NIC"
+(NVIDIA/nccl-tests#119, 96 %). PCIe between NVLink pairs is a measured share (`pcie-pairs`).
 
 Latency per collective (alpha) follows NCCL's tuning model (`src/graph/tuning.cc`,
-NVIDIA/nccl@b647562): ring, Simple protocol, a base latency of 8.4 us per call plus a per-step
-latency of 3.4 us over NVLink, 5.7 us over PCI and 14.0 us over the network.
+NVIDIA/nccl@b647562, `ncclTopoTuneModel`), for the ring and the Simple protocol only: a base
+latency of 8.4 us per call plus a per-step latency of 3.4 us over NVLink, 5.7 us over PCI and
+14.0 us over the network. NCCL models the other protocols too (LL: 6.6 us + 0.6 us a step on
+NVLink; LL128) and picks the fastest per call (`ncclTopoGetAlgoTime`), so messages of a few KB
+run LL and cost less than this model says; every message the cases move is MBs, where Simple's
+bandwidth wins, and LL's and LL128's bandwidths depend on per-channel caps no preset carries.
+Of a group that spans nodes, only the steps that cross a node boundary pay the network's
+latency (`nInterSteps`: nodes - 1 of an all-gather's or reduce-scatter's n - 1 steps, 2 x nodes
+of an all-reduce's 2 (n - 1)); the others pay the intra-node latency, at least 3 x NCCL's
+network post overhead (`getNetOverhead`, 1 us on Intel and by default: 3 us for Simple).
 """
 
 from __future__ import annotations
@@ -25,12 +37,19 @@ GB = 1e9
 GiB = 2**30
 
 PROTOCOL_EFFICIENCY = 370 / 450
-"""NCCL's achieved busbw over the line rate (NVIDIA/nccl-tests#212, H100 NVLink)."""
+"""NCCL's achieved busbw over the line rate on NVLink (NVIDIA/nccl-tests#212, H100 NVLink)."""
 
 BASE_LATENCY = 8.4e-6
 """NCCL `baseLat` for Ring / Simple, seconds per collective call."""
 STEP_LATENCY = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}
 """NCCL `hwLat` for Ring / Simple, seconds per ring step, by link class."""
+NET_OVERHEAD = 3 * 1.0e-6
+"""NCCL's floor on a node's intra-node step once its ring crosses nodes: `getNetOverhead` (1 us
+on Intel CPUs and by default; AMD hosts get 2) times 3 for Simple."""
+LL_BASE_LATENCY = 6.6e-6
+LL_STEP_LATENCY = {"nvlink": 0.6e-6, "pci": 1.0e-6, "net": 2.7e-6}
+"""NCCL's Ring / LL latencies (the same tables): not used by the model, which is Ring / Simple
+only; the lab sets a small message's LL latency against Simple's."""
 
 SOURCES = {
     "h100": "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/): "
@@ -52,7 +71,15 @@ SOURCES = {
     "PCIe Gen4 (32 GB/s a direction): 62 % of the line; the same share of Gen5's 64 GB/s is "
     "40 GB/s",
     "ib-400": "400 Gb/s RDMA per GPU between hosts (torchtitan's benchmark hosts, "
-    "pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md; DGX H100/H200)",
+    "pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md; DGX H100/H200); "
+    "busbw 46 GB/s, the lower end of 'For NDR @ 400Gbps you should see 46-48GB/s per NIC' "
+    "(NVIDIA/nccl-tests#290)",
+    "hdr-200": "200 Gb/s HDR per GPU (DGX A100): busbw 24 GB/s, '24GB/s is the peak "
+    "performance per 200G NIC' (NVIDIA/nccl-tests#119)",
+    "nvl-bridge": "NVL cards are modelled as bridged in pairs (`pair_busbw`), every larger "
+    "group on PCIe; the H200 NVL datasheet allows 2- or 4-way bridges, and no source of the "
+    "Cosmos rows says which the measured machines had: an assumption, the same for H100 NVL "
+    "(whose bridge joins a pair) and H200 NVL",
 }
 
 
@@ -61,7 +88,8 @@ class Hardware:
     """One GPU of an 8-GPU node: peaks, memory, and the links its collectives cross.
 
     `pair_busbw` is for NVL cards, bridged in pairs: a group of 2 neighbours uses the bridge,
-    any larger group in the node runs at `intra_busbw` (PCIe). `intra_link` names NCCL's
+    any larger group in the node runs at `intra_busbw` (PCIe). Pairs are an assumption for
+    H200 NVL too, whose bridge may join 4 (`SOURCES["nvl-bridge"]`). `intra_link` names NCCL's
     latency class of `intra_busbw`.
     """
 
@@ -90,7 +118,10 @@ def _line(per_direction_bytes_per_s: float) -> float:
     return per_direction_bytes_per_s * PROTOCOL_EFFICIENCY
 
 
-IB_400 = _line(400e9 / 8)
+IB_400 = 46 * GB
+"""400 Gb/s NDR: NCCL's maintainers expect 46-48 GB/s busbw a NIC (NVIDIA/nccl-tests#290)."""
+HDR_200 = 24 * GB
+"""200 Gb/s HDR: "24GB/s is the peak performance per 200G NIC" (NVIDIA/nccl-tests#119)."""
 PCIE_PAIRS = 0.62 * 64 * GB
 
 HARDWARE: dict[str, Hardware] = {
@@ -118,7 +149,7 @@ HARDWARE: dict[str, Hardware] = {
             intra_link="pci",
             pair_busbw=_line(300 * GB),
             efficiency_from="h100-nvl",
-            source="h100; pcie-pairs; ib-400",
+            source="h100; pcie-pairs; nvl-bridge; ib-400",
         ),
         Hardware(
             "h200-sxm",
@@ -142,7 +173,7 @@ HARDWARE: dict[str, Hardware] = {
             intra_link="pci",
             pair_busbw=_line(450 * GB),
             efficiency_from="h100-nvl",
-            source="h200; pcie-pairs; ib-400",
+            source="h200; pcie-pairs; nvl-bridge; ib-400",
         ),
         Hardware(
             "h800",
@@ -162,9 +193,9 @@ HARDWARE: dict[str, Hardware] = {
             2.039 * TB,
             80 * GB,
             _line(300 * GB),
-            _line(25 * GB),
+            HDR_200,
             efficiency_from="h100-sxm",
-            source="a100",
+            source="a100; hdr-200",
         ),
         Hardware(
             "b200",
@@ -175,7 +206,7 @@ HARDWARE: dict[str, Hardware] = {
             _line(900 * GB),
             IB_400,
             efficiency_from="h100-sxm",
-            source="b200",
+            source="b200; ib-400",
         ),
     ]
 }

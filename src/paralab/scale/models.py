@@ -33,7 +33,10 @@ SOURCES = {
     "cosmos-transfer2.5-2b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/"
     "interactive/configs/registry_defaults/net_transfer.py (28 blocks, 2048, 16 heads, "
     "atten_backend minimal_a2a = Ulysses) + 4 VACE control blocks (control_layer4); 720p = "
-    "1280 x 704, Wan VAE 4x8x8, patch 2; guidance 3: two branches",
+    "1280 x 704, Wan VAE 4x8x8, patch 2; guidance 3: two branches; cross-attention over 512 "
+    "text tokens, the Reason1 embeddings padded or truncated to NUM_EMBEDDING_PADDING_TOKENS = "
+    "512 (nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/predict2/"
+    "text_encoders/text_encoder.py)",
     "flux.1-dev": "black-forest-labs/flux@802fb47:src/flux/util.py flux-dev: 19 double + 38 single "
     "blocks, hidden 3072, 24 heads, mlp x4, 512 text tokens; guidance-distilled (one forward)",
 }

@@ -12,6 +12,7 @@ parameters, gradients, optimizer state, activations under the AC mode, logits, F
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -20,13 +21,14 @@ from paralab.parallel_dims import ParallelDims
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import Hardware, hardware
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Prediction, Workload, link_for, predict
+from paralab.scale.predict import Layout, Prediction, Workload, fsdp_shard, link_for, predict
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
 from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalance
 
 TRAIN_STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer": 8}
-"""Per parameter, each sharded over dp_shard x tp x pp (torchtitan's FSDP2 mixed precision):
-the fp32 master weight, the fp32 gradient, AdamW's two fp32 moments."""
+"""Per parameter, each sharded over dp_shard x cp x tp x pp (torchtitan's FSDP2 mixed precision,
+FSDP on the flattened dp_shard x cp group: `predict.fsdp_shard`): the fp32 master weight, the
+fp32 gradient, AdamW's two fp32 moments."""
 RAW_VIDEO = (93, 704, 1280)
 """(frames, height, width) of the raw video each inference group encodes by default: 720p."""
 SAVED_BYTES_PER_TOKEN = {"none": 34, "selective": 16, "full": 2}
@@ -73,7 +75,7 @@ def powers_of_two(limit: int) -> list[int]:
 def train_memory(m: ModelShape, layout: Layout, w: Workload) -> dict[str, float]:
     """Bytes one GPU holds at its peak: sharded states, FSDP's gathered blocks, activations, logits."""
     lo = layout
-    shard = lo.dp_shard * lo.tp * lo.pp
+    shard = fsdp_shard(lo) * lo.tp * lo.pp
     tokens = w.micro_batch * w.seq // lo.cp
     layers = -(-m.layers // lo.pp)
     in_flight = min(lo.pp, lo.microbatches or w.micro_batch) if lo.pp > 1 else 1
@@ -86,7 +88,7 @@ def train_memory(m: ModelShape, layout: Layout, w: Workload) -> dict[str, float]
         **states,
         "activations": saved,
         "logits": LOGIT_BYTES * per_mb * m.vocab / lo.tp,
-        "FSDP buffers": (3 * m.block_params() * 2 / lo.tp) if lo.dp_shard > 1 else 0.0,
+        "FSDP buffers": (3 * m.block_params() * 2 / lo.tp) if fsdp_shard(lo) > 1 else 0.0,
     }
 
 
@@ -272,10 +274,25 @@ def why(rows: list[Row]) -> str:
         return (r.layout.cp, r.layout.cfgp, r.layout.tp, r.layout.pp)
 
     higher = best.score_name == "tokens/s/GPU"
-    pure_dp = [r for r in fitting if higher and axes(r) == (1, 1, 1, 1) and r is not best]
-    others = pure_dp or [r for r in fitting if axes(r) != axes(best)] or fitting[1:]
+
+    def tied(r: Row) -> bool:
+        return math.isclose(r.score, best.score, rel_tol=1e-9)
+
+    ties = [r for r in fitting[1:] if tied(r)]
+    pure_dp = [r for r in fitting if higher and axes(r) == (1, 1, 1, 1) and not tied(r)]
+    others = (
+        pure_dp
+        or [r for r in fitting if axes(r) != axes(best) and not tied(r)]
+        or [r for r in fitting[1:] if not tied(r)]
+    )
+    tie_note = (
+        f"; {', '.join(describe(r.layout) for r in ties[:3])}"
+        f"{f' and {len(ties) - 3} more' if len(ties) > 3 else ''} tie with it"
+        if ties
+        else ""
+    )
     if not others:
-        return f"{describe(best.layout)} is the only layout that fits in HBM."
+        return f"{describe(best.layout)} is the only layout that fits in HBM{tie_note}."
     other = others[0]
     keys = set(best.prediction.breakdown) | set(other.prediction.breakdown)
     gap = {
@@ -295,7 +312,7 @@ def why(rows: list[Row]) -> str:
     return (
         f"{describe(best.layout)} wins: against {'plain FSDP' if pure_dp else 'the runner-up'} "
         f"({describe(other.layout)}) it "
-        f"spends {gap[key]:.3g} s less on {key}{tail}."
+        f"spends {gap[key]:.3g} s less on {key}{tail}{tie_note}."
     )
 
 

@@ -9,12 +9,14 @@ alpha x steps + bytes / busbw on the link its group crosses. Overlap, as the eng
 |---|---|
 | FSDP all-gather / reduce-scatter | prefetched: hidden behind the neighbouring block's compute, the excess shows |
 | ring attention hop | hidden behind the block of attention it feeds, the excess shows |
+| torchtitan CP's K/V all-gather (default) | hidden behind the first sub-SDPA, the excess shows |
 | Ulysses all-to-all, TP all-reduce (no async TP), cfgp swap | exposed |
 | PP | the bubble of `paralab.pp.simulate`'s schedule, plus the fill and drain sends |
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from paralab.cfgp.costs import cfgp_bytes
@@ -22,7 +24,7 @@ from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_gqa_bytes, usp_byt
 from paralab.fsdp.costs import traffic_formula
 from paralab.pp.clock import simulate
 from paralab.pp.costs import boundary_bytes
-from paralab.scale.hardware import BASE_LATENCY, STEP_LATENCY, Hardware
+from paralab.scale.hardware import BASE_LATENCY, NET_OVERHEAD, STEP_LATENCY, Hardware
 from paralab.scale.models import ModelShape
 from paralab.tp.costs import block_bytes
 
@@ -39,9 +41,18 @@ BACKWARD_GEMM, BACKWARD_ATTENTION = 2.0, 2.5
 backward runs five GEMMs to the forward's two (it recomputes the scores; T. Dao in
 Dao-AILab/flash-attention#1525)."""
 BACKWARD_ATTENTION_SPEED = 1117.9 / 1418.1
-"""Flash attention's backward runs at 79 % of its forward's FLOP rate (causal, head dim 128,
-8K tokens: "FA Python fwd: 0.775ms, 1418.1 TFLOPS", "bwd: 2.459ms, 1117.9 TFLOPS",
-Dao-AILab/flash-attention#2280): a measured ratio, not a fit."""
+"""Flash attention's backward FLOP rate over its forward's: 79 %, BORROWED from Blackwell. The
+figure is FlashAttention-4 on SM100 ("FA Python fwd: 0.775ms, 1418.1 TFLOPS", "bwd: 2.459ms,
+1117.9 TFLOPS", causal, head dim 128, 8K tokens, batch 4 x 16 heads; Dao-AILab/flash-attention#2280),
+not a measurement on the Hopper chips the cases ran on. Hopper figures found, from
+hopper/benchmark_attn.py in Dao-AILab/flash-attention#1791 (causal, head dim 128, 8K tokens):
+FlashAttention-2 "fwd: 1.935ms, 284.1 TFLOPS", "bwd: 4.788ms, 287.1 TFLOPS" (101 %: FA2 is what
+ring-flash-attention calls and what torch's SDPA tries first) and FlashAttention-3 630.0 against
+531.6 (84 %). With FA2's 101 % the fit's best constants leave three shipped rows at 26-29 %
+(training attention then costs too little against the forward-only attention of the xDiT rows
+that share its efficiency); with FA3's 84 % they stay within. The model keeps the borrowed 79 %
+until a Hopper figure of the kernels the cases ran (torch SDPA under torchtitan, xDiT's
+backends) is found: a known departure, not a fit."""
 RECOMPUTE = {"none": (0.0, 0.0), "selective": (0.5, 0.0), "full": (1.0, 1.0)}
 """(GEMM, attention) forward FLOPs recomputed in the backward: torchtitan's op-level selective
 AC saves attention and every other matmul output; full AC recomputes the whole forward."""
@@ -67,6 +78,10 @@ class Layout:
     microbatches: int = 0
     virtual: int = 1
     async_tp: bool = False
+    cp_rotate: str = "allgather"
+    """Training only: torchtitan's `context_parallel_rotate_method`. "allgather" (its default,
+    pytorch/torchtitan@6b03ffa:torchtitan/config_manager.py) gathers every K/V shard once, behind
+    the first sub-SDPA; "alltoall" passes them a hop at a time, as a ring."""
 
     @property
     def world(self) -> int:
@@ -90,35 +105,75 @@ class Workload:
 
 @dataclass(frozen=True)
 class Link:
+    """The link a group's collectives cross: its busbw, the latency of a step inside a node, and,
+    for a group spanning `nodes` > 1 nodes, the network's latency on the steps that cross."""
+
     name: str
     busbw: float
     step_latency: float
+    nodes: int = 1
+    size: int = 0
+    """Ranks in the group."""
+
+    def inter_steps(self, steps: int) -> int:
+        """NCCL's `nInterSteps` (NVIDIA/nccl@b647562:src/graph/tuning.cc): of an all-reduce's
+        2 (n - 1) steps 2 x nodes cross a node boundary, of an all-gather's or reduce-scatter's
+        n - 1 steps nodes - 1; an all-to-all (grouped sends, outside tuning.cc's table) is charged
+        as an all-gather, a single send between neighbours (a ring hop) as crossing."""
+        if self.nodes <= 1:
+            return 0
+        if steps == 2 * (self.size - 1):
+            return min(steps, 2 * self.nodes)
+        if steps == self.size - 1:
+            return self.nodes - 1
+        return steps
 
     def time(self, bytes_sent: float, steps: int, calls: int = 1) -> float:
-        """alpha x steps + bytes / busbw, NCCL's model for `calls` collectives of `steps` steps."""
-        return calls * (BASE_LATENCY + steps * self.step_latency) + bytes_sent / self.busbw
+        """alpha + bytes / busbw, NCCL's Ring / Simple model for `calls` collectives of `steps`
+        steps: baseLat, then hwLat(NET) on the node-crossing steps and the intra-node hwLat on
+        the rest."""
+        inter = self.inter_steps(steps)
+        alpha = BASE_LATENCY + (steps - inter) * self.step_latency + inter * STEP_LATENCY["net"]
+        return calls * alpha + bytes_sent / self.busbw
 
 
+@functools.cache
 def link_for(hw: Hardware, stride: int, size: int) -> Link:
     """The link a group of `size` ranks, `stride` apart in rank order, crosses.
 
-    Ranks fill nodes in order, so the group stays in one node when stride x size <= node size;
-    a bridged pair of NVL cards (stride 1, size 2) uses its NVLink bridge."""
-    if stride * size > hw.gpus_per_node:
-        return Link("network", hw.inter_busbw, STEP_LATENCY["net"])
+    Ranks fill nodes in order, so node_size / stride of the group share a node: it stays in one
+    when stride x size <= node size. A group across nodes runs at the network's busbw; its steps
+    inside a node pay the intra-node latency, at least NCCL's `NET_OVERHEAD`. A bridged pair of
+    NVL cards (stride 1, size 2) uses its NVLink bridge."""
+    per_node = max(1, min(size, hw.gpus_per_node // stride))
+    nodes = -(-size // per_node)
+    if nodes > 1:
+        intra = max(STEP_LATENCY[hw.intra_link], NET_OVERHEAD)
+        return Link("network", hw.inter_busbw, intra, nodes, size)
     if hw.pair_busbw and size == 2 and stride == 1:
-        return Link("nvlink bridge", hw.pair_busbw, STEP_LATENCY["nvlink"])
-    return Link(hw.intra_link, hw.intra_busbw, STEP_LATENCY[hw.intra_link])
+        return Link("nvlink bridge", hw.pair_busbw, STEP_LATENCY["nvlink"], 1, size)
+    return Link(hw.intra_link, hw.intra_busbw, STEP_LATENCY[hw.intra_link], 1, size)
 
 
+@functools.cache
 def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
-    """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp, tp)."""
+    """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp,
+    tp), and "dp_shard_cp", the flattened dp_shard x cp group FSDP shards over (adjacent in the
+    mesh, so its stride is tp's size)."""
     out, stride = {}, 1
     for axis in reversed(TRAIN_MESH):
         size = getattr(layout, axis)
         out[axis] = link_for(hw, stride, size)
         stride *= size
+    out["dp_shard_cp"] = link_for(hw, layout.tp, layout.dp_shard * layout.cp)
     return out
+
+
+def fsdp_shard(layout: Layout) -> int:
+    """The ranks one FSDP group shards a parameter over in training: torchtitan's dp_shard x cp
+    (pytorch/torchtitan@6b03ffa:torchtitan/parallelisms/parallelize_llama.py applies FSDP on the
+    flattened "dp_shard_cp" mesh whenever dp_shard or cp is on)."""
+    return layout.dp_shard * layout.cp
 
 
 @dataclass
@@ -147,10 +202,13 @@ def _scaled(ledger_bytes: int, itemsize: int) -> float:
     return ledger_bytes * itemsize / LEDGER_ITEMSIZE
 
 
+@functools.cache
 def fsdp_unit_bytes(numel: int, layout: Layout, inference: bool = False) -> dict[str, float]:
     """Lab 01's `traffic_formula` for one unit at real dtypes: bytes one rank sends per gather
-    (bf16), per reduce-scatter and per replica all-reduce (fp32)."""
-    world = layout.dp_shard * layout.dp_replicate
+    (bf16), per reduce-scatter and per replica all-reduce (fp32). Training shards over
+    `fsdp_shard` (dp_shard x cp); inference over dp_shard alone (cp overlays the same ranks)."""
+    shard = layout.dp_shard if inference else fsdp_shard(layout)
+    world = shard * layout.dp_replicate
     ledger = traffic_formula("fsdp", [numel], world, layout.dp_replicate, not inference)
     gathers = 1 if inference else 2
     return {
@@ -173,6 +231,39 @@ def ring_exposed(hop_bytes: float, hop_compute: float, cp: int, link: Link) -> f
 
 
 # ------------------------------------------------------------------ training
+def layer_forward_flops(m: ModelShape, lo: Layout, w: Workload) -> tuple[float, float]:
+    """(GEMM, causal attention) forward FLOPs of one layer on one rank: `micro_batch` sequences
+    of `seq` tokens cut over cp x tp; a plain ring's busiest rank does (2cp - 1) / cp of the
+    even share of attention."""
+    split = lo.cp * lo.tp
+    imbalance = (2 * lo.cp - 1) / lo.cp if lo.cp_kind == "ring" and lo.cp > 1 else 1.0
+    gemm = 2 * m.matmul_per_layer * w.seq * w.micro_batch / split
+    attn = 2 * w.seq * w.seq * m.attention_width * w.micro_batch / split * imbalance
+    return gemm, attn
+
+
+def block_forward_seconds(
+    m: ModelShape, hw: Hardware, lo: Layout, w: Workload, eff: dict[str, float]
+) -> float:
+    """One block's forward on one rank, GEMMs (at the workload's dtype) and attention (bf16):
+    the compute FSDP's prefetched all-gather of the next block hides behind in `predict_train`."""
+    gemm, attn = layer_forward_flops(m, lo, w)
+    return compute_time(gemm, hw, w.dtype, eff["gemm"]) + compute_time(
+        attn, hw, "bf16", eff["attention"]
+    )
+
+
+@functools.cache
+def ring_backward_bytes(m: ModelShape, tp: int, seq: int, cp: int) -> dict[str, float]:
+    """A ring's backward traffic at the dtypes engines send: K and V again in bf16 (half of
+    `ring_bytes`' backward), and dK, dV home in fp32, the other half scaled to REDUCE_BYTES
+    (zhuzilin/ring-flash-attention@8996282 sends `dk_buffer.to(torch.float32)`; torch's CP
+    rotates its fp32 accumulators). `paralab.cp.costs.ring_bytes` counts one dtype for both."""
+    kv = ring_bytes(shard_bytes(1, m.kv_heads // tp, seq, m.head_dim, cp, ACT_BYTES), cp)
+    grads = ring_bytes(shard_bytes(1, m.kv_heads // tp, seq, m.head_dim, cp, REDUCE_BYTES), cp)
+    return {"kv": kv["backward"] - kv["forward"], "dkv": grads["backward"] - grads["forward"]}
+
+
 def predict_train(
     m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
 ) -> Prediction:
@@ -182,29 +273,25 @@ def predict_train(
     layers = -(-m.layers // lo.pp)  # the busiest stage sets the pace
     links = train_links(hw, lo)
     re_gemm, re_attn = RECOMPUTE[w.ac]
-    imbalance = (2 * lo.cp - 1) / lo.cp if lo.cp_kind == "ring" and lo.cp > 1 else 1.0
 
-    gemm_fwd_layer = 2 * m.matmul_per_layer * seq * b / split
-    attn_fwd_layer = 2 * seq * seq * m.attention_width * b / split * imbalance  # causal
+    gemm_fwd_layer, attn_fwd_layer = layer_forward_flops(m, lo, w)
     head_fwd = 2 * m.vocab * m.hidden * seq * b / split / lo.pp
     gemm_layer = gemm_fwd_layer * (1 + BACKWARD_GEMM + re_gemm)
     attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
     t_gemm = layers * compute_time(gemm_layer, hw, w.dtype, eff["gemm"])
     t_gemm += compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
     t_attn = layers * compute_time(attn_layer, hw, "bf16", eff["attention"])
-    local_params = m.params / (lo.dp_shard * lo.tp * lo.pp)
+    s = fsdp_shard(lo)
+    local_params = m.params / (s * lo.tp * lo.pp)
     t_optim = local_params * ADAM_BYTES_PER_PARAM / hw.hbm_bandwidth
-    t_fwd_block = compute_time(gemm_fwd_layer, hw, w.dtype, eff["gemm"]) + compute_time(
-        attn_fwd_layer, hw, "bf16", eff["attention"]
-    )
+    t_fwd_block = block_forward_seconds(m, hw, lo, w, eff)
     t_block = (t_gemm + t_attn) / layers
 
     out = {"compute: GEMM": t_gemm, "compute: attention": t_attn, "optimizer (HBM)": t_optim}
-    if lo.dp_shard * lo.dp_replicate > 1:
-        link = links["dp_shard"] if lo.dp_shard > 1 else links["dp_replicate"]
+    if s * lo.dp_replicate > 1:
+        link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
         unit = fsdp_unit_bytes(m.block_params() // lo.tp, lo)
         root = fsdp_unit_bytes(m.root_params() // lo.tp, lo)
-        s = lo.dp_shard
         ag = link.time(unit["all_gather"], s - 1)
         rs = link.time(unit["reduce_scatter"], s - 1)
         ar = links["dp_replicate"].time(unit["all_reduce"], 2 * (lo.dp_replicate - 1))
@@ -246,7 +333,13 @@ def _q_and_kv_shards(m: ModelShape, tp: int, seq: int, cp: int) -> tuple[int, in
 def _train_cp(
     m: ModelShape, hw: Hardware, lo: Layout, w: Workload, link: Link, eff: dict[str, float]
 ) -> float:
-    """Exposed cp time of one layer and one sequence (forward, backward, recompute)."""
+    """Exposed cp time of one layer and one sequence (forward, backward, recompute).
+
+    Ring kinds as torch's context parallel runs them under torchtitan: with `cp_rotate`
+    "allgather" (the default) each pass all-gathers every K/V shard in one collective, issued
+    before the first sub-SDPA (the diagonal block) and waited after it, so only that block hides
+    it; the backward's fp32 dK, dV still travel a hop at a time (torch's `dkv_rotater` is
+    all-to-all), each behind a hop's backward block. With "alltoall" K/V move hop by hop too."""
     cp, seq = lo.cp, w.seq
     recompute = RECOMPUTE[w.ac][1]
     if lo.cp_kind == "ulysses":
@@ -254,16 +347,23 @@ def _train_cp(
         one = link.time(sent["forward"], cp - 1, calls=4)
         return one * (2 + recompute)
     s = shard_bytes(1, m.kv_heads // lo.tp, seq, m.head_dim, cp, ACT_BYTES)
-    sent = ring_bytes(s, cp)
+    kv = ring_bytes(s, cp)["forward"]
+    dkv = ring_backward_bytes(m, lo.tp, seq, cp)["dkv"]
     attn_hop = 2 * seq * seq * m.attention_width / lo.tp / cp / cp
     hop_c = compute_time(attn_hop, hw, "bf16", eff["attention"])
-    fwd = ring_exposed(sent["forward"] / (cp - 1), hop_c, cp, link)
     bwd_c = hop_c * BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED
-    bwd = ring_exposed(sent["backward"] / (cp - 1), bwd_c, cp, link)
+    if lo.cp_rotate == "allgather":
+        gather = link.time(kv, cp - 1)
+        fwd = max(0.0, gather - hop_c)
+        bwd = max(0.0, gather - bwd_c) + ring_exposed(dkv / (cp - 1), bwd_c, cp, link)
+    else:
+        fwd = ring_exposed(kv / (cp - 1), hop_c, cp, link)
+        bwd = ring_exposed((kv + dkv) / (cp - 1), bwd_c, cp, link)
     return fwd * (1 + recompute) + bwd
 
 
 # ------------------------------------------------------------------ diffusion inference
+@functools.cache
 def inference_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Links of the inference axes from `ParallelDims.mesh_layouts`: overlay (rest, cfgp, cp)
     with cp innermost; dp (dp_replicate, dp_shard) with dp_shard innermost; lb (lb_rest, lb)."""
@@ -369,14 +469,15 @@ def ring_critical_blocks(cp_kind: str, cp: int) -> float:
     raise ValueError(f"ring attention kind must be ring, zigzag or stripe, got {cp_kind!r}")
 
 
-MERGE_BYTES = {"forward": 10, "stripe_forward": 18, "backward": 18}
+MERGE_BYTES = {"forward": 10, "stripe_forward": 18, "backward": 15}
 """HBM bytes per element of q (tokens x heads x head_dim) that one ring hop's bookkeeping moves,
 counted from ring-flash-attention@8996282:ring_flash_attn/utils.py and the three kernels' loops:
 forward, `_update_out_and_lse` (a TorchScript function, its elementwise chain fused into one
 pass) reads the fp32 out (4) and the bf16 block out (2) and writes the fp32 out (4); stripe's
 hops from a later rank merge a slice `out[slice_]` and write it back (+ 4 read, 4 written);
-backward, `dq += block_dq` in fp32 (12) and dk, dv the same on K/V's quarter of q's size under
-8 of 32 heads (2 x 12 / 4 = 6)."""
+backward, `dq += dq_buffer` reads the fp32 dq (4) and the bf16 block gradient (2) and writes
+the fp32 dq (4): 10, and dk, dv the same on K/V's quarter of q's size under 8 of 32 heads
+(2 x 10 / 4 = 5)."""
 
 
 def ring_merge_time(q_elements: float, hops: int, hw: Hardware, pass_: str) -> float:
@@ -412,7 +513,9 @@ def predict_attention(
         hop_block = per_block / (1 + bwd) / 2  # every rank computes at least half a block a hop
         exposed = ring_exposed(sent["forward"] / (cp - 1), hop_block, cp, link)
         if not w.forward_only:
-            exposed += ring_exposed(sent["backward"] / (cp - 1), hop_block * bwd, cp, link)
+            back = ring_backward_bytes(m, 1, seq * cp, cp)  # bf16 K, V and fp32 dK, dV a hop
+            hop = (back["kv"] + back["dkv"]) / (cp - 1)
+            exposed += ring_exposed(hop, hop_block * bwd, cp, link)
         out["exposed: cp"] = exposed
     seconds = sum(out.values())
     return Prediction(seconds, out, efficiency=ideal / seconds)
