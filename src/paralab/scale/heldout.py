@@ -22,17 +22,23 @@ _CONSISID = (
     "model's all-to-alls and hops cost about 1 s a video, so the missing seconds are outside "
     "what it counts (the USP / yunchang attention path on 48 heads of 64, the unsplit text at "
     "degrees 3 and 6, per-step work every rank repeats). No source read names the machine's "
-    "links: xDiT's report and ConsisID's tools/parallel_inference README say only H100, so no "
-    "PCIe preset is cited for these rows"
+    "links: xDiT's report and PKU-YuanGroup/ConsisID@60429e4:tools/parallel_inference/README.md "
+    "say only H100, so no PCIe preset is cited for these rows. What the seconds cover: the timer "
+    "of xdit-project/xDiT@57eb27f:examples/consisid_usp_example.py wraps one pipe(...) call (the "
+    "text encode, the reference image's VAE encode, 50 steps of two branches, the VAE decode); "
+    "the face models (prepare_face_models, process_face_embeddings_infer) run before it starts, "
+    "so the face extractor is not in them, and what the pipeline does once a video does not "
+    "shrink with the GPUs either"
 )
 _COSMOS_FIXED = (
     "the doc's 'diffusion time' holds seconds outside the 70 (base) or 4 (distilled) denoiser "
-    "forwards: the generate_chunk timer of cosmos_transfer2/_src/transfer2/inference/"
-    "inference_pipeline.py wraps the control extraction, VAE encode and decode too; "
+    "forwards: the generate_chunk timer of nvidia-cosmos/cosmos-transfer2.5@c9ad44b:"
+    "cosmos_transfer2/_src/transfer2/inference/inference_pipeline.py wraps the control "
+    "extraction, VAE encode and decode too; "
     "`fixed_seconds` of the base and distilled rows on the same GPUs puts them at 38 s on one "
     "H100 NVL. The model counts the denoiser alone. Part of them is the Wan2.1 VAE: measured "
     "at 5.113 s to encode and 9.256 s to decode 5 s of 720p on one A800 in bf16 (nono-Sang/"
-    "FastVAE's README), and a chunk encodes twice (the input video, then the edge map in "
+    "FastVAE@cd72332:README.md), and a chunk encodes twice (the input video, then the edge map in "
     "vid2vid_model_control_vace_rectified_flow.py's get_control_latent) and decodes once, the "
     "tokenizer's context-parallel path off (wan2pt1.py: is_parallel defaults to False); no cited "
     "figure carries those seconds to an H100 NVL, H200 NVL or B200"
@@ -43,7 +49,10 @@ _POWER = (
     "against 400 W) suggests sustained clocks, but no cited figure measures them. The same doc's "
     "Segmentation table shows that H100 NVL running below its datasheet: one H100 PCIe, whose "
     "datasheet peak is lower, generates the same 93 frames 1.69x sooner (264.13 s against "
-    "445.52 s); no public per-card sustained bf16 figure was found to put in a preset instead"
+    "445.52 s); no public per-card sustained bf16 figure was found to put in a preset instead. "
+    "The 4-GPU row also rests on the preset's links: NVL cards are modelled as bridged in pairs, "
+    "so a cp-4 group runs on PCIe; the H200 NVL bridge can join 2 or 4 cards and no source says "
+    "which the measured machine had (hardware.SOURCES['nvl-bridge'])"
 )
 
 MISSES = {
@@ -51,11 +60,11 @@ MISSES = {
         "the model hides all of TP's traffic under async TP (its collectives are shorter than "
         "the GEMMs they are fused with); measured, async TP gained 5.7 % (876 against 829), "
         "not the 34 % that hiding every all-reduce would. torchtitan's own async-TP benchmark "
-        "(benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, the same 70B FSDP 32 x TP 8 "
-        "full-AC layout on 500 W H100s) measures 1.04x to 1.16x, and the PyTorch post that "
-        "introduced it (discuss.pytorch.org/t/209487) ~20 % on the forward, ~8 % end to end; "
-        "torch 2.13's inductor runs its micro_pipeline_tp pass on every compiled graph, "
-        "forward and backward, and no source says which traffic stays exposed, so the model "
+        "(pytorch/torchtitan@2887250:benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, the "
+        "same 70B FSDP 32 x TP 8 full-AC layout on 500 W H100s) measures 1.04x to 1.16x, and "
+        "the PyTorch post that introduced it (discuss.pytorch.org/t/209487) ~20 % on the "
+        "forward, ~8 % end to end; torch 2.13's inductor runs its micro_pipeline_tp pass on "
+        "every compiled graph, forward and backward, and no source says which traffic stays exposed, so the model "
         "keeps hiding all of it"
     ),
     "ring-flash-attention stripe 8xH800 fwd": (
@@ -104,7 +113,9 @@ def fixed_seconds(base: Case, distilled: Case) -> tuple[float, float]:
     """(seconds a forward, seconds outside the forwards) implied by Cosmos' base and distilled
     rows on the same GPUs: base = fixed + 70 f and distilled = fixed + 4 f (35 steps of two
     branches against 4 of one). A diagnosis of the measurements, not used by the model."""
+    ### BEGIN SOLUTION
     n_base = base.workload.steps * base.model.branches
     n_dist = distilled.workload.steps * distilled.model.branches
     forward = (base.measured - distilled.measured) / (n_base - n_dist)
     return forward, distilled.measured - n_dist * forward
+    ### END SOLUTION
