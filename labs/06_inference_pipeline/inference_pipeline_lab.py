@@ -637,12 +637,15 @@ print(
 #
 # "The all-gathers dominate" holds at this toy size only. The same formulas at a
 # Cosmos-like size: 14B parameters in bf16 on 8 ranks (dp_shard 8), one
-# 75,600-token sequence, width D = 5120, 40 self-attention layers, Ulysses cp 2
-# (bf16: 2 bytes an element), per rank and per forward:
+# 75,600-token sequence, width D = 5120, 36 blocks (the 14B net,
+# `TRANSFER2_CONTROL2WORLD_NET_14B` in
+# nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/configs/registry_defaults/net_transfer.py:
+# 36 blocks of 5120, 40 heads), Ulysses cp 2 (bf16: 2 bytes an element), per rank
+# and per forward:
 
 # %%
 n_big, params_big, bytes_per = 8, 14e9, 2
-tokens_big, dim_big, layers_big, cp_big = 75_600, 5120, 40, 2
+tokens_big, dim_big, layers_big, cp_big = 75_600, 5120, 36, 2
 gathers_big = (n_big - 1) * params_big * bytes_per / n_big  # (n-1) x one rank's shard
 sq_big = 1 * (tokens_big // cp_big) * dim_big * bytes_per  # B·(S/cp)·D·2
 cp_big_bytes = layers_big * 4 * (cp_big - 1) / cp_big * sq_big  # Ulysses, L layers
@@ -652,7 +655,7 @@ print(
 )
 
 # %% [markdown]
-# About 31 GB of cp traffic against 24.5 GB of all-gathers: at that size the
+# About 28 GB of cp traffic against 24.5 GB of all-gathers: at that size the
 # sequence, not the parameters, dominates each forward, and the all-gathers ride
 # on dp_shard's links while the all-to-alls need cp's.
 #
