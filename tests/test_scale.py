@@ -471,6 +471,13 @@ def test_alpha_beta_knee_is_the_package_constant_and_viz_does_not_retype_it():
     from paralab.scale.axes import alpha_beta_knee
 
     assert alpha_beta_knee(H100, 8) == pytest.approx((8.4e-6 + 7 * 3.4e-6) * BUSBW * 8 / 7)
+    # the network curve (8 ranks, one a node): all 7 steps cross a node, so alpha is
+    # 8.4 + 7 x 14 = 106.4 us; x 46 GB/s = 4.89 MB sent, x 8/7 = 5.59 MB gathered, the same on
+    # both chips (their network links are the same) and not NVLink's 3.4 us a step
+    for name in ("h100-sxm", "h100-nvl"):
+        knee = alpha_beta_knee(hardware(name), 8, 8)
+        assert knee == pytest.approx((8.4e-6 + 7 * 14e-6) * 46e9 * 8 / 7)
+        assert knee == pytest.approx(5.593e6, rel=1e-3)
     assert "e-6" not in Path(viz_scale.__file__).read_text()
 
 

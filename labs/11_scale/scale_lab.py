@@ -34,7 +34,9 @@ from time import monotonic
 
 from paralab.check import claim, closing_table, verdict_table
 from paralab.collectives.costs import all_gather_bytes
-from paralab.exercises.lab11 import edge_table_clinic
+from paralab.exercises import EXERCISES
+from paralab.exercises.lab11 import base_row_all_denoiser, edge_table_clinic, forwards_as_steps
+from paralab.grade import grade, report
 from paralab.patches import patched
 from paralab.pp import bubble_formula, simulate
 from paralab.scale import FITTED, Layout, Workload, fit, hardware, load_cases, model, predict
@@ -187,7 +189,10 @@ show(plot_roofline())
 #
 # **Predict before you run.** [Lab 06](../06_inference_pipeline/inference_pipeline_lab.ipynb#at-a-cosmos-like-size-the-balance-turns) found the dp_shard all-gathers dominating the
 # per-step traffic at its toy size, and the sequence's Ulysses traffic at a Cosmos-like size
-# (14B parameters, 36 blocks of 5120 as in Cosmos-Transfer2.5's 14B net, 75,600 tokens, cp 2).
+# (14B parameters, 36 blocks of 5120 with 40 heads as in Cosmos-Transfer2.5's 14B net,
+# TRANSFER2_CONTROL2WORLD_NET_14B of
+# nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/configs/registry_defaults/net_transfer.py;
+# 75,600 tokens, cp 2).
 # Check it with a ring at cp 8 (8 ranks of dp_shard and of cp): which is larger, the
 # all-gathers or the ring's K/V hops? And does FSDP's per-block all-gather still hide behind a block's forward when the
 # shard group grows from 8 GPUs (one node) to 128 (16 nodes)?
@@ -494,6 +499,33 @@ cosmos_one = fixed_seconds(
 )
 print(f"one H100 NVL: {cosmos_one[0]:.3f} s a forward, {cosmos_one[1]:.2f} s outside the forwards")
 
+# %% [markdown]
+# **The exercise.** `fixed_seconds` is this lab's graded exercise (`paralab.exercises.lab11`):
+# in the student release its body is a stub, with its task above it and a `check(...)` cell
+# under it. The grader runs it on the three published pairs (one H100 NVL, one H200 NVL, eight
+# B200s) and, hidden, on two pairs drawn from a seed, one of whose distilled rows keeps both
+# branches. The cell below prints the task and runs the grader on the two readings that look
+# right one row at a time, as they would be handed in: forwards counted in steps (the two
+# branches forgotten), and the base row taken as denoiser time only. Both must fail.
+
+# %%
+exercise = EXERCISES["fixed_seconds"]
+print(f"exercise {exercise.name} ({exercise.points} point): {exercise.prompt}\n")
+graded_bugs = {
+    bug.__name__: grade(exercise, bug) for bug in (forwards_as_steps, base_row_all_denoiser)
+}
+for outcome in graded_bugs.values():
+    print(report(exercise, outcome))
+exercise_claims = [
+    claim(
+        f"the fixed_seconds grader fails {name}",
+        outcome.verdict == "FAIL",
+        f"{outcome.points:g}/{exercise.points} points",
+    )
+    for name, outcome in graded_bugs.items()
+]
+print(verdict_table(exercise_claims, "the graded exercise"))
+
 # %%
 missed = {r["name"] for r in held if abs(r["relative_error"]) > 0.25}
 
@@ -505,7 +537,7 @@ def _tally(prefix: str) -> str:
 
 async_405b = [c for c in by_cases.values() if c.layout.async_tp and "405b" in c.name]
 held_claims = [
-    claim("the fit is unchanged by the held-out file", fit(load_cases()) == FITTED, "CASES.toml"),
+    claim("the fit is unchanged by the held-out file", refit == FITTED, "CASES.toml"),
     claim(
         "exactly the rows heldout.MISSES names miss the 25 % band",
         missed == set(MISSES),
@@ -675,8 +707,14 @@ with patched(edge_table_clinic()):
     refit_then = fit(cases_then)
 errors_then = {r["name"]: r["relative_error"] for r in check_then}
 cosmos_then = [c for c in cases_then if c.name.startswith("cosmos")]
-pair_then = fixed_seconds(
-    cosmos_then[0], held_then["cosmos-transfer2.5-2b edge distilled 4 steps 1 h100-nvl"]
+distilled_then = held_then["cosmos-transfer2.5-2b edge distilled 4 steps 1 h100-nvl"]
+pair_then = fixed_seconds(cosmos_then[0], distilled_then)
+print(
+    text_table(
+        ("Cosmos row, as read with the patch", "measured (s)"),
+        [(c.name, f"{c.measured:g}") for c in [*cosmos_then, distilled_then]],
+        align_right=(1,),
+    )
 )
 clinic_claims = [
     claim(
@@ -720,10 +758,10 @@ print(verdict_table(clinic_claims, "bug clinic"))
 # `edge_table_clinic` swaps `load_cases` for `load_cases_first_edge_table`: each Cosmos row
 # takes the measurement of its partner on the same GPUs, base for distilled and distilled for
 # base, so the 35-step base row on one H100 NVL reads 64.5 s and the 4-step distilled row
-# 502.6 s. That is the Edge table as nvidia-cosmos/cosmos-transfer2.5@ecbc860:docs/inference.md
-# published it: the row of 4-step times labelled *Base*, the row of 35-step times
-# *Distilled*. nvidia-cosmos/cosmos-transfer2.5#184 (nvidia-cosmos/cosmos-transfer2.5@c9ad44b)
-# swapped the labels back, three days later.
+# 502.6 s. That is the Edge table as it first appeared, in
+# nvidia-cosmos/cosmos-transfer2.5@ecbc860:docs/inference.md: the row of 4-step times labelled
+# *Base*, the row of 35-step times *Distilled*. nvidia-cosmos/cosmos-transfer2.5#184
+# (nvidia-cosmos/cosmos-transfer2.5@c9ad44b) corrected the labels, three days later.
 #
 # The 25 % band catches it, and so does the refit: no attention efficiency on the grid brings
 # 70 forwards down to 64.5 s, so the fit stops at the grid's top and the rows still miss. But
@@ -743,7 +781,7 @@ print(
             "1 · α-β and the roofline": alpha_claims + roofline_claims,
             "2 · every lab at a real size": axis_claims,
             "3 · slower than one GPU": slow_claims,
-            "4 · predicted vs measured": case_claims + held_claims,
+            "4 · predicted vs measured": case_claims + held_claims + exercise_claims,
             "5 · the planner": plan_claims,
             "6 · bug clinic": clinic_claims,
         }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from paralab.collectives.costs import all_gather_bytes, all_reduce_bytes
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_bytes
-from paralab.scale.hardware import BASE_LATENCY, Hardware
+from paralab.scale.hardware import Hardware
 from paralab.scale.models import ModelShape
 from paralab.scale.predict import (
     ACT_BYTES,
@@ -32,9 +32,11 @@ def ring_collective_seconds(hw: Hardware, full_bytes: float, n: int, stride: int
 
 def alpha_beta_knee(hw: Hardware, n: int, stride: int = 1) -> float:
     """The gathered size S at which an n-rank all-gather's alpha (one call, n-1 ring steps)
-    equals its bytes / busbw: below it latency rules, above it bandwidth."""
+    equals its bytes / busbw: below it latency rules, above it bandwidth. Alpha is the link's
+    own (`Link.time` at zero bytes), so a group across nodes pays the network's latency on the
+    steps that cross."""
     link = link_for(hw, stride, n)
-    return (BASE_LATENCY + (n - 1) * link.step_latency) * link.busbw * n / (n - 1)
+    return link.time(0, n - 1) * link.busbw * n / (n - 1)
 
 
 def inference_step_bytes(m: ModelShape, dp_shard: int, cp: int, tokens: int) -> dict[str, float]:

@@ -10,7 +10,6 @@ shipped cases and checks these values are its result, so they cannot drift or be
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable
 
@@ -64,13 +63,6 @@ def _fit_group(members: list[Case], group: str, start: dict[str, float]) -> dict
 
 def fit(cases: Iterable[Case]) -> dict[str, dict[str, float]]:
     """Per fit group, the free efficiencies on the grid with the smallest largest log error."""
-    return {group: dict(pair) for group, pair in _fit(tuple(cases)).items()}
-
-
-@functools.cache
-def _fit(cases: tuple[Case, ...]) -> dict[str, dict[str, float]]:
-    """`fit`, once per set of cases: the lab and the tests fit the shipped cases more than once
-    (81 x 81 grid points, each predicting every case of a group)."""
     groups: dict[str, list[Case]] = {}
     for case in cases:
         groups.setdefault(case.hardware.efficiency_from, []).append(case)

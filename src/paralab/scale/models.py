@@ -39,6 +39,10 @@ SOURCES = {
     "text_encoders/text_encoder.py)",
     "flux.1-dev": "black-forest-labs/flux@802fb47:src/flux/util.py flux-dev: 19 double + 38 single "
     "blocks, hidden 3072, 24 heads, mlp x4, 512 text tokens; guidance-distilled (one forward)",
+    "cosmos-14b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/"
+    "configs/registry_defaults/net_transfer.py (TRANSFER2_CONTROL2WORLD_NET_14B: the 2B net with "
+    "model_channels 5120, num_heads 40, num_blocks 36); the matmul and parameter counts a block "
+    "are this model's cross-attention DiT estimate (14 h^2 and 15 h^2), not the config's",
 }
 
 
@@ -260,8 +264,12 @@ COSMOS_LIKE_14B = {
     "matmul_per_layer": 14 * _COSMOS_14B_H**2,
     "params": 36 * 15 * _COSMOS_14B_H**2,
     "name": "cosmos-14b",
+    "source": SOURCES["cosmos-14b"],
 }
-"""A Cosmos-like 14B DiT (36 blocks of 5120 with 40 heads, cross-attention: 14 h^2 a token), the
-size at which lab 11 evaluates lab 06's step bytes; an inline table for `model`, not a preset."""
+"""A Cosmos-like 14B DiT (36 blocks of 5120 with 40 heads, as in
+nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/configs/
+registry_defaults/net_transfer.py TRANSFER2_CONTROL2WORLD_NET_14B; cross-attention: 14 h^2 a
+token), the size at which lab 11 evaluates lab 06's step bytes; an inline table for `model`, not
+a preset."""
 LAB06_TOY = {"kind": "dit", "layers": 2, "hidden": 16, "heads": 2, "branches": 2}
 """The toy DiT lab 06 runs on its ranks, as an inline table for `model`."""

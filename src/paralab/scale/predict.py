@@ -47,12 +47,14 @@ figure is FlashAttention-4 on SM100 ("FA Python fwd: 0.775ms, 1418.1 TFLOPS", "b
 not a measurement on the Hopper chips the cases ran on. Hopper figures found, from
 hopper/benchmark_attn.py in Dao-AILab/flash-attention#1791 (causal, head dim 128, 8K tokens):
 FlashAttention-2 "fwd: 1.935ms, 284.1 TFLOPS", "bwd: 4.788ms, 287.1 TFLOPS" (101 %: FA2 is what
-ring-flash-attention calls and what torch's SDPA tries first) and FlashAttention-3 630.0 against
-531.6 (84 %). With FA2's 101 % the fit's best constants leave three shipped rows at 26-29 %
-(training attention then costs too little against the forward-only attention of the xDiT rows
-that share its efficiency); with FA3's 84 % they stay within. The model keeps the borrowed 79 %
-until a Hopper figure of the kernels the cases ran (torch SDPA under torchtitan, xDiT's
-backends) is found: a known departure, not a fit."""
+ring-flash-attention calls and what torch's SDPA tries first) and FlashAttention-3, backward
+531.6 TFLOPS against forward 630.0 (84 %). Refitted with each, FA2's 101 % leaves three shipped
+rows outside the 25 % band (26-29 %: training attention then costs too little against the
+forward-only attention of the xDiT rows that share its efficiency); FA3's 84 % keeps all ten
+within (largest 23.9 %, with other fitted efficiencies), as the borrowed 79 % does. So the
+shipped rows rule out FA2's ratio but do not choose between FA3's and FA4's: keeping FA4's 79 %
+is a choice, not a fit and not a Hopper measurement, until a Hopper figure of the kernels the
+cases ran (torch SDPA under torchtitan, xDiT's backends) is found."""
 RECOMPUTE = {"none": (0.0, 0.0), "selective": (0.5, 0.0), "full": (1.0, 1.0)}
 """(GEMM, attention) forward FLOPs recomputed in the backward: torchtitan's op-level selective
 AC saves attention and every other matmul output; full AC recomputes the whole forward."""
