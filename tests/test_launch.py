@@ -614,3 +614,99 @@ def test_warm_launch_on_8_ranks_median(capsys):
         times.append(time.monotonic() - start)
     with capsys.disabled():
         print(f"\nwarm run(fn, 8) median {statistics.median(times):.3f} s over {len(times)} runs")
+
+
+def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
+    tmp_path, private_tmp
+):
+    """The forkserver is forked from the caller (no second `import torch`), after the caller ran
+    a two-thread op, drew random numbers, set a signal handler and defined names in `__main__`:
+    the ranks still start as a fresh interpreter's would (`paralab.launch`'s header)."""
+    script = _script(
+        tmp_path,
+        """
+        import multiprocessing.forkserver, os, signal, sys
+        import torch
+        from paralab.launch import run
+
+        torch.set_num_threads(2)
+        torch.randn(1500, 1500) @ torch.randn(1500, 1500)  # the intra-op pool now exists
+        torch.manual_seed(1)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        MARK = "the caller's __main__"
+
+        def probe():
+            import __main__, signal, sys, torch
+            x = torch.randn(600, 600)
+            return (
+                torch.get_num_threads(),
+                torch.initial_seed(),
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+                hasattr(__main__, "MARK"),
+                sys.stdin is None or sys.stdin.read() == "",
+                float((x @ x).sum()) == float((x @ x).sum()),
+            )
+
+        print(run(probe, 2, timeout=60))
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid
+        with open(f"/proc/{pid}/stat") as stat:
+            parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline") as cmdline:
+            print(parent == os.getpid(), "forkserver import main" in cmdline.read())
+        """,
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_python_env(private_tmp),
+        input="the caller's stdin\n",
+    )
+    assert done.returncode == 0, done.stderr
+    ranks, forkserver = done.stdout.splitlines()
+    assert ranks == str([(1, 67280421310721, True, False, True, True)] * 2)
+    assert forkserver == "True False", "the forkserver is the caller's fork, not a new interpreter"
+
+
+def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, private_tmp):
+    """A forkserver forked inside a `patched` block would hand its replacement to every later
+    rank: there the launcher starts a fresh interpreter instead, and `patches=` stays the one way
+    onto the ranks."""
+    script = _script(
+        tmp_path,
+        """
+        import multiprocessing.forkserver
+        from paralab.launch import run
+        from paralab.patches import patched
+
+        def probe():
+            from paralab.tables import text_table
+            return text_table.__name__
+
+        def swapped(*args, **kwargs):
+            return "swapped"
+
+        with patched({"paralab.tables": {"text_table": swapped}}):
+            print(run(probe, 2, timeout=60))
+        print(run(probe, 2, timeout=60))
+        print(run(probe, 1, timeout=60, patches={"paralab.tables": {"text_table": swapped}}))
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid
+        with open(f"/proc/{pid}/cmdline") as cmdline:
+            print("forkserver import main" in cmdline.read())
+        """,
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_python_env(private_tmp),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['text_table', 'text_table']",
+        "['text_table', 'text_table']",
+        "['swapped']",
+        "True",
+    ]

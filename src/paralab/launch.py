@@ -11,7 +11,19 @@ Why it looks the way it does:
 - Linux starts ranks from a `forkserver` with torch already imported: a warm
   launch of 8 ranks takes about 0.1 s on 2 cores, instead of ~1 s of `import
   torch` per rank. Elsewhere `spawn`.
-  Never plain `fork`: it hangs once the parent has run a multi-threaded op.
+  Never plain `fork` of the caller per rank: a child that inherits a pool of
+  intra-op threads hangs in its first parallel op.
+- The forkserver itself is a fork of the caller, made at its first launch
+  (`_fork_forkserver`), not a fresh interpreter: it already holds torch, which
+  a fresh one imports again (seconds of CPU, in every kernel, every grader
+  sandbox and every test worker that launches ranks). Forking is safe there
+  because its first act is `torch.set_num_threads(1)`, before any op, and a
+  one-thread op never touches the inherited pool. What a fresh interpreter
+  gave for free is restored by hand: default signal handlers, the default
+  RNG seed, plain stdout/stderr, no stdin, and `os._exit` so none of the
+  caller's exit handlers run twice. It falls back to the fresh interpreter
+  where the fork would carry state the ranks must not see: CUDA initialized
+  (it does not survive a fork), or a `patched` block active in the caller.
 - Ranks never import the parent's `__main__` again (multiprocessing's habit):
   `fn` travels by value, so they do not need it, and a script's imports are
   paid per rank (1.4 s for one `import nbformat`, whose jsonschema compiles a
@@ -47,16 +59,23 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
+import multiprocessing.forkserver as mp_forkserver
+import multiprocessing.resource_tracker as mp_resource_tracker
 import multiprocessing.spawn as mp_spawn
+import multiprocessing.util as mp_util
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -66,7 +85,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from paralab.patches import Patches, patched, validate
+from paralab.patches import Patches, active_patches, patched, validate
 
 _GRACE_AFTER_ERROR_S = 5.0
 _TERM_GRACE_S = 2.0
@@ -121,7 +140,69 @@ def _context(start_method: str) -> mp.context.BaseContext:
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _fork_forkserver()
     return ctx
+
+
+_DEFAULT_SEED = 67280421310721
+"""torch's default CPU generator seed, which a fresh interpreter's ranks started from."""
+
+
+def start_forkserver() -> None:
+    """Fork the forkserver now, before this process runs what later ranks must not inherit
+    (the grader, before a student's cells). `run` does it at its first launch otherwise."""
+    if _default_start_method() == "forkserver":
+        _fork_forkserver()
+
+
+def _fork_forkserver() -> None:
+    """Start multiprocessing's forkserver as a fork of this process (see the header), unless
+    one runs already or this process holds state the ranks must not inherit. Filled in as
+    `ForkServer.ensure_running` fills it, so a forkserver that dies is replaced the usual way."""
+    server = mp_forkserver._forkserver
+    if server._forkserver_pid is not None or torch.cuda.is_initialized() or active_patches():
+        return
+    with server._lock:
+        mp_resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = mp_connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not mp_util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the forkserver: it never returns from here
+                try:
+                    os.close(alive_w)
+                    _serve_forks(listener.fileno(), alive_r)
+                finally:
+                    os._exit(0)
+            os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+
+
+def _serve_forks(listener_fd: int, alive_r: int) -> None:
+    """In the forked forkserver: one intra-op thread before any op, what a fresh interpreter
+    would have, the preload, then multiprocessing's own loop until the caller exits."""
+    torch.set_num_threads(1)
+    mp_forkserver._forkserver._lock = threading.Lock()  # the caller held it while forking
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdout = sys.__stdout__ or sys.stdout
+    sys.stderr = sys.__stderr__ or sys.stderr
+    torch.manual_seed(_DEFAULT_SEED)
+    sys.modules["__main__"] = types.ModuleType("__main__")  # ranks never see the caller's
+    mp_util._close_stdin()
+    for name in FORKSERVER_PRELOAD:
+        importlib.import_module(name)
+    mp_forkserver.main(listener_fd, alive_r, [])
 
 
 def loopback_interface() -> str:
@@ -488,17 +569,38 @@ def _clip(text: str, limit: int = _TAIL_BYTES) -> str:
 
 
 def _log_tail(path: str, lines: int = 15, limit: int = _TAIL_BYTES) -> str:
-    """The last `lines` lines of a rank's log, and never more than `limit` bytes of it."""
+    """The last `lines` lines of a rank's log, less plumbing, and never more than `limit` bytes
+    of it (read from the last 16 x `limit` bytes: a crash dump's plumbing can be long)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - limit))
+            f.seek(max(0, size - 16 * limit))
             data = f.read()
     except OSError:
         return ""
-    text = "".join(data.decode("utf-8", errors="replace").splitlines(keepends=True)[-lines:])
-    cut = "... " if size > limit else ""
-    return (cut + text).rstrip()
+    kept = _without_plumbing(data.decode("utf-8", errors="replace").splitlines(keepends=True))
+    text = "".join(kept[-lines:])
+    if len(text) > limit or size > 16 * limit:
+        return ("... " + text[-limit:]).rstrip()
+    return text.rstrip()
+
+
+def _without_plumbing(lines: list[str]) -> list[str]:
+    """A crash dump (faulthandler) without what no learner needs: the frames under the rank's
+    `_worker` (multiprocessing's, and the caller's own stack, inherited by the forked
+    forkserver) and the list of loaded extension modules."""
+    kept, below_worker = [], False
+    for line in lines:
+        is_frame = line.startswith('  File "')
+        if below_worker and is_frame:
+            continue
+        below_worker = (
+            is_frame and 'launch.py", line ' in line and line.rstrip().endswith(" in _worker")
+        )
+        if line.startswith("Extension modules: "):
+            continue
+        kept.append(line)
+    return kept
 
 
 def _join_clean_exit(procs: list, wait_s: float = 5.0) -> None:

@@ -94,6 +94,8 @@ def patched(patches: Patches | None) -> Iterator[None]:
         yield
         return
     saved: list[tuple[Any, str, Any]] = []
+    global _active
+    _active += 1
     try:
         for target, replacements in validate(patches).items():
             owner = resolve(target)
@@ -107,11 +109,21 @@ def patched(patches: Patches | None) -> Iterator[None]:
                     setattr(holder, attr, replacement)
         yield
     finally:
+        _active -= 1
         for owner, name, original in reversed(saved):
             if original is _INHERITED:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+_active = 0
+
+
+def active_patches() -> int:
+    """How many `patched` blocks with patches are open in this process: a forkserver forked
+    meanwhile would hand their replacements to every later rank (`paralab.launch`)."""
+    return _active
 
 
 def _aliases(

@@ -70,6 +70,7 @@ from paralab.grade.sandbox import (
     gibibytes,
     run_sandboxed,
 )
+from paralab.launch import start_forkserver
 from paralab.stubs import stub_package
 
 WORKER = "paralab.grade.submission"
@@ -556,6 +557,8 @@ def _run_job(job: dict) -> dict:
 def _worker(result_fd: int) -> None:
     """Read the jobs from stdin; write one length-prefixed result per exercise to the pipe."""
     jobs = json.loads(sys.stdin.read())["jobs"]
+    if any(world for job in jobs for world, _ in job["plan"]):
+        start_forkserver()  # forked before any student cell runs: its ranks inherit none of it
     with os.fdopen(result_fd, "wb", buffering=0) as pipe:
         for job in jobs:
             buffer = io.BytesIO()
