@@ -39,6 +39,10 @@ MATHJAX_PLACEHOLDER = "paralab-mathjax-placeholder.js"
 EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\ssrc="(?:https?:)?//[^"]*"[^>]*>\s*</script>')
 HEADING = re.compile(r'<h([1-3]) id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
 ARITHMATEX = re.compile(r'<(span|div) (class="arithmatex")>')
+LAB_LINK = re.compile(r'href="\.\./(\d\d_\w+)/(\w+)\.ipynb(#[^"]*)?"')
+"""A notebook's link to another lab's notebook, relative to the notebook's file (as JupyterLab
+follows it): on the site the page is a folder deeper (`labs/11_scale/scale_lab/`) and is a page,
+not the file."""
 NOTEBOOK_MARKDOWN = re.compile(r'<div class="[^"]*jp-RenderedMarkdown[^"]*"[^>]*>.*?</div>', re.S)
 INLINE_MATH = re.compile(r"(?<![\\$])\$\$?[^$<>\n]+?\$\$?")
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|#|/)([^)\s]+)\)")
@@ -261,6 +265,7 @@ def on_page_content(html: str, page, config, files) -> str:
     html = searchable(html)
     if not page.file.src_uri.endswith(".ipynb"):
         return html
+    html = LAB_LINK.sub(lambda m: f'href="../../{m[1]}/{m[2]}/{m[3] or ""}"', html)
     root: list[dict] = []
     stack: list[dict] = []
     for level, anchor, inner in HEADING.findall(html):
