@@ -98,6 +98,20 @@ def _python_env(private_tmp: Path) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(private_tmp)}
 
 
+def _run_script(
+    script: Path, private_tmp: Path, input: str | None = None, env_extra: dict | None = None
+) -> subprocess.CompletedProcess:
+    """The script in a fresh interpreter, as a user runs it: its output and exit code."""
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_python_env(private_tmp), **(env_extra or {})},
+        input=input,
+    )
+
+
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_results_come_back_in_rank_order(world):
     results = run(_rank_and_sum, world)
@@ -541,13 +555,7 @@ def test_a_script_without_main_guard_runs_and_its_ranks_do_not_import_it(tmp_pat
         """,
     )
     runs = tmp_path / "top-level-runs.txt"
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**_python_env(private_tmp), "TOP_LEVEL_RUNS": str(runs)},
-    )
+    done = _run_script(script, private_tmp, env_extra={"TOP_LEVEL_RUNS": str(runs)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["results [0, 1]"]
     assert runs.read_text().splitlines() == ["the script's top level ran"]
@@ -568,13 +576,7 @@ def test_what_only_the_main_script_can_name_is_refused_with_why(tmp_path, privat
             run(square, 2, 3, timeout=60)
         """,
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_python_env(private_tmp),
-    )
+    done = _run_script(script, private_tmp)
     assert done.returncode == 1
     assert "ranks [0, 1] raised AttributeError: Can't get attribute 'square'" in done.stderr
     assert "ranks do not import the parent's `__main__`" in done.stderr
@@ -655,14 +657,7 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
             print(parent == os.getpid(), "forkserver import main" in cmdline.read())
         """,
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_python_env(private_tmp),
-        input="the caller's stdin\n",
-    )
+    done = _run_script(script, private_tmp, input="the caller's stdin\n")
     assert done.returncode == 0, done.stderr
     ranks, forkserver = done.stdout.splitlines()
     assert ranks == str([(1, 67280421310721, True, False, True, True)] * 2)
@@ -696,13 +691,7 @@ def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, priv
             print("forkserver import main" in cmdline.read())
         """,
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_python_env(private_tmp),
-    )
+    done = _run_script(script, private_tmp)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "['text_table', 'text_table']",
