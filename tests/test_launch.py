@@ -623,7 +623,8 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
 ):
     """The forkserver is forked from the caller (no second `import torch`), after the caller ran
     a two-thread op, drew random numbers, set a signal handler and defined names in `__main__`:
-    the ranks still start as a fresh interpreter's would (`paralab.launch`'s header)."""
+    the ranks still start as a fresh interpreter's would (`paralab.launch`'s header), with the
+    caller's objects in gc's permanent generation."""
     script = _script(
         tmp_path,
         """
@@ -638,9 +639,14 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
         MARK = "the caller's __main__"
 
         def probe():
-            import __main__, signal, sys, torch
+            import __main__, gc, signal, sys, torch
             x = torch.randn(600, 600)
+            cycle = []
+            cycle.append(cycle)
+            del cycle
             return (
+                gc.get_freeze_count() > 10_000,  # what the caller held: frozen, never traversed
+                gc.collect() > 0,  # what the rank makes is still collected
                 torch.get_num_threads(),
                 torch.initial_seed(),
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
@@ -660,7 +666,7 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
     done = _run_script(script, private_tmp, input="the caller's stdin\n")
     assert done.returncode == 0, done.stderr
     ranks, forkserver = done.stdout.splitlines()
-    assert ranks == str([(1, 67280421310721, True, False, True, True)] * 2)
+    assert ranks == str([(True, True, 1, 67280421310721, True, False, True, True)] * 2)
     assert forkserver == "True False", "the forkserver is the caller's fork, not a new interpreter"
 
 

@@ -21,7 +21,12 @@ Why it looks the way it does:
   one-thread op never touches the inherited pool. What a fresh interpreter
   gave for free is restored by hand: default signal handlers, the default
   RNG seed, plain stdout/stderr, no stdin, and `os._exit` so none of the
-  caller's exit handlers run twice. It falls back to the fresh interpreter
+  caller's exit handlers run twice. Last, `gc.freeze()` (what Python's gc
+  docs advise before a fork without exec): the objects the caller left move
+  to gc's permanent generation, so a rank's full collection skips them
+  instead of writing to every page it shares with the forkserver (measured
+  on 2 cores: 0.17 s of CPU per rank and collection, against 0.1 ms). It
+  falls back to the fresh interpreter
   where the fork would carry state the ranks must not see: CUDA initialized
   (it does not survive a fork), or a `patched` block active in the caller.
 - Ranks never import the parent's `__main__` again (multiprocessing's habit):
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import importlib
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
@@ -186,7 +192,8 @@ def _fork_forkserver() -> None:
 
 def _serve_forks(listener_fd: int, alive_r: int) -> None:
     """In the forked forkserver: one intra-op thread before any op, what a fresh interpreter
-    would have, the preload, then multiprocessing's own loop until the caller exits."""
+    would have, the preload, gc's permanent generation, then multiprocessing's own loop until
+    the caller exits."""
     torch.set_num_threads(1)
     mp_forkserver._forkserver._lock = threading.Lock()  # the caller held it while forking
     for number in signal.valid_signals():
@@ -202,6 +209,8 @@ def _serve_forks(listener_fd: int, alive_r: int) -> None:
     mp_util._close_stdin()
     for name in FORKSERVER_PRELOAD:
         importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
     mp_forkserver.main(listener_fd, alive_r, [])
 
 
