@@ -45,6 +45,9 @@ def main(argv: list[str]) -> int:
             seconds, phase, test = float(found[1]), found[2], found[3]
             per_test.append((seconds, phase, test))
             per_file[test.split("::", 1)[0]] += seconds
+    for line in done.stdout.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            print(line[:300])
     print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:])
     cores = os.cpu_count() or 1
     if cpu_before is not None and cpu_after is not None:
