@@ -1,4 +1,4 @@
-"""Test order: the slowest files first, so that the two xdist workers (`--dist loadfile`) end
+"""Test order: the slowest files first, so that the xdist workers (`--dist loadfile`) end
 together instead of one waiting out a long file that happened to come last.
 
 The list is measured (`python -m pytest --durations=0`, summed per file; slowest first). A file

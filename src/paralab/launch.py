@@ -9,8 +9,10 @@ Why it looks the way it does:
 - `fn` travels as cloudpickle bytes, so functions and classes defined in a
   notebook cell work (plain pickle cannot find them in `__main__`).
 - Linux starts ranks from a `forkserver` with torch already imported: a warm
-  launch of 8 ranks takes about 0.1 s on 2 cores, instead of ~1 s of `import
-  torch` per rank. Elsewhere `spawn`.
+  launch of 8 ranks takes 0.1-0.14 s on 2 cores, instead of 1-3 s of `import
+  torch` per rank. Elsewhere `spawn`. Most of what is left is the kernel's:
+  forking a process that holds torch copies its page tables (5 ms a rank on
+  a 2-core VM), and the rank's exit unmaps them again.
   Never plain `fork` of the caller per rank: a child that inherits a pool of
   intra-op threads hangs in its first parallel op.
 - The forkserver itself is a fork of the caller, made at its first launch
