@@ -5,6 +5,9 @@ The list is measured (`python -m pytest --durations=0`, summed per file; slowest
 that is not on it keeps its place after them. Order only: every file still runs whole. It holds
 only with `--no-loadscope-reorder` (pyproject.toml): by default xdist re-sorts the files by their
 number of tests, and a notebook's cells outnumber most files' tests.
+
+Figures a test records with `record_property` (the warm launch's median) are printed at the end
+of the run: an xdist worker's own prints never reach the terminal.
 """
 
 SLOWEST_FIRST = (
@@ -29,3 +32,18 @@ SLOWEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
     place = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: place.get(item.nodeid.split("::", 1)[0], len(place)))
+
+
+_FIGURES: list[tuple[str, str, object]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _FIGURES.extend((report.nodeid, name, value) for name, value in report.user_properties)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FIGURES:
+        terminalreporter.section("figures")
+        for nodeid, name, value in _FIGURES:
+            terminalreporter.write_line(f"{name}: {value}  ({nodeid})")

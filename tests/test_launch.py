@@ -604,18 +604,20 @@ def _make_temp_files_then_hang_on(rank):
         time.sleep(60)
 
 
-def test_warm_launch_on_8_ranks_median(capsys):
-    """Not a limit (a loaded machine is slower): the figure, printed, so a slow launch shows in
-    the test log. `dist.get_rank` travels by reference to torch, so the ranks import nothing
-    of the test's own (a function of this file would make each rank import pytest)."""
+def test_warm_launch_on_8_ranks_median(record_property):
+    """Not a limit (a loaded machine is slower): the figure, printed in the run's "figures"
+    section (conftest.py), so a slow launch shows in the test log. `dist.get_rank` travels by
+    reference to torch, so the ranks import nothing of the test's own (a function of this file
+    would make each rank import pytest)."""
     run(dist.get_rank, 8)
     times = []
     for _ in range(7):
         start = time.monotonic()
         assert run(dist.get_rank, 8) == list(range(8))
         times.append(time.monotonic() - start)
-    with capsys.disabled():
-        print(f"\nwarm run(fn, 8) median {statistics.median(times):.3f} s over {len(times)} runs")
+    record_property(
+        "warm run(fn, 8) median", f"{statistics.median(times):.3f} s over {len(times)} runs"
+    )
 
 
 def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(

@@ -45,8 +45,11 @@ def main(argv: list[str]) -> int:
             seconds, phase, test = float(found[1]), found[2], found[3]
             per_test.append((seconds, phase, test))
             per_file[test.split("::", 1)[0]] += seconds
+    in_figures = False
     for line in done.stdout.splitlines():
-        if line.startswith(("FAILED", "ERROR")):
+        if line.startswith("="):
+            in_figures = " figures " in line
+        elif in_figures or line.startswith(("FAILED", "ERROR")):
             print(line[:300])
     print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:])
     cores = os.cpu_count() or 1
