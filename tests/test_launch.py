@@ -707,3 +707,46 @@ def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, priv
         "['swapped']",
         "True",
     ]
+
+
+def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
+    tmp_path, private_tmp
+):
+    """The engine facts behind `FORKSERVER_PRELOAD` and `PRELOAD_IF_IMPORTED`: the first
+    `backward(grad)` imports symbolic_shapes, the first `fully_shard` imports Dynamo and the first
+    `torch.compile` AOTAutograd. A caller that imported no FSDP, DTensor or Dynamo gets ranks
+    without them; one that imported FSDP gets ranks that start with FSDP and Dynamo loaded."""
+    script = _script(
+        tmp_path,
+        """
+        import sys
+        import torch
+        from paralab.launch import run
+
+        def probe():
+            import sys, torch
+            from torch.distributed.fsdp import fully_shard
+            started = "torch._dynamo" in sys.modules, "functorch.compile" in sys.modules
+            fully_shard(torch.nn.Linear(2, 2))
+            sharded = "torch._dynamo" in sys.modules
+            torch.compile(lambda x: x + 1, backend="aot_eager")(torch.ones(2))
+            return started, sharded, "functorch.compile" in sys.modules
+
+        SHAPES = "torch.fx.experimental.symbolic_shapes"
+        before = SHAPES in sys.modules
+        torch.ones(2, requires_grad=True).backward(torch.ones(2))
+        print(before, SHAPES in sys.modules)
+        print(run(probe, 1, timeout=120)[0])
+        """,
+    )
+    done = _run_script(script, private_tmp)
+    assert done.returncode == 0, done.stderr
+    backward, plain = done.stdout.splitlines()
+    assert backward == "False True", "the first backward(grad) imports symbolic_shapes"
+    assert plain == "((False, False), True, True)", "fully_shard imports Dynamo; compile, AOT"
+    script.write_text("import torch.distributed.fsdp\n" + script.read_text())
+    done = _run_script(script, private_tmp)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == "((True, False), True, True)", (
+        "a caller that imported FSDP gets ranks with Dynamo preloaded, not the compiler"
+    )

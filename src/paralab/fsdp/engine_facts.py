@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from paralab.launch import rank_device
 from paralab.ledger import Ledger
@@ -23,8 +24,6 @@ def _two_unit_model() -> torch.nn.Sequential:
 
 
 def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.Sequential:
-    from torch.distributed.fsdp import fully_shard
-
     for unit in model:
         fully_shard(unit, mesh=mesh, **kwargs)
     return fully_shard(model, mesh=mesh, **kwargs)
@@ -57,8 +56,6 @@ def fsdp2_step_facts(
     the first unit computes in, the dtypes of the sharded parameters and gradients, and the
     bytes this rank keeps between steps, so a test can pin what the policy does.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     pd = ParallelDims(dist.get_world_size())
     pd.build_meshes(rank_device().type)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 
 from paralab.fsdp import zero
 from paralab.launch import rank_device
@@ -221,8 +222,6 @@ def run_ddp(job: Job, pd: ParallelDims, steps: int) -> dict:
 
 def run_fsdp2(job: Job, pd: ParallelDims, steps: int) -> dict:
     """torch's FSDP2 (`fully_shard`) on `fsdp_mesh(pd)`, or on the 2-D `pd.dp_mesh` of the trap."""
-    from torch.distributed.fsdp import fully_shard
-
     mesh = pd.dp_mesh if job.mesh == "dp_mesh" else fsdp_mesh(pd)
     model = make_mlp_stack().to(rank_device())
     for unit in model.units():

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import pipelining
 
 from paralab.pp.model import Stage, global_batch, make_blocks, microbatch_loss
 
@@ -59,8 +60,6 @@ def torch_worker(
 
     `one_stage` runs a multi-stage class with one stage per rank (ScheduleInterleavedZeroBubble
     with v = 1 is ZB-H1)."""
-    from torch.distributed import pipelining
-
     rank, pp = dist.get_rank(), dist.get_world_size()
     placement = "one_in_list" if one_stage else TORCH_SCHEDULES[class_name]
     indices = torch_stage_indices(placement, rank, pp)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
@@ -204,8 +205,6 @@ def compile_report() -> dict:
     file:line, ops in its graph, and why it was compiled again, if it was); a frame
     with ops is one of the "graphs", a recompile is a second graph of the same code.
     """
-    from torch._dynamo.utils import counters, get_compilation_metrics
-
     breaks = {str(reason).splitlines()[0][:90]: n for reason, n in counters["graph_break"].items()}
     frames = [
         {
