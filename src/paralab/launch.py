@@ -28,9 +28,9 @@ Why it looks the way it does:
   to gc's permanent generation, so a rank's full collection skips them
   instead of writing to every page it shares with the forkserver (measured
   on 2 cores: 0.17 s of CPU per rank and collection, against 0.1 ms). It
-  falls back to the fresh interpreter
-  where the fork would carry state the ranks must not see: CUDA initialized
-  (it does not survive a fork), or a `patched` block active in the caller.
+  falls back to the fresh interpreter where the fork would carry state the
+  ranks must not see: CUDA initialized (it does not survive a fork), or a
+  `patched` block active in the caller.
 - Ranks never import the parent's `__main__` again (multiprocessing's habit):
   `fn` travels by value, so they do not need it, and a script's imports are
   paid per rank (1.4 s for one `import nbformat`, whose jsonschema compiles a
