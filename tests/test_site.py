@@ -4,7 +4,8 @@ Chromium (the OS package, driven by Playwright's Python API) and check what a re
 Checks: every internal link resolves (pages, static files, #anchors); no page asks for
 anything from another host (the site works offline) or throws a script error; every
 notebook page shows its pictures (each <img> loaded, naturalWidth > 0) and at least
-one; math is typeset by MathJax wherever a page has math; search answers (the index loads
+one; math is typeset by MathJax wherever a page has math, and a page that does not load
+MathJax shows no TeX (MathJax goes only to the pages with math); search answers (the index loads
 for that check only, not on each crawled page: see SEARCH_INDEX). Screenshots
 of the landing page and of one notebook page go to site-screenshots/ (git-ignored); the
 test prints their paths.
@@ -87,6 +88,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+UNTYPESET_TEX = r"""() => {
+    const body = document.body.cloneNode(true);
+    body.querySelectorAll('pre, code, script, style, textarea, noscript').forEach(e => e.remove());
+    const found = body.textContent.match(/\$[^$]+\$|\\\(|\\\[/);
+    return found ? found[0].slice(0, 80) : null;
+}"""
+"""The TeX a reader would see raw on a page without MathJax (what tex2jax would have typeset)."""
+
+
+def _loads_mathjax(page) -> bool:
+    return page.evaluate("() => !!document.querySelector('script[src$=\"mathjax/MathJax.js\"]')")
+
+
 def _typeset(page) -> None:
     """Wait until MathJax has finished its first pass over the page."""
     page.wait_for_function(
@@ -113,7 +127,7 @@ def test_site_in_a_real_browser(served_site):
     external: list[str] = []
     broken: list[str] = []
     problems: list[str] = []
-    math_pages = 0
+    math_pages = mathjax_pages = 0
     start = time.perf_counter()
     SCREENSHOTS.mkdir(exist_ok=True)
 
@@ -168,7 +182,11 @@ def test_site_in_a_real_browser(served_site):
                 broken.append(f"{url} -> {response.status if response else 'no response'}")
                 continue
             path = urlparse(url).path.lstrip("/")
-            _typeset(page)
+            if _loads_mathjax(page):
+                mathjax_pages += 1
+                _typeset(page)
+            elif raw := page.evaluate(UNTYPESET_TEX):
+                problems.append(f"{path}: TeX shown raw, the page loads no MathJax: {raw!r}")
             state = page.evaluate("""() => ({
                 ids: [...document.querySelectorAll('[id]')].map(e => e.id),
                 links: [...document.querySelectorAll('a[href]')].map(a => a.href),
@@ -239,7 +257,8 @@ def test_site_in_a_real_browser(served_site):
     pages = len(seen)
     print(
         f"browser: {pages} URLs opened in {time.perf_counter() - start:.1f} s; "
-        f"{len(notebooks)} notebook pages; math typeset on {math_pages} pages; search 'Ulysses': {hits} hits"
+        f"{len(notebooks)} notebook pages; MathJax loaded on {mathjax_pages}, "
+        f"math typeset on {math_pages} pages; search 'Ulysses': {hits} hits"
     )
     print(f"screenshots: {SCREENSHOTS / 'landing.png'} and {SCREENSHOTS / 'notebook.png'}")
     assert not external, (
@@ -279,3 +298,13 @@ def test_numbered_lists_keep_their_start_and_math_stays_out_of_search():
     assert '<span class="arithmatex" data-search-exclude>' in marked
     assert "<span data-search-exclude>$n$</span>" in marked and "echo $HOME" in marked
     assert 'href="x_lab.ipynb" download' in download_link("x_lab.ipynb")
+
+
+def test_mathjax_goes_to_the_pages_with_math_only():
+    from paralab.site import has_math
+
+    assert has_math('<span class="arithmatex">\\(n\\)</span>')
+    assert has_math("<p>$$\n(n-1)\\,\\frac{S}{n}\n$$</p>")  # display math across lines
+    assert has_math("<p>on $n$ ranks</p>")
+    assert not has_math("<p>costs $5</p><pre>echo $HOME $PATH</pre><code>$x$</code>")
+    assert not has_math('<script>const a = "$", b = "$";</script>')

@@ -5,8 +5,9 @@
 Built with mkdocs + mkdocs-material + mkdocs-jupyter, entirely offline: the
 theme's assets come with its pip package, Google fonts are switched off, and
 MathJax is served from the `jupyter-server-mathjax` pip package (copied into
-the site), never from a CDN. Notebooks are rendered as committed (outputs and
-pictures included), never re-executed here.
+the site), never from a CDN, and only to the pages that have math (`has_math`):
+it is the heaviest script a page can load. Notebooks are rendered as committed
+(outputs and pictures included), never re-executed here.
 
 The docs tree is generated into `build/site-docs/` from what the repository
 holds now, so a new lab folder (its README, its `NN_topic.md` chapters, its
@@ -45,6 +46,14 @@ follows it): on the site the page is a folder deeper (`labs/11_scale/scale_lab/`
 not the file."""
 NOTEBOOK_MARKDOWN = re.compile(r'<div class="[^"]*jp-RenderedMarkdown[^"]*"[^>]*>.*?</div>', re.S)
 INLINE_MATH = re.compile(r"(?<![\\$])\$\$?[^$<>\n]+?\$\$?")
+SKIPPED_BY_MATHJAX = re.compile(
+    r"<(pre|code|script|style|textarea|noscript)\b[^>]*>.*?</\1>", re.S | re.I
+)
+"""The elements MathJax 2's tex2jax never typesets (its default `skipTags`)."""
+TEX_DELIMITER = re.compile(r"\$[^$]+\$|\\\(|\\\[")
+"""What tex2jax typesets, as configured in MATHJAX_CONFIG: $...$ and $$...$$ (across lines too),
+\\(...\\) and \\[...\\] (arithmatex writes these). A false match only loads MathJax for nothing."""
+MATHJAX_SCRIPTS = ("assets/mathjax-config.js", "assets/mathjax/MathJax.js")
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|#|/)([^)\s]+)\)")
 
 MATHJAX_CONFIG = """\
@@ -247,7 +256,6 @@ def mkdocs_config(docs: Path = DOCS, site: Path = SITE) -> dict:
             "pymdownx.superfences",
             {"pymdownx.arithmatex": {"generic": True}},
         ],
-        "extra_javascript": ["assets/mathjax-config.js", "assets/mathjax/MathJax.js"],
         "hooks": [__file__],
         "nav": nav(),
     }
@@ -301,12 +309,28 @@ def searchable(html: str) -> str:
 
 def on_post_page(output: str, page, config) -> str:
     """mkdocs hook. Notebook pages carry nbconvert's own script tags: drop the MathJax one
-    (the site loads MathJax once, from its own assets) and any script from another host
-    (mermaid from a CDN), so a page never reaches the network."""
+    and any script from another host (mermaid from a CDN), so a page never reaches the
+    network. Then MathJax, from the site's own assets, on the pages that have math."""
+    from mkdocs.utils import get_relative_url
+
     output = re.sub(
         rf'<script[^>]*src="{re.escape(MATHJAX_PLACEHOLDER)}"[^>]*>\s*</script>', "", output
     )
-    return EXTERNAL_SCRIPT.sub("", output)
+    output = EXTERNAL_SCRIPT.sub("", output)
+    if not has_math(output):
+        return output
+    scripts = "".join(
+        f'<script src="{get_relative_url(script, page.url)}"></script>'
+        for script in MATHJAX_SCRIPTS
+    )
+    head, body_end, tail = output.rpartition("</body>")
+    return head + scripts + body_end + tail if body_end else output + scripts
+
+
+def has_math(html: str) -> bool:
+    """Whether MathJax would typeset anything on this page: a TeX delimiter outside the
+    elements it skips (code, preformatted outputs, scripts)."""
+    return TEX_DELIMITER.search(SKIPPED_BY_MATHJAX.sub("", html)) is not None
 
 
 def build(site: Path = SITE, docs: Path = DOCS) -> float:
