@@ -23,6 +23,7 @@ LAYERS = {
         "ledger",
         "models",
         "tables",
+        "notebook_format",
     ],
     "axes": ["collectives", "fsdp", "cp", "cfgp", "vae_lb", "tp", "pp", "ep", "scale", "plan"],
     "composition": ["train", "pipeline", "compose"],

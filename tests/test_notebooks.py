@@ -132,3 +132,32 @@ def test_check_names_a_corrupt_notebook_and_still_reports_every_other_lab(
     assert set(lines) == {"00_collectives_primer", "00_parallel_dims"}
     assert lines["00_collectives_primer"].startswith(f"stale: corrupt notebook {broken}")
     assert "corrupt" not in lines["00_parallel_dims"]
+
+
+NBFORMAT_PROBE = """
+import sys
+from paralab.notebook_format import nbformat
+import jsonschema
+grammar_built = "rfc3987_syntax" in sys.modules or "iri" in jsonschema.FormatChecker.checkers
+nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+nbformat.validate(nb)
+nb.cells[0]["cell_type"] = "bogus"
+try:
+    nbformat.validate(nb)
+    caught = False
+except nbformat.ValidationError:
+    caught = True
+import rfc3987_syntax
+print(grammar_built, caught)
+"""
+
+
+def test_nbformat_is_imported_without_the_iri_grammar_and_still_validates():
+    """The grammar is skipped for nbformat's import alone; notebooks are still validated."""
+    pytest.importorskip("rfc3987_syntax")
+    done = subprocess.run(
+        [sys.executable, "-c", NBFORMAT_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"], done.stdout
+

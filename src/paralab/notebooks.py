@@ -32,8 +32,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from paralab.notebook_format import nbformat  # first: jupytext and nbclient import it too
+
+# isort: split
 import jupytext
-import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 

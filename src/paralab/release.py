@@ -12,12 +12,12 @@ import ast
 import shutil
 from pathlib import Path
 
-import nbformat
 import torch
 
 from paralab.exercises import for_lab
 from paralab.grade import reference_world
 from paralab.grade.code import EDIT_KEY, RULE_LIST
+from paralab.notebook_format import nbformat
 from paralab.notebooks import ROOT, lab_sources, notebook_path, stable_cell_ids
 from paralab.stubs import (
     PACKAGE,

@@ -130,8 +130,8 @@ def student_of(path: Path) -> str:
 
 def read_submission(path: Path, lab: str | None) -> Submission:
     """The notebook's cells, in memory: later changes to the file (by anyone) change nothing."""
-    import nbformat  # here, not at the top: the sandboxed worker never reads a notebook, and
-    # this import alone (jsonschema compiling a grammar) would cost it 1.4 s per submission
+    from paralab.notebook_format import nbformat  # here, not at the top: the sandboxed worker
+    # never reads a notebook, and would pay for the import once per submission
 
     submission = Submission(path, student_of(path), lab or lab_of(path))
     try:
