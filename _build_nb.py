@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run each lab once and print where its time goes (kernel, imports, launches, cells)",
     )
-    parser.add_argument("--lab", help="one lab, by folder name (e.g. 00_parallel_dims)")
+    parser.add_argument("--lab", help="one lab, by folder name or its unique start (e.g. 05)")
     parser.add_argument(
         "--jobs",
         type=int,

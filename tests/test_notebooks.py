@@ -161,3 +161,13 @@ def test_nbformat_is_imported_without_the_iri_grammar_and_still_validates():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"], done.stdout
 
+
+def test_a_lab_is_named_by_its_folder_or_a_unique_start():
+    from paralab.notebooks import lab_sources
+
+    assert lab_sources("05") == lab_sources("05_training_composition")
+    assert [p.parent.name for p in lab_sources("05")] == ["05_training_composition"]
+    with pytest.raises(SystemExit, match="'00' names 2 labs: 00_collectives_primer, 00_parallel"):
+        lab_sources("00")
+    with pytest.raises(SystemExit, match="no lab named '99'"):
+        lab_sources("99")

@@ -51,13 +51,18 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 
 
 def lab_sources(only: str | None = None) -> list[Path]:
+    """Every lab's source or, with `only`, the one lab its folder name (or a unique prefix) names."""
     sources = sorted(LABS.glob("*/*_lab.py"))
-    if only:
-        sources = [p for p in sources if p.parent.name == only or p.stem == only]
-        if not sources:
-            known = ", ".join(p.parent.name for p in sorted(LABS.glob("*/*_lab.py")))
-            sys.exit(f"no lab named {only!r}; known labs: {known}")
-    return sources
+    if not only:
+        return sources
+    exact = [p for p in sources if only in (p.parent.name, p.stem)]
+    chosen = exact or [p for p in sources if p.parent.name.startswith(only)]
+    known = ", ".join(p.parent.name for p in (chosen if len(chosen) > 1 else sources))
+    if not chosen:
+        sys.exit(f"no lab named {only!r}; known labs: {known}")
+    if len(chosen) > 1:
+        sys.exit(f"{only!r} names {len(chosen)} labs: {known}; give more of the name")
+    return chosen
 
 
 def _resolve(dotted: str) -> tuple[types.ModuleType, str, object]:
