@@ -171,3 +171,17 @@ def test_a_lab_is_named_by_its_folder_or_a_unique_start():
         lab_sources("00")
     with pytest.raises(SystemExit, match="no lab named '99'"):
         lab_sources("99")
+
+
+def test_the_machine_yardstick_times_a_loop_an_import_of_torch_and_a_fork():
+    from paralab.notebooks import machine_yardstick
+
+    line = machine_yardstick(additions=1_000_000, repeats=1)
+    found = re.fullmatch(
+        r"machine yardstick: 1,000,000 Python additions ([\d.]+) s of CPU, "
+        r"`import torch` ([\d.]+) s, a fork of that process ([\d.]+) ms",
+        line,
+    )
+    assert found, line
+    assert 0 < float(found[1]) < 5 and 0 < float(found[2]) < 120, line
+    assert 0 < float(found[3]) < 10_000, line

@@ -7,7 +7,9 @@ It runs `python -m pytest --durations=0 -q` (plus your arguments) and prints the
 CPU the whole machine spent meanwhile (from /proc/stat, so ranks, kernels, sandboxes and the
 browser count: they are not all children the test process waits for), their ratio against the
 cores, the 20 slowest tests and the per-file sums. Measure on an otherwise idle machine: the CPU
-figure is the machine's. `python _build_nb.py --profile` is the same for the labs.
+figure is the machine's. `python _build_nb.py --profile` is the same for the labs. Both print a
+yardstick of the machine's speed (`paralab.notebooks.machine_yardstick`): compare timings only
+with it.
 
 It also watches /proc while the suite runs (ten times a second) and prints where the CPU went by
 role: the pytest processes themselves, the lab kernels nbval starts, the ranks (and forkservers)
@@ -28,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(.+?)\s*$")
 
@@ -139,6 +142,10 @@ class Census:
 
 
 def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's paralab
+    from paralab.notebooks import machine_yardstick
+
+    yardstick = machine_yardstick()  # before the suite, on the idle machine
     command = [sys.executable, "-m", "pytest", "--durations=0", "-q", *argv]
     cpu_before, started = busy_seconds(), time.monotonic()
     suite = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -168,6 +175,7 @@ def main(argv: list[str]) -> int:
     else:
         print(f"wall {wall:.0f} s (no /proc/stat here: CPU not measured)")
     print(f"sum of test durations {sum(per_file.values()):.0f} s")
+    print(yardstick)
     print("\nslowest tests:")
     for seconds, phase, test in sorted(per_test, reverse=True)[:20]:
         print(f"  {seconds:7.1f} s  {phase:<8} {test}")

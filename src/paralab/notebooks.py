@@ -514,6 +514,47 @@ def profile(source: Path) -> Profile:
     )
 
 
+_FORK_PROBE = """
+import os, time
+started = time.monotonic()
+import torch
+imported = time.monotonic() - started
+forks = []
+for _ in range(9):
+    started = time.monotonic()
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    forks.append(time.monotonic() - started)
+print(imported, sorted(forks)[4])
+"""
+
+
+def machine_yardstick(additions: int = 5_000_000, repeats: int = 3) -> str:
+    """How fast this machine is now: timings taken on two machines compare only through this.
+
+    The suite's wall time has differed twofold between two sessions' 2-core VMs. A pure-Python
+    loop measures the CPU; `import torch` in a fresh interpreter, and forking that interpreter
+    (what each rank's launch pays), measure the memory and the kernel. Each is the best of
+    `repeats`; a fork is the median of nine.
+    """
+    loops, imports, forks = [], [], []
+    for _ in range(repeats):
+        started, total = time.process_time(), 0
+        for i in range(additions):
+            total += i
+        loops.append(time.process_time() - started)
+        probe = [sys.executable, "-c", _FORK_PROBE]
+        imported, forked = subprocess.run(probe, check=True, capture_output=True).stdout.split()
+        imports.append(float(imported))
+        forks.append(float(forked))
+    return (
+        f"machine yardstick: {additions:,} Python additions {min(loops):.2f} s of CPU, "
+        f"`import torch` {min(imports):.2f} s, a fork of that process {min(forks) * 1e3:.1f} ms"
+    )
+
+
 def profile_labs(sources: list[Path]) -> str:
     """The table of where each lab's time goes: kernel start, imports, launches, slowest cells."""
     from paralab.tables import text_table
@@ -546,4 +587,5 @@ def profile_labs(sources: list[Path]) -> str:
         "in launches s",
         "slowest cells",
     ]
-    return text_table(header, rows) + f"\nall labs, one after another: {grand:.1f} s"
+    total = f"all labs, one after another: {grand:.1f} s"
+    return "\n".join([text_table(header, rows), total, machine_yardstick()])
