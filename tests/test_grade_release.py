@@ -46,3 +46,18 @@ def test_the_readme_says_what_the_grader_refuses(handout):
     assert "## What the grader refuses" in readme
     for rule in RULE_LIST:
         assert rule[1:] in readme, rule
+
+
+def test_what_the_package_calls_is_read_again_when_a_file_changes(tmp_path, monkeypatch):
+    """`package_needs` caches the parsed package; an edited file must not be answered from it."""
+    from paralab import release
+
+    package = tmp_path / "paralab"
+    package.mkdir()
+    helper = package / "helper.py"
+    helper.write_text("def helper():\n    return 1\n")
+    (package / "caller.py").write_text("def caller():\n    return helper()\n")
+    monkeypatch.setattr(release, "PACKAGE", package)
+    assert "caller" not in release.package_needs({"exercise"})
+    helper.write_text("def helper():\n    return exercise()\n")
+    assert release.package_needs({"exercise"})["caller"] == {"exercise"}
