@@ -296,6 +296,8 @@ VERDICT_HEADER = re.compile(
     r"^(tensor\s+shape\s+dtype\s+max \|diff\||claim\s+observed)\s+verdict$"
 )  # tensors / claims
 SHOWN_HEADER = "# From src/"
+MAX_VISIBLE_CELL_LINES = 45
+"""The longest code cell a reader may meet unfolded: past it, fold plumbing or show less."""
 
 
 @dataclass
@@ -387,7 +389,8 @@ def measure_labs(sources: list[Path]) -> str:
             (
                 m.lab,
                 f"{m.code_lines} ({m.package_lines} package)",
-                m.longest_cell,
+                f"{m.longest_cell}"
+                + (" (too long)" if m.longest_cell > MAX_VISIBLE_CELL_LINES else ""),
                 f"{m.check_rows} in {m.check_tables} tables"
                 + (f" ({m.folded_rows} folded)" if m.folded_rows else ""),
                 m.pictures,
