@@ -416,6 +416,13 @@ ALTERNATIVES = {
         "paralab.parallel_dims.ParallelDims.group_ranks",
         "paralab.parallel_dims.ParallelDims.build_meshes",
     ),
+    "sample_and_positions": (
+        "paralab.train.runs.sample_index",
+        "paralab.train.model.SequenceShard.positions",
+        "paralab.cp.layout.shard_sequence",
+        "paralab.cp.layout.chunk_ids",
+    ),
+    "latent_ranks": ("paralab.pipeline.inference.samples_of_rank",),
 }
 """Package functions that answer an exercise whole (another implementation of it, or the real
 thing the exercise predicts by arithmetic): withheld in the copy a submission of its lab runs
