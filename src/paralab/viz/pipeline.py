@@ -60,9 +60,7 @@ def plot_bytes_by_phase(panels: dict[str, dict[str, dict[str, int]]]) -> Figure:
         ax.set_title(title, fontsize=9)
     axes[0][0].set_ylabel("KiB sent by one rank")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(
-        "Where the bytes go: the parameter all-gathers dominate every step they run in", fontsize=10
-    )
+    fig.suptitle("Bytes one rank sends in each phase, by group (the toy model)", fontsize=10)
     fig.tight_layout()
     return fig
 
