@@ -1,8 +1,9 @@
-"""paralab.train: the data rule, the byte formulas, the wrappers, and one composed run on real ranks.
+"""paralab.train: the data rule, the byte formulas, the wrappers, and composed runs on real ranks.
 
-The lab's nbval run executes every configuration; these tests pin the pieces it relies on
-and run the public `train` entry point once on a path the lab does not (causal ring,
-full AC, Adam).
+The lab trains each configuration on 4 ranks with the AC modes and the optimizer that teach
+it; these tests pin the pieces it relies on and run what it no longer does: every AC mode
+with Adam on 4 ranks (and a causal ring through the public `train`), and the whole matrix
+(every AC mode x SGD and Adam) of three layouts on 8 ranks, with torchtitan's HSDP reading.
 """
 
 import pytest
@@ -14,11 +15,23 @@ from paralab.exercises.lab05 import sample_by_global_rank
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
 from paralab.train import apply_ac, apply_compile, reference, train
-from paralab.train.costs import shard_bytes_of_unit, step_bytes, unit_shapes
+from paralab.train.costs import (
+    measured_step_bytes,
+    shard_bytes_of_unit,
+    training_step_bytes,
+    unit_shapes,
+)
 from paralab.train.memory import activation_memory, activation_terms, saved_for_backward
 from paralab.train.model import SequenceShard, build_model
-from paralab.train.parallelism import CPAttention
-from paralab.train.runs import full_parameters, sample_index, samples_in_batch
+from paralab.train.parallelism import AC_MODES, CPAttention
+from paralab.train.runs import (
+    full_parameters,
+    run_titan,
+    run_variants,
+    sample_and_positions,
+    sample_index,
+    samples_in_batch,
+)
 
 
 def test_cp_partners_load_the_same_sample_and_the_bug_does_not():
@@ -26,6 +39,8 @@ def test_cp_partners_load_the_same_sample_and_the_bug_does_not():
     assert samples_in_batch(pd) == 4
     assert [sample_index(r, pd) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [sample_by_global_rank(r, pd) for r in range(8)] == list(range(8))
+    assert sample_and_positions(5, pd, 32, False) == (2, list(range(16, 32)))
+    assert sample_and_positions(5, pd, 32, True) == (2, list(range(8, 24)))  # lab 05's rank 5
 
 
 def test_positions_are_global_and_zigzag_for_the_causal_ring():
@@ -39,7 +54,9 @@ def test_fsdp_shard_bytes_pad_dim0_to_the_group():
 
 
 def test_step_bytes_recompute_only_with_full_ac():
-    none, full, selective = (step_bytes(4, 1, 2, ac=ac) for ac in ("none", "full", "selective"))
+    none, full, selective = (
+        training_step_bytes(4, 1, 2, ac=ac) for ac in ("none", "full", "selective")
+    )
     assert (
         full["cp", "recompute"] == full["cp", "forward"] == 2 * 2 * (1 * 8 * 16 * 2 * 8)
     )  # L * 2(cp-1)S
@@ -47,9 +64,9 @@ def test_step_bytes_recompute_only_with_full_ac():
     assert {k: v for k, v in full.items() if k != ("cp", "recompute")} == {
         k: v for k, v in none.items() if k != ("cp", "recompute")
     }
-    hsdp = step_bytes(4, 2, 2)
+    hsdp = training_step_bytes(4, 2, 2)
     assert hsdp["dp_replicate", "backward"] == sum(shard_bytes_of_unit(u, 4) for u in unit_shapes())
-    ring8 = step_bytes(4, 2, 8, attention="ring", ac="full")  # lab 05's 'What to try' 4
+    ring8 = training_step_bytes(4, 2, 8, attention="ring", ac="full")  # lab 05's 'What to try' 4
     assert (
         ring8["cp", "recompute"]
         == ring8["cp", "forward"]
@@ -74,22 +91,81 @@ def test_wrappers_land_where_cosmos_puts_them():
         CPAttention("tree", None, False)
 
 
-def _causal_full_ac_adam():
-    return train(
+def _adam_on_4_ranks():
+    """Adam under every AC mode (the lab trains these with SGD), and a causal ring via `train`."""
+    jobs = [
+        (dict(dp_shard=4, cp=2), dict(attention="ring", ac=ac, optimizer="adam")) for ac in AC_MODES
+    ]
+    causal = train(
         ParallelDims(4, dp_shard=4, cp=2),
         attention="ring",
         ac="full",
         optimizer="adam",
         causal=True,
     )
+    return {"by_ac": [job["params"] for job in run_variants(jobs)], "causal": causal}
 
 
-def test_train_causal_ring_full_ac_adam_matches_one_process():
-    per_rank = run(_causal_full_ac_adam, 4, timeout=240)
-    expected = reference(samples=2, optimizer="adam", causal=True)
-    assert_match(per_rank, [expected] * 4, atol=1e-12)
+def test_adam_under_every_ac_mode_and_the_causal_ring_match_one_process():
+    per_rank = run(_adam_on_4_ranks, 4, timeout=240)
+    expected = reference(samples=2, optimizer="adam")
+    for i, ac in enumerate(AC_MODES):
+        assert_match([r["by_ac"][i] for r in per_rank], [expected] * 4, atol=1e-12, name=ac)
+    causal = reference(samples=2, optimizer="adam", causal=True)
+    assert_match([r["causal"] for r in per_rank], [causal] * 4, atol=1e-12, name="causal")
     assert all(
-        torch.equal(per_rank[r]["head.weight"], per_rank[0]["head.weight"]) for r in range(4)
+        torch.equal(r["causal"]["head.weight"], per_rank[0]["causal"]["head.weight"])
+        for r in per_rank
+    )
+
+
+MATRIX_8 = [
+    (dict(dp_replicate=2, dp_shard=4, cp=2), "ring"),
+    (dict(dp_shard=8, cp=4), "ulysses"),
+    (dict(dp_replicate=2, dp_shard=4, cp=1), "ring"),  # the VLM shape: no cp
+]
+"""The layouts the lab shows on 4 ranks, at 8: HSDP with a cp 2 ring, Ulysses cp 4, the VLM row."""
+
+
+def _matrix_jobs():
+    return [
+        (dims, dict(attention=attention, ac=ac, optimizer=optimizer))
+        for dims, attention in MATRIX_8
+        for ac in AC_MODES
+        for optimizer in ("sgd", "adam")
+    ]
+
+
+def _matrix_on_8_ranks():
+    return {
+        "checks": run_variants(_matrix_jobs(), ledger=True),
+        "titan": run_titan(2, 2, dict(attention="ring")),
+    }
+
+
+def test_every_ac_mode_and_optimizer_on_8_ranks():
+    """Each (layout, AC mode, optimizer): every rank's parameters after 3 steps = one process, and
+    every rank's ledger = the closed form in every (group, phase) cell; torchtitan's HSDP reading
+    (2 replicas x dp_shard_cp 4) = the overlay reading, bitwise."""
+    per_rank = run(_matrix_on_8_ranks, 8, timeout=600)
+    for i, (dims, variant) in enumerate(_matrix_jobs()):
+        pd = ParallelDims(8, **dims)
+        expected = reference(samples=8 // pd.cp, optimizer=variant["optimizer"])
+        assert_match(
+            [r["checks"][i]["params"] for r in per_rank],
+            [expected] * 8,
+            atol=1e-12,
+            name=f"{dims} {variant}",
+        )
+        formula = training_step_bytes(
+            pd.dp_shard, pd.dp_replicate, pd.cp, variant["attention"], variant["ac"]
+        )
+        for rank, r in enumerate(per_rank):
+            measured = measured_step_bytes(r["checks"][i]["records"], rank, pd, steps=3)
+            assert measured == formula, (dims, variant, rank)
+    assert per_rank[0]["titan"]["fsdp_mesh"] == (2, 4)
+    assert_match(
+        [r["titan"]["params"] for r in per_rank], [r["checks"][0]["params"] for r in per_rank]
     )
 
 

@@ -25,14 +25,15 @@
 #
 # **Time.** About 40 minutes to read; the last cell prints how long the runs took.
 #
-# **What is checked.** Parameters after 3 optimizer steps (SGD and Adam), element by element
-# in float64, against one process training on the whole global batch: 4 ranks (dp_shard 4,
-# cp 2, ring), 8 ranks (dp_replicate 2 × dp_shard 4, cp 2, ring), 8 ranks (dp_shard 8, cp 4,
-# Ulysses), and the VLM row (8 ranks, dp_replicate 2 × dp_shard 4, cp 1: the shape a
-# vision-language model trains in, lab 00's workload table, whose sequences need no cp), each
-# with AC none / full / selective, and compiled once (a causal ring, so the zigzag shards
-# are checked too). Every byte of every step against its closed form: modelled bytes,
-# counted at the `torch.distributed` API by the ledger, not measured on a wire.
+# **What is checked.** Parameters after 3 optimizer steps, element by element in float64,
+# against one process training on the whole global batch, on 4 ranks: dp_shard 4, cp 2 with
+# the ring under each AC mode (none / full / selective) and with Ulysses; HSDP (dp_replicate 2
+# × dp_shard 2) with a cp 4 ring and Adam; the VLM row (HSDP, cp 1: the shape a
+# vision-language model trains in, lab 00's workload table, whose sequences need no cp); and
+# compiled once (a causal ring, so the zigzag shards are checked too). Every byte of every
+# step against its closed form: modelled bytes, counted at the `torch.distributed` API by the
+# ledger, not measured on a wire. (Every AC mode × SGD and Adam on 8 ranks, the same
+# composition at twice the ranks, is `tests/test_train.py::test_every_ac_mode_and_optimizer_on_8_ranks`.)
 # Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
 # its positions) and `apply_fsdp` alone (the shards stack to the full weight); in this
 # process, the bytes saved for backward per AC mode against a closed form, and AC then
@@ -51,7 +52,7 @@ from paralab.launch import run
 from paralab.parallel_dims import ParallelDims
 from paralab.tables import text_table
 from paralab.train import apply_ac, apply_compile, reference, runs
-from paralab.train.costs import measured_step_bytes, step_bytes
+from paralab.train.costs import measured_step_bytes, training_step_bytes
 from paralab.train.memory import activation_memory, activation_terms
 from paralab.train.model import SHAPE, SequenceShard, build_model
 from paralab.train.order import order_cases
@@ -62,7 +63,7 @@ from paralab.train.runs import (
     make_sample,
     run_titan,
     run_variants,
-    sample_index,
+    sample_and_positions,
 )
 from paralab.train.tokens import RULES, masked_reference, masked_step
 from paralab.viz import show
@@ -120,15 +121,20 @@ for shard in (SequenceShard(), SequenceShard(1, 2), SequenceShard(1, 2, zigzag=T
 # holds the second half of the tokens, positions 16–31 (with the causal ring, zigzag: chunks 1
 # and 2 of 4, positions 8–23). The picture below shows every rank.
 # </details>
+#
+# The same arithmetic for any rank and layout, without the loader or the model: the graded
+# exercise `sample_and_positions` (its check compares it with what the training loop loads).
+
+# %%
+# show: paralab.train.runs.sample_and_positions
 
 
 # %%
-def ownership(world, dims, *, zigzag=False, loader=sample_index):
+def ownership(world, dims, *, zigzag=False):
+    """Every rank's sample and token positions, from `sample_and_positions`."""
     pd = ParallelDims(world, **dims)
-    shards = [SequenceShard(r % pd.cp, pd.cp, zigzag) for r in range(world)]
-    return [loader(r, pd) for r in range(world)], [
-        s.positions(SHAPE["tokens"]).tolist() for s in shards
-    ]
+    held = [sample_and_positions(r, pd, SHAPE["tokens"], zigzag) for r in range(world)]
+    return [sample for sample, _ in held], [positions for _, positions in held]
 
 
 show(
@@ -445,7 +451,10 @@ print(verdict_table(fsdp_verdicts, "apply_fsdp on 2 ranks"))
 # the same full tensors.
 
 # %%
-# show: paralab.train.runs.training_loop paralab.train.runs.train
+# show: paralab.train.runs.training_loop
+
+# %%
+# show: paralab.train.runs.train
 
 # %% [markdown]
 # The reference every check compares with: one process, the whole global batch, the same
@@ -626,43 +635,57 @@ print(verdict_table(order_verdicts, "the order, run on 2 ranks"))
 # </details>
 
 # %% [markdown]
-# ## 4. Real runs: one launch per world size
+# ## 4. Real runs: one launch
 #
-# Each launch runs every training of this lab in sequence inside the ranks (each one a
-# fresh model, the meshes built once): the 6 checks (AC none/full/selective × SGD/Adam) per
-# configuration under the ledger, a compiled causal run, torchtitan's reading, the padded
-# batch of section 4d and the FSDP `generate` of section 7. (The order cases of section 3 and
-# the bug clinic of section 8 are launches of their own.)
+# One 4-rank launch runs every training of this section in sequence inside the ranks (each one a
+# fresh model, the meshes built once), under the ledger: each configuration below, a compiled
+# causal run, torchtitan's reading, the padded batch of section 4d and the FSDP `generate` of
+# section 7. (The order cases of section 3 and the bug clinic of section 8 are launches of
+# their own.) Each configuration teaches one thing, so each runs the AC modes and the optimizer
+# that show it:
+#
+# | configuration | runs | what it shows |
+# |---|---|---|
+# | dp_shard 4, cp 2, ring | AC none, full, selective | what each AC mode sends again |
+# | dp_shard 4, cp 2, Ulysses | AC full | the all-to-alls instead of the ring |
+# | HSDP 2 × 2, cp 4, ring | AC full, Adam | the replica all-reduce; a cp group of 4 |
+# | VLM: HSDP 2 × 2, cp 1 | AC none | no cp at all: the same code with one-rank cp groups |
+#
+# (HSDP with cp 2 on 4 ranks would make the cp group and the dp_shard group the same two ranks,
+# and the ledger could not tell their bytes apart.)
 
 # %% jupyter={"source_hidden": true}
-AC_MODES, OPTIMIZERS = ("none", "full", "selective"), ("sgd", "adam")
 CONFIGS = {
-    "4 ranks: dp_shard 4, cp 2, ring": (4, dict(dp_shard=4, cp=2), dict(attention="ring")),
-    "8 ranks: dp_replicate 2 x dp_shard 4, cp 2, ring": (
-        8,
-        dict(dp_replicate=2, dp_shard=4, cp=2),
-        dict(attention="ring"),
+    "dp_shard 4, cp 2, ring": (
+        4,
+        dict(dp_shard=4, cp=2),
+        [dict(attention="ring", ac=ac) for ac in AC_MODES],
     ),
-    "8 ranks: dp_shard 8, cp 4, Ulysses": (8, dict(dp_shard=8, cp=4), dict(attention="ulysses")),
-    "8 ranks, VLM: dp_replicate 2 x dp_shard 4, cp 1": (
-        8,
-        dict(dp_replicate=2, dp_shard=4, cp=1),
-        dict(attention="ring"),
+    "dp_shard 4, cp 2, Ulysses": (
+        4,
+        dict(dp_shard=4, cp=2),
+        [dict(attention="ulysses", ac="full")],
     ),
+    "HSDP 2 x 2, cp 4, ring": (
+        4,
+        dict(dp_replicate=2, dp_shard=2, cp=4),
+        [dict(attention="ring", ac="full", optimizer="adam")],
+    ),
+    "VLM: HSDP 2 x 2, cp 1": (4, dict(dp_replicate=2, dp_shard=2, cp=1), [dict(ac="none")]),
 }
 COMPILED = dict(
     attention="ring", compile=True, causal=True
 )  # causal: 4b checks the zigzag ring once too (every other training is bidirectional)
-DIMS4 = CONFIGS["4 ranks: dp_shard 4, cp 2, ring"][1]
+DIMS4 = CONFIGS["dp_shard 4, cp 2, ring"][1]
 
 
 def jobs_of(world):
+    """(configuration, dims, variant) of every training at this world size."""
     jobs = [
-        (name, dims, dict(base, ac=ac, optimizer=opt))
-        for name, (w, dims, base) in CONFIGS.items()
+        (name, dims, variant)
+        for name, (w, dims, variants) in CONFIGS.items()
         if w == world
-        for ac in AC_MODES
-        for opt in OPTIMIZERS
+        for variant in variants
     ]
     return jobs + ([("compiled", DIMS4, COMPILED)] if world == 4 else [])
 
@@ -676,12 +699,13 @@ def world_job(world):
         out["titan"] = run_titan(1, 2, dict(attention="ring"))
         out["masked"] = {rule: masked_step(DIMS4, rule) for rule in RULES}
         out["generate"] = generate_demo(dict(dp_shard=4))
-    else:
-        out["titan"] = run_titan(2, 2, dict(attention="ring"))
     return out
 
 
-RESULTS = {world: run(world_job, world, world, timeout=600) for world in (4, 8)}
+RESULTS = {
+    world: run(world_job, world, world, timeout=600)
+    for world in sorted({w for w, _, _ in CONFIGS.values()})
+}
 
 # %% [markdown]
 # ### 4a. The loss normalization, on real ranks
@@ -728,8 +752,8 @@ print(verdict_table(loss_verdicts, "loss normalization"))
 # %% [markdown]
 # ### 4b. Parameters after 3 steps vs one process on the global batch
 #
-# One row per configuration and AC mode; each row folds both optimizers, every parameter and
-# every rank (all ranks must return the same full tensors), element by element within 1e-12.
+# One row per training; each row folds every parameter and every rank (all ranks must return
+# the same full tensors), element by element within 1e-12.
 
 # %% jupyter={"source_hidden": true}
 REFERENCES = {}
@@ -750,24 +774,20 @@ def param_verdicts(per_rank_params, dims, variant):
     )
 
 
-def row_label(name, variant):
-    return (
-        "4 ranks: compiled (aot_eager), causal ring"
-        if variant.get("compile")
-        else f"{name}, ac={variant['ac']}"
-    )
+def row_label(world, name, variant):
+    if variant.get("compile"):
+        return f"{world} ranks: compiled (aot_eager), causal ring"
+    return f"{world} ranks: {name}, ac={variant['ac']}, {variant.get('optimizer', 'sgd')}"
 
 
 # %%
-by_row = {}
-for world in (4, 8):
-    for i, (name, dims, variant) in enumerate(jobs_of(world)):
-        by_row.setdefault(row_label(name, variant), []).extend(
-            param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant)
-        )
 param_rows = [
-    summary(label + ("" if "compiled" in label else ", sgd+adam"), verdicts)
-    for label, verdicts in by_row.items()
+    summary(
+        row_label(world, name, variant),
+        param_verdicts([r["checks"][i]["params"] for r in RESULTS[world]], dims, variant),
+    )
+    for world in RESULTS
+    for i, (name, dims, variant) in enumerate(jobs_of(world))
 ]
 print(verdict_table(param_rows, "parameters after 3 steps vs one process (float64, within 1e-12)"))
 
@@ -781,6 +801,8 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 # `run_titan` builds that 3-D mesh, takes the cp group from it, loads the sample of its dp
 # coordinate, and shards on the flattened mesh. The flattened group is the same set of ranks as
 # the overlay's dp group, in the same order, so the parameters should not differ by a bit.
+# Here on 4 ranks, without replicas; the reading with replicas (8 ranks, 2 replicas × dp_shard
+# 2 × cp 2) is checked in `tests/test_train.py::test_every_ac_mode_and_optimizer_on_8_ranks`.
 
 # %%
 # show: paralab.train.runs.titan_meshes
@@ -793,19 +815,17 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 # show: paralab.train.runs.run_titan
 
 # %%
-titan_verdicts = []
-for world, job in ((4, 0), (8, 0)):
-    titan = RESULTS[world][0]["titan"]
-    same = compare(
-        [r["titan"]["params"] for r in RESULTS[world]],
-        [r["checks"][job]["params"] for r in RESULTS[world]],
+titan = RESULTS[4][0]["titan"]
+print(f"4 ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}")
+titan_verdicts = [
+    summary(
+        "4 ranks, cp 2 ring, AC none: torchtitan reading = overlay reading, bitwise",
+        compare(
+            [r["titan"]["params"] for r in RESULTS[4]],
+            [r["checks"][0]["params"] for r in RESULTS[4]],
+        ),
     )
-    print(
-        f"{world} ranks: torchtitan dp_shard = {titan['dp_shard']}, FSDP mesh shape {titan['fsdp_mesh']}"
-    )
-    titan_verdicts.append(
-        summary(f"{world} ranks: torchtitan reading = overlay reading, bitwise", same)
-    )
+]
 print(verdict_table(titan_verdicts, "torchtitan's dp_shard_cp reading"))
 
 # %% [markdown]
@@ -920,16 +940,23 @@ print(verdict_table(masked_verdicts, "loss normalization on a padded batch"))
 # times the `L` blocks. For the runs below:
 
 # %%
-# show: paralab.train.costs.attention_bytes paralab.train.costs.shard_bytes_of_unit paralab.train.costs.step_bytes
+# show: paralab.train.costs.attention_bytes paralab.train.costs.shard_bytes_of_unit
+
+# %% [markdown]
+# The whole table in code is the graded exercise `training_step_bytes`: the nine cells of one
+# rank's step, from the units' shapes and the group sizes.
+
+# %%
+# show: paralab.train.costs.training_step_bytes
 
 # %%
 from paralab.cp.costs import shard_bytes
 
-for attention, cp in (("ring", 2), ("ulysses", 4)):
+for attention, cp in (("ring", 2), ("ulysses", 2), ("ring", 4)):
     s_bytes = shard_bytes(1, SHAPE["heads"], SHAPE["tokens"], SHAPE["dim"] // SHAPE["heads"], cp)
     print(
         f"{attention:<8} cp {cp}: S = {s_bytes} B; per block {attention_bytes(attention, cp)}; "
-        f"x L = {SHAPE['blocks']}: {step_bytes(1, 1, cp, attention=attention, ac='full')[('cp', 'forward')]} B forward"
+        f"x L = {SHAPE['blocks']}: {training_step_bytes(1, 1, cp, attention=attention, ac='full')[('cp', 'forward')]} B forward"
     )
 
 
@@ -938,11 +965,11 @@ def byte_cells(world, job):
     """One training's bytes per (group, phase) per step: the closed form, and the ledger of each rank."""
     name, dims, variant = jobs_of(world)[job]
     pd = ParallelDims(world, **dims)
-    formula = step_bytes(
+    formula = training_step_bytes(
         pd.dp_shard,
         pd.dp_replicate,
         pd.cp,
-        attention=variant["attention"],
+        attention=variant.get("attention", "ring"),
         ac=variant.get("ac", "none"),
     )
     measured = [
@@ -953,25 +980,23 @@ def byte_cells(world, job):
 
 
 byte_verdicts = []  # (configuration, variant, every rank's ledger = the formula in every cell)
-for world in (4, 8):
+for world in RESULTS:
     for job, (name, _dims, variant) in enumerate(jobs_of(world)):
         formula, measured = byte_cells(world, job)
-        byte_verdicts.append((name, variant, all(m == formula for m in measured)))
+        byte_verdicts.append(
+            (f"{world} ranks: {name}", variant, all(m == formula for m in measured))
+        )
 
 # %% [markdown]
-# Rank 0's ledger next to the formula, for the SGD runs of 4 ranks and the full-AC runs of 8
-# (the picture is built in the folded cell; the numbers behind it are in the folded output
-# after it, and the claim table below states that every rank's ledger matches):
+# Rank 0's ledger next to the formula, for every training but the compiled one (the picture
+# is built in the folded cell; the numbers behind it are in the folded output after it, and the
+# claim table below states that every rank's ledger matches):
 
 # %% jupyter={"source_hidden": true}
 pictured = {}
-for world in (4, 8):
+for world in RESULTS:
     for job, (name, dims, variant) in enumerate(jobs_of(world)):
-        if (
-            variant.get("optimizer", "sgd") == "sgd"
-            and not variant.get("compile")
-            and (world == 4 or variant.get("ac") == "full")
-        ):
+        if not variant.get("compile"):
             formula, measured = byte_cells(world, job)
             attention = f" {variant['attention']}" if dims["cp"] > 1 else ""
             kind = " VLM" if "VLM" in name else ""
@@ -997,23 +1022,16 @@ print("bytes sent per rank per step, ledger = formula (rank 0; every rank is che
 print(text_table(["configuration", "group", "forward", "backward", "recompute"], rows))
 
 # %%
-ledger_rows = []
-for name in dict.fromkeys(n for n, v, _ in byte_verdicts if not v.get("compile")):
-    for ac in AC_MODES:
-        oks = [
-            ok
-            for n, v, ok in byte_verdicts
-            if n == name and v.get("ac", "none") == ac and not v.get("compile")
-        ]
-        ledger_rows.append(
-            claim(
-                f"{name}, ac={ac}", all(oks), f"{sum(oks)}/{len(oks)} runs, every rank, every cell"
-            )
-        )
-compiled_ok = [ok for _, v, ok in byte_verdicts if v.get("compile")]
-ledger_rows.append(
-    claim("4 ranks: compiled causal ring", all(compiled_ok), "every rank, every cell")
-)
+ledger_rows = [
+    claim(
+        f"{name.split(':')[0]}: compiled causal ring"
+        if v.get("compile")
+        else f"{name}, ac={v['ac']}",
+        ok,
+        "every rank, every cell",
+    )
+    for name, v, ok in byte_verdicts
+]
 print(verdict_table(ledger_rows, "ledger = closed form, per (group, phase), per step"))
 
 # %% [markdown]
@@ -1187,9 +1205,11 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # %%
 from paralab.exercises.lab05 import sample_by_global_rank
 
+pd4 = ParallelDims(4, **DIMS4)
 show(
     viz.plot_token_ownership(
-        *ownership(4, DIMS4, loader=sample_by_global_rank),
+        [sample_by_global_rank(r, pd4) for r in range(4)],
+        ownership(4, DIMS4)[1],
         SHAPE["tokens"],
         "the buggy loader: cp partners hold halves of different samples",
     )
@@ -1256,7 +1276,7 @@ print(
 #    the loss was already normalized per sample. The local mean is right *because* FSDP
 #    averages over the cp partners too.</details>
 # 2. **Causal Ulysses.** In the folded first cell of section 4, add `causal=True` to the
-#    8-rank Ulysses entry of `CONFIGS` (`dict(attention="ulysses", causal=True)`), then
+#    Ulysses entry of `CONFIGS` (`[dict(attention="ulysses", ac="full", causal=True)]`), then
 #    re-run from that cell. Does Ulysses need zigzag shards? Does the ledger change?
 #    <details><summary>Answer</summary>No zigzag: after its first all-to-all each rank
 #    holds the whole sequence for its heads, so the causal mask is applied to the full
@@ -1278,9 +1298,9 @@ print(
 #    and `apply_cp`'s attention swap lands on it.</details>
 # 4. **The ring at cp = 8.** Predict the cp recompute bytes per step with the ring and full
 #    AC at cp = 8, from the formula of section 5. Then check: add
-#    `"8 ranks: dp_replicate 2 x dp_shard 4, cp 8, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=8), dict(attention="ring"))`
-#    to `CONFIGS` and re-run from there (with dp_shard 8 the dp_shard and cp groups would be
-#    the same 8 ranks, and the ledger could not tell them apart).
+#    `"HSDP 2 x 4, cp 8, ring": (8, dict(dp_replicate=2, dp_shard=4, cp=8), [dict(attention="ring", ac="full")])`
+#    to `CONFIGS` and re-run from there: a second launch, on 8 ranks (with dp_shard 8 the
+#    dp_shard and cp groups would be the same 8 ranks, and the ledger could not tell them apart).
 #    <details><summary>Answer</summary>`S = 1·8·(32/8)·2·8 = 512` B, so `L·2(cp-1)S =
 #    2·2·7·512 = 14336` B, the same as the cp forward; the ledger row passes (the global batch is one
 #    sample, `world/cp`).</details>

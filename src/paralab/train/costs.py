@@ -46,18 +46,22 @@ def attention_bytes(attention: str, cp: int, batch: int = 1) -> dict[str, int]:
     return ring_bytes(s, cp) if attention == "ring" else ulysses_bytes(s, cp)
 
 
-def step_bytes(
-    dp_shard: int,
-    dp_replicate: int,
+def training_step_bytes(
+    dp_shard_size: int,
+    dp_replicate_size: int,
     cp: int,
-    *,
     attention: str = "ring",
     ac: str = "none",
     units: list[list[tuple[int, ...]]] | None = None,
 ) -> dict[tuple[str, str], int]:
-    """{(group, phase): bytes one rank sends per step}, for every group and phase in the table above."""
+    """{(group, phase): bytes one rank sends per step}, for every group and phase in the table above.
+
+    `units`: the parameter shapes of each FSDP unit, the root first, then one entry per block
+    (`unit_shapes`); `attention_bytes` and `shard_bytes_of_unit` give the per-call sizes.
+    """
     units = units or unit_shapes()
-    n, r, blocks = dp_shard, dp_replicate, len(units) - 1
+    ### BEGIN SOLUTION
+    n, r, blocks = dp_shard_size, dp_replicate_size, len(units) - 1
     b = [shard_bytes_of_unit(u, n) for u in units]
     out = {(g, p): 0 for g in GROUPS for p in PHASES}
     out["dp_shard", "forward"] = sum((n - 1) * bu for bu in b)
@@ -69,6 +73,7 @@ def step_bytes(
         out["cp", "backward"] = blocks * per_block["backward"]
         out["cp", "recompute"] = blocks * per_block["forward"] if ac == "full" else 0
     return out
+    ### END SOLUTION
 
 
 def measured_step_bytes(

@@ -62,6 +62,25 @@ def sample_index(rank: int, parallel_dims: ParallelDims) -> int:
     return rank // (parallel_dims.cfgp * parallel_dims.cp)
 
 
+def sample_and_positions(
+    rank: int, parallel_dims: ParallelDims, n_tokens: int, zigzag: bool
+) -> tuple[int, list[int]]:
+    """The sample `rank` loads and the global positions of the tokens it keeps, by arithmetic.
+
+    The overlay mesh is (rest, cfgp, cp), cp innermost; a cp rank keeps shard `rank % cp` of
+    the sequence: chunk `i` of `cp` chunks, or with `zigzag` chunks `i` and `2cp-1-i` of `2cp`.
+    """
+    ### BEGIN SOLUTION
+    cp = parallel_dims.cp
+    cp_rank = rank % cp
+    chunks = 2 * cp if zigzag else cp
+    size = n_tokens // chunks
+    held = (cp_rank, chunks - 1 - cp_rank) if zigzag else (cp_rank,)
+    positions = [chunk * size + i for chunk in held for i in range(size)]
+    return rank // (parallel_dims.cfgp * cp), positions
+    ### END SOLUTION
+
+
 def optimizer_for(params: Any, kind: str) -> torch.optim.Optimizer:
     """SGD, or Adam fused as torchtitan builds it by default (`implementation = "fused"`,
     pytorch/torchtitan@b5bcd76:torchtitan/components/optimizer/optimizer.py).
