@@ -85,7 +85,9 @@ def test_two_ranks_fsdp_alone_and_with_cfgp_match_one_process_bitwise(reference)
             assert torch.equal(result["output"], reference), (layout, rank)
             pd = ParallelDims(2, enable_inference_mode=True, **layouts[layout])
             for step in (1, 2):
-                expected = costs.step_bytes(inference.make_denoiser(), pd, "ulysses", True, step)
+                expected = costs.denoising_step_bytes(
+                    inference.make_denoiser(), pd, "ulysses", True, step
+                )
                 measured = runs.sent_by_group(result, f"step {step}")
                 assert {g: measured[g] for g in expected} == expected, (layout, rank, step)
 

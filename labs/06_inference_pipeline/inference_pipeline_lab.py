@@ -255,6 +255,33 @@ print(
 # The loaders (ranks 0 and 4, each its group's first rank) receive both raw
 # videos of their group; their lb partners (ranks 1 and 5) receive none, so lab 04's planner moves one
 # video to the partner. All 8 ranks are in the one dp_shard group.
+#
+# **Predict** the other way round: which ranks hold sample 3's latent, in which branch, and in
+# which order of its tokens? And at `cfgp 1, cp 2` on 8 ranks?
+#
+# <details><summary>Answer</summary>
+#
+# With cfgp 2, cp 2: sample 3 is in the second sample group (samples 2 and 3), ranks 4–7:
+# cond on ranks 4 and 5 (first and second token half), uncond on 6 and 7. With cfgp 1 the four
+# sample groups are the cp pairs, one sample each: sample 3 on ranks 6 and 7, both branches.
+# </details>
+#
+# The graded exercise `latent_ranks` answers it for any layout and batch:
+
+# %%
+# show: paralab.pipeline.inference.latent_ranks
+
+# %%
+pd8_no_cfgp = ParallelDims(8, cp=2, enable_inference_mode=True)
+print(
+    text_table(
+        ["sample", "cond ranks (cfgp 2, cp 2, lb 2)", "uncond ranks", "both branches (cp 2)"],
+        [
+            [s, *latent_ranks(pd8, s).values(), latent_ranks(pd8_no_cfgp, s)["cond"]]
+            for s in range(inference.BATCH)
+        ],
+    )
+)
 
 # %% [markdown]
 # ## 3. Three layouts against one process
@@ -413,6 +440,12 @@ print(
 )
 
 # %% [markdown]
+# The table in code is the graded exercise `denoising_step_bytes`:
+
+# %%
+# show: paralab.pipeline.costs.denoising_step_bytes
+
+# %% [markdown]
 # **Predict:** at 4 ranks, which group sends the most per step, and by
 # roughly what factor over the cfgp swap?
 #
@@ -429,7 +462,7 @@ print(
 # %%
 one = RUNS[("w4", "ulysses, reshard")][0]
 measured = runs.sent_by_group(one, "step 2")
-formula = costs.step_bytes(model, pd4, "ulysses", True, step=2)
+formula = denoising_step_bytes(model, pd4, "ulysses", True, step=2)
 ops = runs.calls_by_group(one, "step 2")
 rows = [
     [
@@ -472,7 +505,7 @@ for (layout, variant), results in RUNS.items():
     mismatches = 0
     for r in results:
         for step in range(1, STEPS + 1):
-            expected = costs.step_bytes(
+            expected = denoising_step_bytes(
                 model, pd, kw["attention"], kw.get("reshard_after_forward", True), step
             )
             got = runs.sent_by_group(r, f"step {step}")
@@ -690,7 +723,7 @@ try:
                 "should_skip_uncond": skip_uncond_whenever_guidance_is_one
             }
         },
-        timeout=10,
+        timeout=5,
     )
     clinic_error = None
 except LaunchError as err:
@@ -768,9 +801,9 @@ print(verdict_table(clinic_fixed, "The fix"))
 # (HSDP: 2 replicas × 2 shards; FSDP2 picks HSDP from the mesh's dimension),
 # runs 4 forwards on fixed inputs and compares with the unsharded model.
 
-# %%
+# %% jupyter={"source_hidden": true}
 unsharded = runs.repeated_forwards(inference.make_denoiser())
-replica_verdicts, rows = [], []
+replica_verdicts, rows = [], []  # the forwards vs the unsharded model; one table row per mesh
 for name in MESHES:
     per_rank = [r["replicated"][name] for r in out4]
     replica_verdicts += compare(
@@ -795,6 +828,8 @@ rows.append(
         calls(keep_run["records"], op="all_reduce"),
     ]
 )
+
+# %%
 print(
     text_table(
         [
@@ -932,7 +967,7 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    `CondDenoiser(channels=4, dim=32, heads=8, text_dim=4, n_blocks=3, frames=2,
 #    height=4, width=4, seed=0)` (`from paralab.models import CondDenoiser`);
 #    predict the step-2 all-gather bytes and the peak with
-#    `costs.step_bytes(three_blocks(), pd4, "ulysses", True, 2)` and
+#    `denoising_step_bytes(three_blocks(), pd4, "ulysses", True, 2)` and
 #    `costs.memory(three_blocks(), 4, True)`, then check on the ranks:
 #    `run(runs.pipeline_job, 4, {"w4": dict(cfgp=2, cp=2)}, {"v":
 #    VARIANTS_4["ulysses, reshard"]}, patches={"paralab.pipeline.inference":
@@ -945,7 +980,7 @@ print(f"lab run time {time.perf_counter() - LAB_START:.1f} s")
 #    formulas.</details>
 # 4. At 8 ranks, cfgp 2, cp 2, lb 2, the lab ran Ulysses. Which ledger group
 #    would the ring change, and by how much? Compare
-#    `costs.step_bytes(model, pd8, "ring", True, 2)` with `"ulysses"` (the
+#    `denoising_step_bytes(model, pd8, "ring", True, 2)` with `"ulysses"` (the
 #    formulas section 4 matched for both), then the same at
 #    `ParallelDims(8, cfgp=2, cp=4, enable_inference_mode=True)`.
 #    <details><summary>Answer</summary>At cp 2 nothing changes: the ring

@@ -87,10 +87,15 @@ def forwards_per_step(pd: ParallelDims) -> int:
     return k * (1 if pd.cfgp_enabled else 2)
 
 
-def step_bytes(
+def denoising_step_bytes(
     model: CondDenoiser, pd: ParallelDims, attention: str, reshard_after_forward: bool, step: int
 ) -> dict[str, int]:
-    """Bytes one rank sends at denoising step `step` (1-based), by group."""
+    """Bytes one rank sends at denoising step `step` (1-based), by group.
+
+    `forwards_per_step(pd)` gives `k·b`; `unit_shard_bytes` each unit's shard; lab 02's
+    `cp.shard_bytes`, `cp.ring_bytes` and `cp.ulysses_bytes` one attention layer's traffic.
+    """
+    ### BEGIN SOLUTION
     n, forwards = pd.dp_shard, forwards_per_step(pd)
     if n == 1:
         gathers = 0
@@ -110,6 +115,7 @@ def step_bytes(
     else:
         out["cp attention"] = 0
     return out
+    ### END SOLUTION
 
 
 # ------------------------------------------------------------------ the lb exchange, once

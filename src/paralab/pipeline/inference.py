@@ -110,6 +110,20 @@ def samples_of_rank(pd: ParallelDims, rank: int) -> list[int]:
     return list(range(group * per_group, (group + 1) * per_group))
 
 
+def latent_ranks(pd: ParallelDims, sample: int, batch: int = BATCH) -> dict[str, list[int]]:
+    """The ranks that denoise `sample`'s latent, per branch, in cp order (cp rank 0 first).
+
+    With cfgp each branch has its own cp group; without, every rank runs both branches.
+    """
+    ### BEGIN SOLUTION
+    per_group = batch // (pd.world_size // (pd.cfgp * pd.cp))
+    first = (sample // per_group) * pd.cfgp * pd.cp
+    cond = list(range(first, first + pd.cp))
+    uncond = [r + pd.cp for r in cond] if pd.cfgp > 1 else cond
+    return {"cond": cond, "uncond": uncond}
+    ### END SOLUTION
+
+
 def videos_held(pd: ParallelDims, rank: int) -> list[int]:
     """The samples whose raw videos arrive on `rank`: all of its group's on the group's loader.
 
@@ -321,24 +335,19 @@ def generate(
 ) -> torch.Tensor:
     """Every sample of the fixed batch, generated and decoded: (BATCH, 3, T, H, W) float64.
 
-    `parallel_dims=None`: one process, the reference. Otherwise the current default
-    process group runs the pipeline on that layout (inside `paralab.launch.run`), and
-    every rank returns the same tensor, which depends only on `seed`, `steps` and
-    `guidance_scale`. `attention`: the cp algorithm, "ulysses" or "ring";
-    `reshard_after_forward`: FSDP2 frees the gathered parameters after each forward, or keeps them.
+    `parallel_dims=None`: one process, the reference; else the default process group runs that
+    layout, and every rank returns the same tensor (a function of seed, steps and guidance only).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"generate: steps must be an int >= 1, got steps={steps!r}")
     encoder, model = TinyVideoEncoder(), make_denoiser()
-    decoder = make_decoder(model)
     pd = parallel_dims
     if pd is not None:
         check_layout(pd)
         if not pd.mesh:
             pd.build_meshes()
-    samples, conds, unconds = conditioning_contexts(
-        pd, encoder
-    )  # 1. encode: lb, then a cp broadcast
+    # 1. encode: lb, then a cp broadcast
+    samples, conds, unconds = conditioning_contexts(pd, encoder)
     if pd is not None:
         shard_denoiser(model, pd, reshard_after_forward)  # 2. FSDP2 over dp_shard = the world
     final = denoise(
@@ -351,4 +360,4 @@ def generate(
         pd=pd,
         attention=attention,
     )  # 2. cfgp branches, cp sequence
-    return decode_and_gather(final, decoder, pd)  # 3. decode, all-gather over the world
+    return decode_and_gather(final, make_decoder(model), pd)  # 3. decode, all-gather over the world
