@@ -92,6 +92,8 @@ class DispatchPlan:
     output_splits: list[int]
     regroup_inverse: torch.Tensor
     """Puts the expert-grouped rows back in arrival order (source rank, then expert)."""
+    score_before: bool = False
+    """The rows were scaled by their gate weights before dispatch, so combine only sums."""
 
     @property
     def tokens_per_local_expert(self) -> list[int]:
@@ -105,9 +107,11 @@ def dispatch(
     keep: torch.Tensor,
     num_experts: int,
     group: dist.ProcessGroup | None,
+    score_before: bool = False,
 ) -> tuple[torch.Tensor, DispatchPlan]:
     """This rank's (tokens, dim) rows to the ranks of their experts: (rows for my local experts,
-    grouped by local expert, and the plan). `weights`, `experts`, `keep` are (tokens, k)."""
+    grouped by local expert, and the plan). `weights`, `experts`, `keep` are (tokens, k).
+    `score_before`: each row leaves already times its gate weight."""
     ep = dist.get_world_size(group)
     local = num_experts // ep
     token_of_assignment = torch.arange(x.shape[0], device=x.device).repeat_interleave(
@@ -122,7 +126,8 @@ def dispatch(
     recv_counts = exchange_counts(send_counts, group)
     input_splits = send_counts.reshape(ep, local).sum(dim=1).tolist()
     output_splits = recv_counts.sum(dim=1).tolist()
-    received = AllToAll.apply(x[token_of_row], output_splits, input_splits, group)
+    sent = x[token_of_row] * weight_of_row.unsqueeze(1) if score_before else x[token_of_row]
+    received = AllToAll.apply(sent, output_splits, input_splits, group)
     local_expert_of_row = torch.arange(local, device=x.device).repeat(ep)
     regroup, regroup_inverse = expert_permutation(
         local_expert_of_row.repeat_interleave(recv_counts.reshape(-1))
@@ -135,6 +140,7 @@ def dispatch(
         input_splits,
         output_splits,
         regroup_inverse,
+        score_before,
     )
     return received[regroup], plan
 
@@ -155,4 +161,6 @@ def combine(
     arrival_order = expert_out[plan.regroup_inverse]
     returned = AllToAll.apply(arrival_order, plan.input_splits, plan.output_splits, group)
     out = expert_out.new_zeros((num_tokens, expert_out.shape[1]))
-    return out.index_add(0, plan.token_of_row, returned * plan.weight_of_row.unsqueeze(1))
+    if not plan.score_before:
+        returned = returned * plan.weight_of_row.unsqueeze(1)
+    return out.index_add(0, plan.token_of_row, returned)

@@ -2,12 +2,17 @@
 
     x = embed(tokens) + position
     x = x + attention(x)                      (causal, `heads` heads)
-    h = x + moe(x)                            (router, top-k experts, capacity)
+    h = x + moe(x)                            (router, top-k experts, capacity, shared expert)
     loss = cross_entropy(head(h), targets) + aux_coef * switch_aux_loss
 
 `MoELayer` runs its experts in this process when it has no group (the one-process
 reference: a plain loop over experts, no permutation), and by dispatch and combine over
 its ep group otherwise, holding only that rank's experts. Sizes divide by 2, 3 and 4.
+
+The production options, each off by default and each run the same way in the reference:
+`grouped_mm` (the local experts as one batched matmul, `grouped`), `shared_experts` (a dense
+MLP every token runs, beside the routed ones), `bias_rate` (aux-loss-free balancing,
+`balance`), `score_before_experts` (the gate weight scales the expert's input, not its output).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from paralab.ep.balance import biased_top_k
 from paralab.ep.dispatch import combine, dispatch, run_local_experts
+from paralab.ep.grouped import run_grouped_experts
 from paralab.ep.router import capacity, capacity_keep, switch_aux_loss, top_k_route
 
 
@@ -40,6 +47,16 @@ class MoEConfig:
     gate_scale: float = 2.0
     """Router weights are drawn this many times larger than a default Linear's: an unbalanced start."""
     lr: float = 0.2
+    grouped_mm: bool = False
+    """Run the local experts as one batched matmul (`grouped.run_grouped_experts`)."""
+    alignment: int = 8
+    """Rows each expert's block is padded to a multiple of, for the grouped matmul."""
+    shared_experts: int = 0
+    """torchtitan's `num_shared_experts`: one dense MLP of hidden size `hidden` times this."""
+    bias_rate: float | None = None
+    """Aux-loss-free balancing: the per-expert bias moves this much a step; None: no bias."""
+    score_before_experts: bool = False
+    """Scale each row by its gate weight before its expert (torchtitan's default), not after."""
 
     def with_(self, **changes: object) -> MoEConfig:
         return replace(self, **changes)
@@ -82,12 +99,21 @@ class MoELayer(nn.Module):
         self.experts = nn.ModuleDict(
             {str(e): Expert(config.dim, config.hidden) for e in range(config.experts)}
         )
+        self.shared = (
+            Expert(config.dim, config.hidden * config.shared_experts)
+            if config.shared_experts
+            else None
+        )
+        self.register_buffer("expert_bias", torch.zeros(config.experts))
         self.group: dist.ProcessGroup | None = None
 
     def route(self, x: torch.Tensor) -> Routing:
         c = self.config
         probs = torch.softmax(self.gate(x), dim=-1)
-        weights, experts = top_k_route(probs, c.top_k, c.renormalize)
+        if c.bias_rate is None:
+            weights, experts = top_k_route(probs, c.top_k, c.renormalize)
+        else:
+            weights, experts = biased_top_k(probs, self.expert_bias, c.top_k, c.renormalize)
         slots = capacity(x.shape[0], c.experts, c.top_k, c.capacity_factor)
         keep = capacity_keep(experts, c.experts, slots)
         return Routing(probs, weights, experts, keep, switch_aux_loss(probs, experts))
@@ -96,22 +122,40 @@ class MoELayer(nn.Module):
         routing = self.route(x)
         if self.group is None:
             return self.one_process(x, routing), routing
+        c = self.config
         rows, plan = dispatch(
-            x, routing.weights, routing.experts, routing.keep, self.config.experts, self.group
+            x,
+            routing.weights,
+            routing.experts,
+            routing.keep,
+            c.experts,
+            self.group,
+            c.score_before_experts,
         )
         local = [self.experts[str(e)] for e in sorted(self.experts, key=int)]
-        out = run_local_experts(local, rows, plan.tokens_per_local_expert)
+        counts = plan.tokens_per_local_expert
+        if c.grouped_mm:
+            out = run_grouped_experts(local, rows, counts, c.alignment)
+        else:
+            out = run_local_experts(local, rows, counts)
         routing.send_counts, routing.recv_counts = plan.send_counts, plan.recv_counts
-        return combine(out, plan, x.shape[0], self.group), routing
+        return self.add_shared(x, combine(out, plan, x.shape[0], self.group)), routing
+
+    def add_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """The routed output plus the shared expert's, which every token runs, unweighted."""
+        return routed if self.shared is None else routed + self.shared(x)
 
     def one_process(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Every expert here, on the tokens that chose it and fit: the reference arithmetic."""
         out = torch.zeros_like(x)
         for e in range(self.config.experts):
             token, choice = torch.nonzero((routing.experts == e) & routing.keep, as_tuple=True)
-            y = self.experts[str(e)](x[token])
-            out = out.index_add(0, token, y * routing.weights[token, choice].unsqueeze(1))
-        return out
+            weight = routing.weights[token, choice].unsqueeze(1)
+            if self.config.score_before_experts:
+                out = out.index_add(0, token, self.experts[str(e)](x[token] * weight))
+            else:
+                out = out.index_add(0, token, self.experts[str(e)](x[token]) * weight)
+        return self.add_shared(x, out)
 
 
 class MoETransformer(nn.Module):

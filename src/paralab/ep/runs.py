@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from paralab.check import Verdict, claim, compare
+from paralab.ep.balance import updated_bias
 from paralab.ep.costs import all_reduce_bytes, layer_bytes, split_matrix
 from paralab.ep.model import (
     MoEConfig,
@@ -66,6 +67,21 @@ def sync_grads(model: MoETransformer, edp_group: dist.ProcessGroup) -> None:
             g.copy_(chunk.reshape(g.shape))
 
 
+def expert_load(experts: list[torch.Tensor], num_experts: int) -> torch.Tensor:
+    """(E,) float64: assignments routed to each expert (before drops), over the given routings."""
+    return sum(torch.bincount(e.reshape(-1), minlength=num_experts).double() for e in experts)
+
+
+def balance_experts(model: MoETransformer, experts: torch.Tensor) -> None:
+    """Aux-loss-free balancing's step on every rank: this rank's routed load, summed over the
+    world (one all-reduce of E numbers), moves the expert bias (`balance.updated_bias`)."""
+    load = expert_load([experts], model.config.experts)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(load)
+    bias = model.moe.expert_bias
+    bias.copy_(updated_bias(bias, load, model.config.bias_rate))
+
+
 def sgd_step(model: MoETransformer) -> None:
     with torch.no_grad():
         for p in model.parameters():
@@ -96,7 +112,7 @@ def ep_worker(config: MoEConfig, ep: int, steps: int = 2, seed: int = 0) -> dict
     model = shard_experts(make_model(config, seed), ep_group)
     tokens, targets = sample(rank, config, seed)
     first: dict = {}
-    counts = []
+    counts, biases = [], []
     for step in range(steps):
         with Ledger() as led:
             with led.phase("forward"):
@@ -105,8 +121,12 @@ def ep_worker(config: MoEConfig, ep: int, steps: int = 2, seed: int = 0) -> dict
                 loss.backward()
             with led.phase("grad sync"):
                 sync_grads(model, edp_group)
+            if config.bias_rate is not None:
+                with led.phase("balance"):
+                    balance_experts(model, seen["routing"].experts)
         routing = seen["routing"]
         counts.append(routing.send_counts)
+        biases.append(model.moe.expert_bias.clone())
         if step == 0:
             first = {
                 "logits": seen["logits"].detach(),
@@ -119,7 +139,12 @@ def ep_worker(config: MoEConfig, ep: int, steps: int = 2, seed: int = 0) -> dict
                 "records": led.records,
             }
         sgd_step(model)
-    return {"params": gather_params(model, ep_group), "step0": first, "send_counts": counts}
+    return {
+        "params": gather_params(model, ep_group),
+        "step0": first,
+        "send_counts": counts,
+        "bias": biases,
+    }
 
 
 def train(
@@ -146,11 +171,12 @@ def train(
 def reference_run(config: MoEConfig, samples: int, steps: int = 2, seed: int = 0) -> dict:
     """One process, every expert here: `steps` SGD steps on the mean loss over `samples` samples
     (each routed on its own, like one rank's). Returns the parameters and step 0's per-sample
-    logits, losses and routing, the gradients, and every step's tokens per expert per sample."""
+    logits, losses and routing, the gradients, and every step's tokens per expert per sample
+    and expert bias."""
     model = make_model(config, seed)
     data = [sample(i, config, seed) for i in range(samples)]
     first: dict = {}
-    counts = []
+    counts, biases = [], []
     for step in range(steps):
         per_sample = [model.loss(tokens, targets) for tokens, targets in data]
         loss = torch.stack([loss for loss, _ in per_sample]).mean()
@@ -159,6 +185,11 @@ def reference_run(config: MoEConfig, samples: int, steps: int = 2, seed: int = 0
         counts.append(
             [torch.bincount(r.experts[r.keep], minlength=config.experts) for r in routings]
         )
+        if config.bias_rate is not None:
+            load = expert_load([r.experts for r in routings], config.experts)
+            bias = model.moe.expert_bias
+            bias.copy_(updated_bias(bias, load, config.bias_rate))
+        biases.append(model.moe.expert_bias.clone())
         if step == 0:
             first = {
                 "logits": [seen["logits"].detach() for _, seen in per_sample],
@@ -168,7 +199,12 @@ def reference_run(config: MoEConfig, samples: int, steps: int = 2, seed: int = 0
             }
         sgd_step(model)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"params": dict(sorted(params.items())), "step0": first, "kept_counts": counts}
+    return {
+        "params": dict(sorted(params.items())),
+        "step0": first,
+        "kept_counts": counts,
+        "bias": biases,
+    }
 
 
 def reference(
@@ -214,10 +250,19 @@ def check_step(per_rank: list[dict], ref: dict, ep: int, label: str) -> list[Ver
 
 
 def check_params(per_rank: list[dict], ref: dict, label: str) -> list[Verdict]:
-    """Every parameter, every expert, after the steps, on every rank vs one process."""
+    """Every parameter, every expert, after the steps, on every rank vs one process; and the
+    expert bias after every step, bitwise (it moves by signs of integer loads)."""
     verdicts = []
     for rank, result in enumerate(per_rank):
         params = result["params"] if "params" in result else result
+        if "bias" in result and "bias" in ref:
+            verdicts.append(
+                claim(
+                    f"{label}: rank {rank} expert bias after every step",
+                    all(map(torch.equal, result["bias"], ref["bias"])),
+                    f"after the last step {ref['bias'][-1].tolist()}",
+                )
+            )
         verdicts.append(
             claim(
                 f"{label}: rank {rank} holds every parameter",
@@ -285,5 +330,14 @@ def check_bytes(per_rank: list[dict], config: MoEConfig, ep: int, label: str) ->
             torch.tensor(sync),
             torch.tensor(expected),
             name=f"{label}: rank {rank} gradient all-reduce bytes",
+        )
+        balance = [r.bytes_sent for r in records if r.phase == "balance"]
+        want_balance = [all_reduce_bytes(8 * config.experts, world)] * (
+            config.bias_rate is not None
+        )
+        verdicts += compare(
+            torch.tensor(balance, dtype=torch.long),
+            torch.tensor(want_balance, dtype=torch.long),
+            name=f"{label}: rank {rank} expert-load all-reduce bytes",
         )
     return verdicts

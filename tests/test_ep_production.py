@@ -1,0 +1,150 @@
+"""MoE as production routes it: dropless splits, the grouped matmul with alignment padding, a
+shared expert, aux-loss-free balancing, the gate weight before the expert. Each on real ranks
+equals one process (forward, loss, every gradient, parameters and expert bias after 3 steps);
+the all-to-all and all-reduce bytes equal their formulas."""
+
+import pytest
+import torch
+
+from paralab.check import Verdict
+from paralab.ep.balance import biased_top_k, updated_bias
+from paralab.ep.costs import split_matrix
+from paralab.ep.dispatch import run_local_experts
+from paralab.ep.grouped import aligned_layout, aligned_sizes, padded_batch, run_grouped_experts
+from paralab.ep.model import Expert, MoEConfig, make_model
+from paralab.ep.runs import check_bytes, check_params, check_step, ep_worker, reference_run
+from paralab.launch import run
+
+
+def _failures(verdicts: list[Verdict]) -> list[str]:
+    return [v.describe() for v in verdicts if not v.passed]
+
+
+OPTIONS = {
+    "grouped matmul": {"grouped_mm": True},
+    "shared expert": {"shared_experts": 1},
+    "expert bias": {"bias_rate": 0.05},
+    "score before experts": {"score_before_experts": True},
+    "all four, top-1, capacity 1": {
+        "grouped_mm": True,
+        "shared_experts": 1,
+        "bias_rate": 0.05,
+        "score_before_experts": True,
+        "top_k": 1,
+        "capacity_factor": 1.0,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_each_production_option_on_ranks_equals_one_process(name):
+    config = MoEConfig(**OPTIONS[name])
+    per_rank = run(ep_worker, 4, config, 2, 3, 0)
+    ref = reference_run(config, 4, 3, 0)
+    verdicts = (
+        check_step(per_rank, ref, 2, name)
+        + check_params(per_rank, ref, name)
+        + check_bytes(per_rank, config, 2, name)
+    )
+    assert not _failures(verdicts), _failures(verdicts)
+    if config.bias_rate is not None:
+        assert any(b.abs().sum() > 0 for b in ref["bias"]), "the bias never moved"
+
+
+def test_dropless_routing_keeps_every_assignment_with_splits_that_vary():
+    config = MoEConfig(top_k=2, capacity_factor=None)
+    per_rank = run(ep_worker, 4, config, 4, 2, 0)
+    assert [int(r["step0"]["keep"].sum()) for r in per_rank] == [config.seq * 2] * 4
+    splits = split_matrix([r["step0"]["send_counts"] for r in per_rank], 4)
+    assert len(set(splits.reshape(-1).tolist())) > 1, "every split equal: nothing varies"
+    assert splits.sum().item() == 4 * config.seq * 2
+    ref = reference_run(config, 4, 2, 0)
+    verdicts = check_step(per_rank, ref, 4, "dropless") + check_bytes(per_rank, config, 4, "dl")
+    assert not _failures(verdicts), _failures(verdicts)
+
+
+def test_aligned_sizes_round_up_and_give_an_empty_expert_one_alignment():
+    assert aligned_sizes([5, 0, 19], 8) == [8, 8, 24]
+    assert aligned_sizes([8, 16, 1], 8) == [8, 16, 8]
+    assert aligned_sizes([0, 33], 16) == [16, 48]
+    rows = torch.arange(24.0).reshape(12, 2)
+    flat, offsets = aligned_layout(rows, [3, 0, 9], 4)
+    assert offsets.tolist() == [4, 8, 20] and flat.shape == (20, 2)
+    assert torch.equal(flat[:3], rows[:3]) and torch.equal(flat[8:17], rows[3:])
+    assert flat[3:8].abs().sum() == 0 and flat[17:].abs().sum() == 0
+    assert padded_batch(rows, [3, 0, 9], 4).shape == (3, 12, 2)
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 19], [1, 30, 2], [0, 0, 3]])
+def test_the_grouped_matmul_equals_the_loop_within_rounding_not_bitwise(counts):
+    torch.manual_seed(0)
+    experts = [Expert(12, 24).double() for _ in counts]
+    params = [p for e in experts for p in e.parameters()]
+    rows = torch.randn(sum(counts), 12, dtype=torch.float64, requires_grad=True)
+    loop = run_local_experts(experts, rows, counts)
+    grouped = run_grouped_experts(experts, rows, counts, 8)
+    upstream = torch.randn_like(loop)
+    for a, b in zip(
+        torch.autograd.grad(loop, [rows, *params], upstream),
+        torch.autograd.grad(grouped, [rows, *params], upstream),
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * b.abs().max().item())
+    torch.testing.assert_close(loop, grouped, rtol=0, atol=1e-12 * loop.abs().max().item())
+    assert not torch.equal(loop, grouped), "bitwise equal: the prose says it is not"
+
+
+def test_blas_gives_other_bits_for_the_same_rows_once_padded():
+    """Why the grouped matmul is not bitwise: the same addmm on the same 19 rows, padded to 24,
+    already rounds differently."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 12, generator=g).double(), torch.randn(24, generator=g).double()
+    x = torch.randn(19, 12, generator=g).double()
+    padded = torch.cat([x, x.new_zeros(5, 12)])
+    assert not torch.equal(torch.addmm(b, x, w.t()), torch.addmm(b, padded, w.t())[:19])
+
+
+def test_torch_grouped_mm_on_the_aligned_layout_equals_the_padded_batch_in_float32():
+    """The layout is what torch._grouped_mm takes (float32: it has no float64 kernel)."""
+    counts = [5, 0, 19]
+    g = torch.Generator().manual_seed(1)
+    rows, weight = torch.randn(24, 12, generator=g), torch.randn(3, 12, 24, generator=g)
+    flat, offsets = aligned_layout(rows, counts, 8)
+    grouped = torch._grouped_mm(flat, weight, offs=offsets)
+    batched = torch.bmm(padded_batch(rows, counts, 8), weight)
+    starts = [0, *offsets.tolist()[:-1]]
+    for e, (start, count) in enumerate(zip(starts, counts)):
+        torch.testing.assert_close(grouped[start : start + count], batched[e, :count])
+    with pytest.raises(RuntimeError, match="Float32, BFloat16 or Float16"):
+        torch._grouped_mm(flat.double(), weight.double(), offs=offsets)
+
+
+def test_the_bias_steers_the_choice_and_never_the_weights():
+    probs = torch.softmax(torch.randn(6, 4, dtype=torch.float64), dim=-1)
+    bias = torch.tensor([0.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+    weights, experts = biased_top_k(probs, bias, 2)
+    assert (experts[:, 0] == 3).all()
+    assert torch.equal(weights, probs.gather(1, experts))
+
+
+def test_the_bias_moves_against_the_load_and_sums_to_zero():
+    bias = torch.zeros(4, dtype=torch.float64)
+    new = updated_bias(bias, torch.tensor([10, 2, 6, 6]), 0.1)
+    assert new[0] < 0 < new[1] and new[2] == new[3]
+    assert abs(new.sum().item()) < 1e-15
+
+
+def test_score_before_experts_is_another_model_not_a_reordering():
+    x = torch.randn(24, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    after, _ = make_model(MoEConfig(), 0).moe(x)
+    before, _ = make_model(MoEConfig(score_before_experts=True), 0).moe(x)
+    assert (after - before).abs().max() > 1e-3
+
+
+def test_the_shared_expert_carries_a_token_whose_assignments_were_all_dropped():
+    config = MoEConfig(top_k=1, capacity_factor=0.25, shared_experts=1)
+    model = make_model(config, 0)
+    x = torch.randn(config.seq, config.dim, dtype=torch.float64)
+    out, routing = model.moe(x)
+    dropped = ~routing.keep.any(dim=1)
+    assert dropped.any()
+    assert torch.equal(out[dropped], model.moe.shared(x)[dropped])
