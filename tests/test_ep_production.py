@@ -148,3 +148,17 @@ def test_the_shared_expert_carries_a_token_whose_assignments_were_all_dropped():
     dropped = ~routing.keep.any(dim=1)
     assert dropped.any()
     assert torch.equal(out[dropped], model.moe.shared(x)[dropped])
+
+
+def test_the_new_pictures_draw_from_plain_inputs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paralab import viz
+
+    loads = {"a": torch.tensor([[3, 1, 4, 0], [2, 2, 2, 2]]), "b": torch.ones(3, 4)}
+    for fig in (viz.plot_load_over_steps(loads), viz.plot_grouped_batch([5, 0, 19], 8)):
+        fig.canvas.draw()
+        plt.close(fig)

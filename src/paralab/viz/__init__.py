@@ -19,6 +19,8 @@ from paralab.viz.cp import (
 from paralab.viz.ep import (
     plot_balance_history,
     plot_drop_rate,
+    plot_grouped_batch,
+    plot_load_over_steps,
     plot_split_matrix,
     plot_token_journey,
     plot_tokens_per_expert,
@@ -93,6 +95,8 @@ __all__ = [
     "plot_scale_scatter",
     "plot_shard_layout",
     "plot_split_matrix",
+    "plot_grouped_batch",
+    "plot_load_over_steps",
     "plot_step_traffic",
     "plot_token_journey",
     "plot_token_ownership",

@@ -1,4 +1,5 @@
-"""Expert parallelism: the token journey, tokens per expert, drops against capacity, the split matrix."""
+"""Expert parallelism: the token journey, tokens per expert, drops against capacity, the split
+matrix, the load over training steps, the grouped matmul's padded batch."""
 
 from __future__ import annotations
 
@@ -175,5 +176,62 @@ def plot_balance_history(histories: dict[str, list[float]]) -> Figure:
     ax.set_ylabel("max / mean tokens per expert", fontsize=8)
     ax.legend(fontsize=7)
     ax.set_title("load imbalance during training", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_load_over_steps(loads: dict[str, torch.Tensor]) -> Figure:
+    """Tokens per expert at every training step, one panel per run, one line per expert.
+
+    `loads[name]` is (steps, experts): the assignments each expert got at each step, summed
+    over every rank. The dotted line is the mean: a balanced router sits on it."""
+    fig, axes = plt.subplots(1, len(loads), figsize=(3.2 * len(loads), 2.8), sharey=True)
+    for ax, (name, load) in zip(list(getattr(axes, "flat", [axes])), loads.items()):
+        for e in range(load.shape[1]):
+            ax.plot(load[:, e].tolist(), color=_EXPERT_COLORS[e % 10], label=f"expert {e}")
+        ax.axhline(load[0].double().mean().item(), color="grey", linestyle=":", linewidth=1)
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("training step", fontsize=8)
+    axes_list = list(getattr(axes, "flat", [axes]))
+    axes_list[0].set_ylabel("tokens per expert", fontsize=8)
+    axes_list[-1].legend(fontsize=6, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_grouped_batch(counts: list[int], alignment: int) -> Figure:
+    """What the grouped matmul batches on one rank: per local expert, its rows, the zero rows
+    that align its block (torchtitan's layout), and the rows that pad it to the longest block
+    (the float64 stand-in's batch)."""
+    aligned = [-(-max(c, alignment) // alignment) * alignment for c in counts]
+    longest = max(aligned)
+    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(counts)))
+    parts = (
+        ("rows", PALETTE[0], "", lambda c, a: (0, c)),
+        ("alignment padding", "white", "///", lambda c, a: (c, a - c)),
+        ("batch padding", "#dddddd", "", lambda c, a: (a, longest - a)),
+    )
+    for e, (count, size) in enumerate(zip(counts, aligned)):
+        for label, color, hatch, span in parts:
+            start, width = span(count, size)
+            ax.barh(
+                e,
+                width,
+                left=start,
+                color=color,
+                hatch=hatch,
+                edgecolor="black",
+                linewidth=0.5,
+                label=label if e == 0 else None,
+            )
+        ax.text(longest + 0.5, e, f"{count} → {size}", va="center", fontsize=7)
+    for x in range(alignment, longest, alignment):
+        ax.axvline(x, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_yticks(range(len(counts)), [f"local expert {e}" for e in range(len(counts))])
+    ax.invert_yaxis()
+    ax.set_xlim(0, longest + 4)
+    ax.set_xlabel(f"row slot (alignment {alignment})", fontsize=8)
+    ax.legend(fontsize=7, loc="lower right", ncols=3)
+    ax.set_title(f"grouped matmul batch: ({len(counts)}, {longest}, dim)", fontsize=9)
     fig.tight_layout()
     return fig
