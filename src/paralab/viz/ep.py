@@ -205,7 +205,7 @@ def plot_grouped_batch(counts: list[int], alignment: int) -> Figure:
     (the float64 stand-in's batch)."""
     aligned = [-(-max(c, alignment) // alignment) * alignment for c in counts]
     longest = max(aligned)
-    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(counts)))
+    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.45 * len(counts)))
     parts = (
         ("rows", PALETTE[0], "", lambda c, a: (0, c)),
         ("alignment padding", "white", "///", lambda c, a: (c, a - c)),
@@ -231,7 +231,7 @@ def plot_grouped_batch(counts: list[int], alignment: int) -> Figure:
     ax.invert_yaxis()
     ax.set_xlim(0, longest + 4)
     ax.set_xlabel(f"row slot (alignment {alignment})", fontsize=8)
-    ax.legend(fontsize=7, loc="lower right", ncols=3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(f"grouped matmul batch: ({len(counts)}, {longest}, dim)", fontsize=9)
     fig.tight_layout()
     return fig
