@@ -162,3 +162,19 @@ def test_the_new_pictures_draw_from_plain_inputs():
     for fig in (viz.plot_load_over_steps(loads), viz.plot_grouped_batch([5, 0, 19], 8)):
         fig.canvas.draw()
         plt.close(fig)
+
+
+def test_deepep_counts_a_token_once_per_node_and_once_per_rank():
+    from paralab.ep.layout import (
+        network_assignments,
+        network_tokens,
+        tokens_per_node,
+        tokens_per_rank,
+    )
+
+    # E = 8 on 4 ranks, 2 ranks a node: node 0 holds experts 0-3, node 1 experts 4-7
+    experts = torch.tensor([[0, 1], [0, 5], [7, -1], [2, 3], [6, 4]])
+    assert tokens_per_node(experts, 8, 4, 2).tolist() == [3, 3]
+    assert tokens_per_rank(experts, 8, 4).tolist() == [2, 1, 2, 2]
+    assert network_tokens(experts, 8, 4, 2, node=0) == 3
+    assert network_assignments(experts, 8, 4, 2, node=0) == 4

@@ -1,5 +1,5 @@
 """Lab 09 exercises: top-k routing with capacity, the permutation and its inverse, the split
-exchange; and the bugs they must catch.
+exchange, the tokens a DeepEP dispatch sends to each node; and the bugs they must catch.
 
 The bug clinic's patch set lives here too, beside the exercise that catches it, so the
 lab and tests/test_ep_dist.py run the same bug.
@@ -254,6 +254,71 @@ def misrouted_tokens(experts: list[torch.Tensor], ep: int, num_experts: int) -> 
     return [sorted(w) for w in wrong]
 
 
+# --------------------------------------------------------------------------- tokens_per_node
+def _routed(seed: int, tokens: int, experts: int, top_k: int, unchosen: float) -> torch.Tensor:
+    """(tokens, k) distinct experts per token; a fraction `unchosen` of the entries set to -1,
+    and then token 0 chooses expert 0 alone, so a -1 wrongly counted shows on the last node."""
+    g = _generator(seed)
+    chosen = torch.rand(tokens, experts, generator=g).argsort(dim=-1)[:, :top_k]
+    if unchosen:
+        chosen = torch.where(torch.rand(tokens, top_k, generator=g) < unchosen, -1, chosen)
+        chosen[0] = torch.tensor([0] + [-1] * (top_k - 1))
+    return chosen
+
+
+def _node_cases(rank: int, world: int) -> list[tuple]:
+    """(experts, E, ranks, ranks per node): 2 and 4 nodes, top-2 to top-8, some -1."""
+    return [
+        (_routed(0, 10, 8, 2, 0.0), 8, 4, 2),
+        (_routed(1, 12, 8, 3, 0.3), 8, 4, 2),
+        (_routed(2, 16, 32, 8, 0.0), 32, 16, 4),
+    ]
+
+
+NODE_KINDS = [
+    "E = 8 on 4 ranks, 2 nodes, top-2",
+    "E = 8 on 4 ranks, 2 nodes, top-3, some choices -1",
+    "E = 32 on 16 ranks, 4 nodes, top-8",
+]
+
+
+def _hidden_node_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    draw = random.Random(seed)
+    return [
+        (_routed(seed, draw.randint(8, 20), 24, 4, 0.25), 24, 6, 3),
+        (_routed(seed + 1, draw.randint(8, 20), 16, 6, 0.0), 16, 8, 2),
+    ]
+
+
+HIDDEN_NODE_KINDS = [
+    "E = 24 on 6 ranks, 2 nodes of 3, top-4, some -1",
+    "E = 16 on 8 ranks, 4 nodes, top-6",
+]
+
+
+def nodes_once_per_assignment(experts, num_experts, ranks, ranks_per_node):
+    """Bug: one row per assignment, as this lab's all-to-all sends, not one per node."""
+    per_node = num_experts // ranks * ranks_per_node
+    chosen = experts[experts >= 0]
+    return torch.bincount(chosen // per_node, minlength=ranks // ranks_per_node)
+
+
+def nodes_once_per_rank(experts, num_experts, ranks, ranks_per_node):
+    """Bug: DeepEP's per-rank counts summed per node: a token whose experts sit on two ranks of
+    one node is counted twice."""
+    from paralab.ep.layout import tokens_per_rank
+
+    return tokens_per_rank(experts, num_experts, ranks).reshape(-1, ranks_per_node).sum(dim=1)
+
+
+def nodes_unchosen_on_the_last(experts, num_experts, ranks, ranks_per_node):
+    """Bug: -1 (no selection) divided like an expert index wraps to the last node."""
+    nodes = ranks // ranks_per_node
+    node = (experts // (num_experts // ranks * ranks_per_node)) % nodes
+    hit = torch.zeros(experts.shape[0], nodes, dtype=torch.bool).scatter_(1, node, True)
+    return hit.sum(dim=0)
+
+
 EXERCISES = [
     Exercise(
         name="top_k_route",
@@ -356,6 +421,35 @@ EXERCISES = [
                 "world 2, rank 0, case 0:",
             ),
             ("source rank and local expert swapped", counts_transposed, "world 2, rank 0, case 1:"),
+        ],
+    ),
+    Exercise(
+        name="tokens_per_node",
+        lab=LAB,
+        target="paralab.ep.layout.tokens_per_node",
+        prompt=(
+            "DeepEP's `num_tokens_per_rdma_rank`. `experts` is `(tokens, k)`, each token's chosen "
+            "experts, `-1` for no selection. Rank `r` holds experts `[r·E/ranks, (r+1)·E/ranks)`, node "
+            "`n` holds ranks `[n·ranks_per_node, (n+1)·ranks_per_node)`. Return `(nodes,)` int64: how "
+            "many tokens go to each node, a token counted once per node that holds at least one of its "
+            "experts."
+        ),
+        hint="map each expert to its node (E/ranks·ranks_per_node experts a node), mark a "
+        "(tokens, nodes) table with scatter, count each column; keep -1 out of every column",
+        cases=_node_cases,
+        kinds=lambda world: NODE_KINDS,
+        hidden=_hidden_node_cases,
+        hidden_kinds=lambda world: HIDDEN_NODE_KINDS,
+        points=2,
+        minutes=15,
+        bugs=[
+            (
+                "one row per assignment, as this lab's all-to-all",
+                nodes_once_per_assignment,
+                "case 0:",
+            ),
+            ("per-rank counts summed per node", nodes_once_per_rank, "case 0:"),
+            ("-1 counted on the last node", nodes_unchosen_on_the_last, "case 1:"),
         ],
     ),
 ]
