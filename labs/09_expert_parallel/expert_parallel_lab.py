@@ -6,7 +6,9 @@
 # dropped token goes, how the experts are split over the ranks of an `ep` group and
 # two all-to-alls move the tokens there and back, why the backward of dispatch is
 # combine's all-to-all, how ep is carved from the data-parallel ranks, what the routing
-# costs in bytes, and how unbalanced it is. **Prerequisites:** the collectives primer
+# costs in bytes, and how unbalanced it is; then what production changes: dropless routing,
+# a grouped matmul over the local experts, a shared expert, balancing with a per-expert bias,
+# where the gate weight sits, and what DeepEP sends across nodes. **Prerequisites:** the collectives primer
 # (all-to-all and its backward), lab 01 (data parallelism, averaged gradients). **Time:**
 # about 40 minutes to read; the run time of this notebook is printed by its last cell.
 #
@@ -92,14 +94,18 @@ for renormalize in (False, True):
 # %% [markdown]
 # ## 2. Capacity: who is dropped, and where a dropped token goes
 #
-# An expert cannot take an unbounded number of tokens (a fixed-size buffer on a GPU, and a
-# straggler on its rank). With capacity factor `c` each expert takes at most
-# `ceil(c·tokens·k/E)` assignments from one rank's tokens; `c = None` is no limit. The
-# **priority** this lab states: every token's first choice before any second choice, and,
-# within one choice, earlier tokens first (GShard's order; Megatron's default keeps each
-# expert's highest-probability assignments instead). A dropped assignment contributes nothing: its token's MoE output is the sum
-# of its kept assignments only, and a token with none kept leaves the layer as its residual
-# `x` (the layer computes `x + moe(x)`). Kept weights are not renormalized after drops.
+# Production MoE today drops nothing by default: Megatron-LM's `moe_expert_capacity_factor`
+# is `None` ("no token will be dropped"), torchtitan has no capacity at all, and DeepSeek-V3
+# dropped no token in training (section 8 runs that regime, which is this lab's
+# `c = None`). A capacity is the older design (Switch, GShard), and the one for a buffer whose
+# size must be known before the counts are. With capacity factor `c` each expert takes at most
+# `ceil(c·tokens·k/E)` assignments from one rank's tokens. The **priority** this lab states:
+# every token's first choice before any second choice, and, within one choice, earlier tokens
+# first (GShard's order). Megatron, once a capacity is set, keeps each expert's
+# highest-probability assignments by default (`moe_token_drop_policy="probs"`). A dropped
+# assignment contributes nothing: its token's MoE output is the sum of its kept assignments
+# only, and a token with none kept leaves the layer as its residual `x` (the layer computes
+# `x + moe(x)`). Kept weights are not renormalized after drops.
 
 # %%
 # show: paralab.ep.router.capacity paralab.ep.router.capacity_keep
@@ -399,6 +405,203 @@ print(
 #
 # The fix is the exchange: one all-to-all of `E` integers per layer.
 # </details>
+
+# %% [markdown]
+# ## 8. Routing as production runs it
+#
+# Everything above is the textbook layer. Production MoE code changes five of its decisions
+# ([chapter 02](02_routing_in_production.md) reads each in Megatron-LM and torchtitan). Each is
+# an option of `MoEConfig`, off by default, and each runs on the ranks against one process:
+#
+# | decision | above | production | option |
+# |---|---|---|---|
+# | capacity | optional | none: dropless (Megatron's and torchtitan's default) | `capacity_factor=None` |
+# | local experts | a loop | one grouped matmul, blocks aligned to 8 rows (torchtitan's default) | `grouped_mm=True` |
+# | shared expert | none | one dense MLP every token runs (torchtitan's default) | `shared_experts=1` |
+# | balancing | Switch aux loss | a per-expert bias for the choice only (DeepSeek-V3, torchtitan's default) | `bias_rate` |
+# | gate weight | on the expert's output | on its input (torchtitan's default) | `score_before_experts=True` |
+#
+# **Dropless.** With no capacity every assignment is sent and the all-to-all's splits are
+# whatever the router produced: the count exchange of section 3 is what makes them known.
+# **Predict:** in the runs of section 4, which ones kept every assignment, and do their splits
+# vary from rank to rank?
+
+# %%
+from paralab.ep.dispatch import run_local_experts
+from paralab.ep.grouped import aligned_layout, aligned_sizes, padded_batch, run_grouped_experts
+from paralab.ep.layout import network_assignments, network_tokens, tokens_per_node
+
+rows = []
+for (ep, dp, top_k, factor), (_, per_rank) in RUNS.items():
+    kept = sum(int(r["step0"]["keep"].sum()) for r in per_rank)
+    splits = torch.cat([m.reshape(-1) for m in step_splits(per_rank, ep)])
+    rows.append(
+        [
+            f"ep={ep}, dp={dp}, top-{top_k}",
+            str(factor),
+            f"{kept} / {len(per_rank) * CONFIG.seq * top_k}",
+            f"{int(splits.min())} .. {int(splits.max())}",
+        ]
+    )
+print(text_table(["run", "capacity", "assignments kept", "split matrix entries"], rows))
+
+# %% [markdown]
+# **The grouped matmul.** After dispatch a rank's rows are grouped by local expert, a different
+# count each. torchtitan runs all its local experts in one `torch._grouped_mm` over the rows laid
+# out flat, each expert's block padded with zero rows to a multiple of 8 and to at least 8 (an
+# expert with no rows still gets a block). `torch._grouped_mm` has no float64 kernel, so the lab
+# runs the honest CPU stand-in: the aligned blocks padded again to the longest one, a
+# `(local experts, rows, dim)` batch for `torch.baddbmm`; the padding rows are computed and thrown
+# away. (`tests/test_ep_production.py` runs `torch._grouped_mm` itself on the aligned layout in
+# float32.) **Predict:** local experts receiving 5, 0 and 19 rows: what shape does each batch have?
+
+# %%
+# show: paralab.ep.grouped.aligned_sizes paralab.ep.grouped.run_grouped_experts
+
+# %%
+counts = [5, 0, 19]
+rows = torch.randn(
+    sum(counts), CONFIG.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+)
+flat, offsets = aligned_layout(rows, counts, 8)
+print(
+    f"blocks {aligned_sizes(counts, 8)}: torch._grouped_mm's input {tuple(flat.shape)}, "
+    f"offs {offsets.tolist()}; the stand-in's batch {tuple(padded_batch(rows, counts, 8).shape)}"
+)
+show(viz.plot_grouped_batch(counts, 8))
+experts = [make_model(CONFIG.with_(experts=3), 0).moe.experts[str(e)] for e in range(3)]
+loop, grouped = (
+    run_local_experts(experts, rows, counts),
+    run_grouped_experts(experts, rows, counts, 8),
+)
+close = (loop - grouped).abs().max() <= 1e-12 * loop.abs().max()
+print("grouped = loop within 1e-12 of the largest output:", bool(close))
+
+# %% [markdown]
+# The grouped result equals the loop within float64 rounding, not bitwise in general: BLAS picks
+# its blocking by the matrix's shape, so padding can change the order of a sum.
+#
+# **A shared expert** is a dense MLP that every token runs, added unweighted to the routed sum.
+# Its parameters are dense: replicated on every rank, their gradients averaged over all
+# data-parallel ranks like the attention's. **The gate weight** can scale a row before its
+# expert (torchtitan) or its output (Megatron, and sections 1 to 7). For an expert with a
+# nonlinearity, `expert(w·x)` is not `w·expert(x)`: another model, not a reordering.
+# **Predict:** do the ranks still equal one process with each option? Does moving the weight
+# change the layer's output?
+
+# %%
+PRODUCTION = {
+    "grouped matmul": CONFIG.with_(grouped_mm=True),
+    "shared expert": CONFIG.with_(shared_experts=1),
+    "score before experts": CONFIG.with_(score_before_experts=True),
+    "expert bias (rate 0.01, no aux loss)": CONFIG.with_(bias_rate=0.01, aux_coef=0.0),
+    "all four, top-1, c = 1": CONFIG.with_(
+        grouped_mm=True,
+        shared_experts=1,
+        score_before_experts=True,
+        bias_rate=0.01,
+        top_k=1,
+        capacity_factor=1.0,
+    ),
+}
+production_claims = []
+for name, config in PRODUCTION.items():
+    per_rank = run(ep_worker, 4, config, 2, 3, 0)
+    ref = reference_run(config, 4, 3, 0)
+    verdicts = check_step(per_rank, ref, 2, name) + check_params(per_rank, ref, name)
+    verdicts += check_bytes(per_rank, config, 2, name)
+    production_claims.append(summary(f"dp=4 ep=2, {name}: 3 steps = one process", verdicts))
+print(
+    verdict_table(
+        production_claims,
+        "routing bitwise; output, loss, gradients, params (rel. 1e-12); bias bitwise; bytes = formula",
+    )
+)
+x = torch.randn(
+    CONFIG.seq, CONFIG.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+)
+after, _ = make_model(CONFIG, 0).moe(x)
+before, _ = make_model(CONFIG.with_(score_before_experts=True), 0).moe(x)
+print(f"largest |before - after| in the layer's output: {(before - after).abs().max().item():.3g}")
+
+# %% [markdown]
+# **Balancing without an auxiliary loss.** DeepSeek-V3 adds a per-expert bias to the scores it
+# chooses by, and only there: a chosen expert's gate weight is its unbiased probability. The
+# bias is not trained. After each step every rank sums its tokens per expert (one all-reduce of
+# `E` numbers, in the ledger above), and the bias of an overloaded expert falls by a fixed rate,
+# that of an underloaded one rises (torchtitan's update, which also removes the mean).
+
+# %%
+# show: paralab.ep.balance.biased_top_k paralab.ep.balance.updated_bias
+
+# %% [markdown]
+# Twenty steps of the one-process model (equal to the ranks, above) from the same unbalanced
+# start: no balancing, the Switch loss of section 6 at `aux_coef` 0.5, and the bias at rate 0.01
+# with no aux loss. **Predict:** which ends closest to the mean, and which experts' lines move?
+
+# %%
+BALANCING = {
+    "no balancing": CONFIG.with_(aux_coef=0.0),
+    "Switch aux loss, coef 0.5": CONFIG.with_(aux_coef=0.5),
+    "expert bias, rate 0.01": CONFIG.with_(aux_coef=0.0, bias_rate=0.01),
+}
+loads, biases = {}, {}
+for name, config in BALANCING.items():
+    trained = reference_run(config, 4, 20)
+    loads[name] = torch.stack([sum(c) for c in trained["kept_counts"]])
+    biases[name] = trained["bias"][-1]
+show(viz.plot_load_over_steps(loads))
+print(
+    text_table(
+        ["run", "max/mean at step 0", "step 10", "step 19", "bias after step 19"],
+        [
+            [
+                name,
+                *(f"{(load[i].max() / load[i].double().mean()).item():.3g}" for i in (0, 10, 19)),
+                str([round(b, 3) for b in biases[name].tolist()]),
+            ]
+            for name, load in loads.items()
+        ],
+    )
+)
+
+# %% [markdown]
+# **Across nodes: what DeepEP would send.** This lab's all-to-all sends one row per assignment.
+# DeepEP's internode dispatch sends a token over the network once per destination **node**,
+# however many of its experts sit there, and fans it out over NVLink inside the node; its
+# `get_dispatch_layout` counts these per node first (`num_tokens_per_rdma_rank`,
+# [chapter 01](01_dispatchers_upstream.md)). Read the ep = 4 run of section 4 as 2 nodes of 2
+# ranks. **Predict:** per rank, how many rows cross nodes in the lab's all-to-all, and how many
+# tokens in DeepEP's?
+
+# %%
+# show: paralab.ep.layout.tokens_per_node
+
+# %%
+rows = []
+for rank, result in enumerate(RUNS[(4, 1, 2, None)][1]):
+    experts, node = result["step0"]["experts"], rank // 2
+    rows.append(
+        [
+            str(rank),
+            str(node),
+            str(tokens_per_node(experts, EXPERTS, 4, 2).tolist()),
+            str(network_assignments(experts, EXPERTS, 4, 2, node)),
+            str(network_tokens(experts, EXPERTS, 4, 2, node)),
+        ]
+    )
+print(
+    text_table(
+        [
+            "rank",
+            "node",
+            "tokens per node",
+            "lab: rows across nodes",
+            "DeepEP: tokens across nodes",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # ## Closing note
