@@ -76,7 +76,9 @@ def test_aligned_sizes_round_up_and_give_an_empty_expert_one_alignment():
 
 
 @pytest.mark.parametrize("counts", [[5, 0, 19], [1, 30, 2], [0, 0, 3]])
-def test_the_grouped_matmul_equals_the_loop_within_rounding_not_bitwise(counts):
+def test_the_grouped_matmul_equals_the_loop_within_rounding(counts):
+    """Forward and every gradient within 1e-12 of each tensor's largest magnitude. Bitwise
+    equality is not promised: BLAS picks its blocking by the matrix's shape."""
     torch.manual_seed(0)
     experts = [Expert(12, 24).double() for _ in counts]
     params = [p for e in experts for p in e.parameters()]
@@ -90,17 +92,6 @@ def test_the_grouped_matmul_equals_the_loop_within_rounding_not_bitwise(counts):
     ):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * b.abs().max().item())
     torch.testing.assert_close(loop, grouped, rtol=0, atol=1e-12 * loop.abs().max().item())
-    assert not torch.equal(loop, grouped), "bitwise equal: the prose says it is not"
-
-
-def test_blas_gives_other_bits_for_the_same_rows_once_padded():
-    """Why the grouped matmul is not bitwise: the same addmm on the same 19 rows, padded to 24,
-    already rounds differently."""
-    g = torch.Generator().manual_seed(0)
-    w, b = torch.randn(24, 12, generator=g).double(), torch.randn(24, generator=g).double()
-    x = torch.randn(19, 12, generator=g).double()
-    padded = torch.cat([x, x.new_zeros(5, 12)])
-    assert not torch.equal(torch.addmm(b, x, w.t()), torch.addmm(b, padded, w.t())[:19])
 
 
 def test_torch_grouped_mm_on_the_aligned_layout_equals_the_padded_batch_in_float32():
