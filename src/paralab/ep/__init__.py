@@ -6,6 +6,10 @@ splits come from an exchange of counts, the local experts run, and combine bring
 back with the reverse all-to-all and sums them per token, gate-weighted (`dispatch`). The
 backward of dispatch is combine's all-to-all and the reverse. The ep groups are carved
 from the data-parallel ranks (`runs`); `costs` gives the bytes from the routed counts.
+
+What production changes, each an option of `MoEConfig`: the local experts as one grouped
+matmul with alignment padding (`grouped`), a per-expert bias that balances the load without
+an auxiliary loss (`balance`); and `layout` counts what DeepEP's dispatch sends to each node.
 """
 
 from paralab.ep.costs import layer_bytes, split_matrix

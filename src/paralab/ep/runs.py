@@ -11,6 +11,10 @@ rank). The ep groups are carved from them, contiguous: with dp = 4 and ep = 2, r
   Dividing by the size of that group instead would leave the expert gradients ep times
   too large.
 
+With aux-loss-free balancing (`MoEConfig.bias_rate`) each step ends with one more
+collective: the routed load per expert, all-reduced over the world, moves the expert bias
+(`balance_experts`), as torchtitan does before its optimizer step.
+
 `train` and `reference` are the public entry points; `ep_worker` and `reference_run` return
 what the checks need besides the parameters (step 0's logits, losses, gradients, routing,
 ledger records).
@@ -255,7 +259,7 @@ def check_params(per_rank: list[dict], ref: dict, label: str) -> list[Verdict]:
     verdicts = []
     for rank, result in enumerate(per_rank):
         params = result["params"] if "params" in result else result
-        if "bias" in result and "bias" in ref:
+        if any(b.any() for b in ref.get("bias", []) + result.get("bias", [])):
             verdicts.append(
                 claim(
                     f"{label}: rank {rank} expert bias after every step",
