@@ -169,3 +169,21 @@ def test_deepep_counts_a_token_once_per_node_and_once_per_rank():
     assert tokens_per_rank(experts, 8, 4).tolist() == [2, 1, 2, 2]
     assert network_tokens(experts, 8, 4, 2, node=0) == 3
     assert network_assignments(experts, 8, 4, 2, node=0) == 4
+
+
+def test_megatrons_update_without_the_mean_drifts_and_routes_the_same():
+    """What to try 6: the same choices at every step, a bias whose sum is no longer zero."""
+    from paralab.ep.runs import reference_run
+    from paralab.patches import patched
+
+    def without_mean(bias, load, rate):
+        return bias + rate * torch.sign(load.double().mean() - load.double())
+
+    config = MoEConfig(aux_coef=0.0, bias_rate=0.01)
+    centred = reference_run(config, 4, 20)
+    with patched({"paralab.ep.balance": {"updated_bias": without_mean}}):
+        drifting = reference_run(config, 4, 20)
+    for a, b in zip(centred["kept_counts"], drifting["kept_counts"]):
+        assert torch.equal(torch.stack(a), torch.stack(b))
+    assert max(abs(b.sum().item()) for b in drifting["bias"]) > 0.01
+    assert max(abs(b.sum().item()) for b in centred["bias"]) < 1e-12

@@ -658,6 +658,22 @@ display(
 #    <details><summary>Hint</summary>Equal. With top-1 a renormalized weight is `p / p = 1`,
 #    so without the aux loss the gate's gradient is zero up to rounding (about 1e-18 against
 #    about 0.02 unrenormalized): nothing trains the router but the aux loss.</details>
+# 5. In section 8's last cell, read the ep = 4 run as 4 nodes of one rank
+#    (`tokens_per_node(experts, EXPERTS, 4, 1)`, and `network_tokens(..., 4, 1, rank)`). Which
+#    tokens does DeepEP now send once where the lab sends two rows? Then set `EXPERTS = 8`.
+#
+#    <details><summary>Hint</summary>With one rank a node, a node count is DeepEP's
+#    `num_tokens_per_rank`: a top-2 token is sent once when both its experts sit on one rank.
+#    With more experts a rank, that happens more often, and the per-node saving grows with the
+#    ranks a node holds.</details>
+# 6. Megatron's `get_updated_expert_bias` moves the bias by `rate·sign(mean − load)` without
+#    removing the mean. Patch `updated_bias` with that rule (`from paralab.patches import
+#    patched`, then `with patched({"paralab.ep.balance": {"updated_bias": ...}}):`) and re-run
+#    the balancing cell. Does the bias still sum to zero? Does the choice change?
+#
+#    <details><summary>Hint</summary>The sum drifts, but adding the same number to every
+#    expert's score changes no top-k choice (up to rounding): here every step routes the same
+#    tokens to the same experts, and only the bias values differ.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT
