@@ -146,7 +146,21 @@ print(
 # combine consumes what dispatch produced, every rank runs their backwards in one order.
 
 # %%
-# show: paralab.ep.dispatch.exchange_rows paralab.ep.dispatch.AllToAll paralab.ep.dispatch.dispatch paralab.ep.dispatch.run_local_experts paralab.ep.dispatch.combine
+# show: paralab.ep.dispatch.exchange_rows paralab.ep.dispatch.AllToAll
+
+# %% [markdown]
+# Dispatch orders the kept assignments by expert (`send_order`), exchanges the counts, sends
+# the rows, and regroups what arrived by local expert; each local expert runs on its block,
+# and combine brings the rows home.
+
+# %%
+# show: paralab.ep.dispatch.send_order
+
+# %%
+# show: paralab.ep.dispatch.dispatch
+
+# %%
+# show: paralab.ep.dispatch.run_local_experts paralab.ep.dispatch.combine
 
 # %% jupyter={"source_hidden": true}
 # show: paralab.ep.dispatch.DispatchPlan
@@ -157,7 +171,13 @@ print(
 # permutation: the reference the ranks are checked against).
 
 # %%
-# show: paralab.ep.model.MoELayer
+# show: paralab.ep.model.MoELayer.route paralab.ep.model.MoELayer.forward
+
+# %%
+# show: paralab.ep.model.MoELayer.one_process paralab.ep.model.MoELayer.add_shared
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.ep.model.MoELayer.__init__
 
 # %% [markdown]
 # **The token journey.** Two ranks, 12 top-1 tokens each, `E` experts: each cell is one token
@@ -188,7 +208,13 @@ show(viz.plot_token_journey([r.experts[:, 0] for r in journey["step0"]["routing"
 # order.)
 
 # %%
-# show: paralab.ep.runs.sync_grads paralab.ep.runs.ep_worker
+# show: paralab.ep.runs.sync_grads
+
+# %%
+# show: paralab.ep.runs.ep_worker
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.ep.runs.step_record
 
 # %%
 RUNS = {}
@@ -337,6 +363,10 @@ except LaunchError as exc:
 aborted = "killed by SIGABRT" in first_run
 print("top-2 run: a rank killed by SIGABRT inside all_to_all_single:", aborted)
 
+# %% [markdown]
+# Then the top-1 routing, against one process: which tokens' outputs differ?
+
+# %%
 top1 = CLINIC.with_(top_k=1)
 correct = reference_run(top1, 2, 1)
 buggy = run(ep_worker, 2, top1, 2, 1, 0, patches=lean_dispatch())

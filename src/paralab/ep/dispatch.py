@@ -2,7 +2,7 @@
 
 Rank r of an ep group holds experts [r * E/ep, (r+1) * E/ep). One MoE layer on one rank:
 
-    dispatch: 1. order the kept assignments by expert (so by destination rank too),
+    dispatch: 1. order the kept assignments by expert (so by destination rank too: `send_order`),
               2. exchange the counts: how many rows each rank sends each local expert,
               3. all_to_all_single with those splits,
               4. regroup what arrived (by source rank, then expert) by local expert.
@@ -100,6 +100,20 @@ class DispatchPlan:
         return self.recv_counts.sum(dim=0).tolist()
 
 
+def send_order(
+    weights: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token, weight, counts): the kept assignments ordered by expert, so by destination rank;
+    each row's token and gate weight, and (E,) how many rows go to each expert."""
+    tokens, k = experts.shape
+    token_of_assignment = torch.arange(tokens, device=experts.device).repeat_interleave(k)
+    kept = keep.reshape(-1)
+    expert_of_row = experts.reshape(-1)[kept]
+    order, _ = expert_permutation(expert_of_row)
+    send_counts = torch.bincount(expert_of_row, minlength=num_experts)
+    return token_of_assignment[kept][order], weights.reshape(-1)[kept][order], send_counts
+
+
 def dispatch(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -114,15 +128,7 @@ def dispatch(
     `score_before`: each row leaves already times its gate weight."""
     ep = dist.get_world_size(group)
     local = num_experts // ep
-    token_of_assignment = torch.arange(x.shape[0], device=x.device).repeat_interleave(
-        experts.shape[1]
-    )
-    kept = keep.reshape(-1)
-    expert_of_row = experts.reshape(-1)[kept]
-    order, _ = expert_permutation(expert_of_row)
-    token_of_row = token_of_assignment[kept][order]
-    weight_of_row = weights.reshape(-1)[kept][order]
-    send_counts = torch.bincount(expert_of_row, minlength=num_experts)
+    token_of_row, weight_of_row, send_counts = send_order(weights, experts, keep, num_experts)
     recv_counts = exchange_counts(send_counts, group)
     input_splits = send_counts.reshape(ep, local).sum(dim=1).tolist()
     output_splits = recv_counts.sum(dim=1).tolist()

@@ -105,11 +105,27 @@ def gather_params(model: MoETransformer, ep_group: dist.ProcessGroup) -> dict[st
     return dict(sorted(mine.items()))
 
 
+def step_record(loss: torch.Tensor, seen: dict, model: MoETransformer, records: list) -> dict:
+    """What the checks read of one rank's step: logits, loss, synced gradients (its own experts
+    only), routing and ledger records."""
+    routing = seen["routing"]
+    return {
+        "logits": seen["logits"].detach(),
+        "loss": loss.detach(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "experts": routing.experts,
+        "keep": routing.keep,
+        "send_counts": routing.send_counts,
+        "recv_counts": routing.recv_counts,
+        "records": records,
+    }
+
+
 def ep_worker(config: MoEConfig, ep: int, steps: int = 2, seed: int = 0) -> dict:
     """On every rank: `steps` SGD steps of the MoE model with experts over ep ranks.
 
-    Returns the parameters after the steps (every expert) and, of step 0, this rank's
-    logits, loss, synced gradients (its own experts only), routing and ledger records.
+    Returns the parameters after the steps (every expert), step 0's `step_record`, and every
+    step's rows sent per expert and expert bias.
     """
     rank = dist.get_rank()
     ep_group, edp_group = ep_groups(ep)
@@ -128,27 +144,13 @@ def ep_worker(config: MoEConfig, ep: int, steps: int = 2, seed: int = 0) -> dict
             if config.bias_rate is not None:
                 with led.phase("balance"):
                     balance_experts(model, seen["routing"].experts)
-        routing = seen["routing"]
-        counts.append(routing.send_counts)
+        counts.append(seen["routing"].send_counts)
         biases.append(model.moe.expert_bias.clone())
         if step == 0:
-            first = {
-                "logits": seen["logits"].detach(),
-                "loss": loss.detach(),
-                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-                "experts": routing.experts,
-                "keep": routing.keep,
-                "send_counts": routing.send_counts,
-                "recv_counts": routing.recv_counts,
-                "records": led.records,
-            }
+            first = step_record(loss, seen, model, led.records)
         sgd_step(model)
-    return {
-        "params": gather_params(model, ep_group),
-        "step0": first,
-        "send_counts": counts,
-        "bias": biases,
-    }
+    params = gather_params(model, ep_group)
+    return {"params": params, "step0": first, "send_counts": counts, "bias": biases}
 
 
 def train(
