@@ -10,7 +10,7 @@
 # a grouped matmul over the local experts, a shared expert, balancing with a per-expert bias,
 # where the gate weight sits, and what DeepEP sends across nodes. **Prerequisites:** the collectives primer
 # (all-to-all and its backward), lab 01 (data parallelism, averaged gradients). **Time:**
-# about 40 minutes to read; the run time of this notebook is printed by its last cell.
+# about 55 minutes to read; the run time of this notebook is printed by its last cell.
 #
 # **What is split.** The experts. An MoE layer replaces one MLP by `E` expert MLPs and a
 # router; each token runs through only `k` of them. With `ep` ranks in an ep group, rank
