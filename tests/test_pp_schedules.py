@@ -5,7 +5,13 @@ import pytest
 
 from paralab.pp import Deadlock, bubble_formula, build_schedule, simulate, step_bytes_sent
 from paralab.pp.clock import run_clock
-from paralab.pp.costs import boundary_bytes, in_flight_formula
+from paralab.pp.costs import (
+    boundary_bytes,
+    bubble_over_useful_time,
+    exposed_link_formula,
+    in_flight_formula,
+    link_latency,
+)
 from paralab.pp.schedules import SCHEDULES, attach_messages, stage_owner
 
 CASES = [(name, 2 if name == "interleaved" else 1) for name in SCHEDULES]
@@ -156,3 +162,78 @@ def test_tensor_parallel_sends_224_activations_where_the_pipeline_sends_2():
         per_block = sum(nbytes for _, nbytes in block_bytes(a, 8, sp).values())
         assert 32 * per_block == activations * a
     assert sum(step_bytes_sent(stage_owner(4, 1), 1, a)[1].values()) == 2 * a
+
+
+# --------------------------------------------------------------------------- the link
+def _exposed(name, pp, m, virtual, latency):
+    return (
+        simulate(name, pp, m, virtual, latency).makespan - simulate(name, pp, m, virtual).makespan
+    )
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 5])
+def test_exposed_link_time_equals_the_closed_form(pp):
+    """GPipe and 1F1B at any latency; interleaved (v = 2, 3) and ZB-H1 up to the slack they hide."""
+    for latency in (0.125, 0.25, 0.5, 1.0, 2.0):
+        for m in range(1, 4 * pp + 1):
+            for name in ("gpipe", "1f1b"):
+                assert _exposed(name, pp, m, 1, latency) == pytest.approx(
+                    exposed_link_formula(name, pp, m, latency), abs=1e-12
+                ), (name, pp, m, latency)
+    for latency in (0.125, 0.25, 1 / 3, 0.5):
+        for m in range(pp, 4 * pp + 1):
+            assert _exposed("zbh1", pp, m, 1, latency) == pytest.approx(
+                exposed_link_formula("zbh1", pp, m, latency), abs=1e-12
+            )
+            for virtual in (2, 3):
+                if m % pp == 0 and latency <= 1 / virtual:
+                    assert _exposed("interleaved", pp, m, virtual, latency) == pytest.approx(
+                        exposed_link_formula("interleaved", pp, m, latency, virtual), abs=1e-12
+                    )
+
+
+def test_past_its_slack_zbh1_pays_per_micro_batch_and_the_form_refuses():
+    assert _exposed("zbh1", 4, 16, 1, 1.0) > _exposed("zbh1", 4, 8, 1, 1.0)
+    with pytest.raises(ValueError, match="ZB-H1"):
+        exposed_link_formula("zbh1", 4, 16, 1.0)
+
+
+def test_chapter_3_numbers_at_p4_d_quarter():
+    """1F1B: +4, +7, +13 at m = 8, 16, 32 and its bubble at m = 32 from 0.086 to 0.186;
+    GPipe 2(p-1)d = 1.5 whatever m; interleaved 3.5 and ZB-H1 3 from m = 8 on."""
+    assert [_exposed("1f1b", 4, m, 1, 0.25) for m in (8, 16, 32)] == [4, 7, 13]
+    assert round(simulate("1f1b", 4, 32).bubble_fraction, 3) == 0.086
+    assert round(simulate("1f1b", 4, 32, latency=0.25).bubble_fraction, 3) == 0.186
+    for m in (8, 16, 32):
+        assert _exposed("gpipe", 4, m, 1, 0.25) == 1.5
+        assert _exposed("interleaved", 4, m, 2, 0.25) == 3.5
+        assert _exposed("zbh1", 4, m, 1, 0.25) == 3.0
+
+
+def test_no_latency_is_the_old_clock_and_transfers_are_recorded():
+    plain, linked = simulate("1f1b", 4, 8), simulate("1f1b", 4, 8, latency=0.5)
+    assert plain.transfers == ()
+    assert len(linked.transfers) == 2 * 3 * 8  # every boundary, each way, every micro-batch
+    assert all(t.arrived - t.sent == 0.5 for t in linked.transfers)
+
+
+def test_link_latency_adds_bytes_over_bandwidth():
+    assert link_latency(1e-5, 10**6, 1e11, 1e-3) == pytest.approx((1e-5 + 1e-5) / 1e-3)
+
+
+def test_the_papers_bubble_divides_by_useful_time():
+    """(p-1)/m: 0.375 at p = 4, m = 8, against this lab's (p-1)/(m+p-1) = 0.273."""
+    assert bubble_over_useful_time("1f1b", 4, 8) == 0.375
+    assert round(bubble_formula("1f1b", 4, 8), 3) == 0.273
+    assert bubble_over_useful_time("zbh1", 4, 8) == pytest.approx(3 / 24)
+
+
+def test_torch_exports_seven_schedule_classes_and_the_lab_runs_six():
+    """torch.distributed.pipelining's __all__: six run bitwise in the lab, ScheduleLoopedBFS apart."""
+    from torch.distributed import pipelining
+
+    from paralab.pp.upstream import LEFT_OUT, TORCH_SCHEDULES
+
+    classes = {name for name in pipelining.__all__ if name.startswith("Schedule")}
+    assert len(classes) == 7 and len(TORCH_SCHEDULES) == 6
+    assert classes - set(TORCH_SCHEDULES) == set(LEFT_OUT) == {"ScheduleLoopedBFS"}

@@ -14,8 +14,12 @@
 # **What is split.** The layers. With `pp` ranks, rank `r` holds blocks of depth `r`: it
 # receives an activation from rank `r - 1`, runs its blocks, sends the result to rank `r + 1`;
 # the backward goes the other way. Per stage boundary and per micro-batch that is one
-# `b·s·h` activation forward and its gradient backward, nothing else: no collective over the
-# group, which is why pipeline parallelism is the axis that crosses nodes.
+# `b·s·h` activation forward and its gradient backward, point to point. The schedule has no
+# collective; a real pipeline adds a few once per step, outside it: the gradients of a tied
+# embedding (input embedding and LM head sharing one matrix) all-reduced between the first
+# and last stages, and the gradient norm for clipping summed across all stages. This model has
+# neither. Few, small and point to point is why pipeline parallelism is the axis that crosses
+# nodes.
 #
 # **The price.** Rank `r` cannot start before the first micro-batch reaches it, and must wait at
 # the end for the last gradient to come back: the *bubble*. Cutting the global batch into `m`
@@ -219,7 +223,10 @@ print(verdict_table(training_rows, "pipeline training = one process"))
 # %% [markdown]
 # ## 5. The bubble, measured
 #
-# The bubble's closed forms, idle rank-time over all rank-time (`m >= p`):
+# The bubble's closed forms, idle rank-time over all rank-time (`m >= p`). That is one of two
+# normalisations in use: the Megatron paper divides the idle time by the *useful* time,
+# `(p-1)/m` for 1F1B, 0.375 at `p = 4`, `m = 8` where this lab counts 0.273
+# (`bubble_over_useful_time`); the Zero Bubble README's table counts as this lab does.
 #
 # | schedule | bubble |
 # |---|---|
@@ -413,12 +420,17 @@ print(
 # %% [markdown]
 # ## 8. The same stages under torch.distributed.pipelining
 #
-# `PipelineStage` wraps each of our `Stage`s, and each of torch 2.13's six schedule classes runs
-# one step on 2 gloo ranks, `m = 4`, with `loss_fn = microbatch_loss(·, ·, 4)` and
+# `PipelineStage` wraps each of our `Stage`s, and six of the seven schedule classes torch 2.13
+# exports run one step each on 2 gloo ranks, `m = 4`, with `loss_fn = microbatch_loss(·, ·, 4)` and
 # `scale_grads=False` (torch would otherwise divide the summed gradients by `m` at the end: the
 # same value to rounding, not bitwise). Looped classes get stages `r, r + 2`; the V-shaped ones
 # (ZBV, DualPipeV) stages `r` and `3 - r`. torch's schedules are data too: each class holds its
 # per-rank action list (`_Action(stage, type, microbatch)`, written `1F0`), which we read back.
+# The seventh, `ScheduleLoopedBFS` (breadth first: every micro-batch through a rank's first
+# stage, then its second), runs too, but it runs each stage's backwards last micro-batch
+# first, so its gradients are one process's summed in another order, equal only to rounding
+# (`test_looped_bfs_runs_backwards_last_first_so_its_sums_are_equal_only_to_rounding`); this
+# table is for bitwise ones.
 
 # %% jupyter={"source_hidden": true}
 # show: paralab.pp.upstream.torch_worker
@@ -438,7 +450,7 @@ for index, label in enumerate(labels):
 print(verdict_table(torch_verdicts, "torch.distributed.pipelining on gloo, CPU"))
 
 # %% [markdown]
-# All six run on CPU over gloo, and every gradient is bitwise ours. Their orders, side by side
+# The six run on CPU over gloo, and every gradient is bitwise ours. Their orders, side by side
 # with the hand-written lists where torch writes the same schedule:
 
 # %%
@@ -496,6 +508,10 @@ print(verdict_table(order_verdicts, "orders"))
 #   DualPipeV fuses a forward of one micro-batch with a backward of another (`OVERLAP_F_B`, to
 #   hide the MoE all-to-all; listed here as its F and B), whose backward is a full one: its rows
 #   have fewer `W` than `B` (3 and 2 against 8). There is no hand-written counterpart here.
+# - The fusing is only a pairing. torch's runtime runs an `OVERLAP_F_B`'s forward and then its
+#   backward, on any device, unless a function is registered for it with
+#   `register_custom_function`; DeepSeek's own DualPipeV needs a model-specific
+#   `overlapped_forward_backward`. A GPU alone would not show the overlap either.
 
 # %% [markdown]
 # ## 9. Bug clinic: a deadlock at the turn
@@ -569,8 +585,9 @@ display(
         + f"\n\nEvery gradient and the parameters after 2 steps matched one process bitwise (pp = 2 and 4, "
         "m = 1, pp, 2pp, all four schedules); bytes per boundary per micro-batch: "
         f"{boundary_bytes()} B each way, ledger = formula on every rank; activations held: m (GPipe) "
-        "against min(p − r, m) (1F1B). torch.distributed.pipelining's six classes ran on gloo with the same "
-        "gradients. The last cell prints this run's time."
+        "against min(p − r, m) (1F1B). Six of torch.distributed.pipelining's seven schedule classes ran on gloo "
+        "with the same gradients bitwise (ScheduleLoopedBFS, which runs backwards last "
+        "micro-batch first, agrees to rounding). The last cell prints this run's time."
     )
 )
 

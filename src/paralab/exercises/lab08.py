@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from paralab.exercises import Exercise
 from paralab.patches import Patches
+from paralab.pp.costs import bubble_over_useful_time
 from paralab.pp.executor import message_tag
 from paralab.pp.schedules import Message
 
@@ -116,12 +117,6 @@ def _hidden_bubble_cases(rank: int, world: int, seed: int) -> list[tuple]:
 
 def _as_number(value: float) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
-
-
-def bubble_over_useful_time(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:
-    """Bug: the idle time over the useful time, (p-1)/m, not over the whole time."""
-    work = {"interleaved": virtual, "zbh1": 3}.get(schedule, 1) * microbatches
-    return (pp - 1) / work
 
 
 def bubble_without_chunks(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:

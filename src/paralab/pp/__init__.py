@@ -5,14 +5,20 @@ rank, interleaved), micro-batches flowing forward and their gradients back by se
   their sends and receives (GPipe, 1F1B, interleaved 1F1B, ZB-H1).
 - `executor`: one executor runs any such list on real ranks, batching each action's
   receives with the previous action's sends, so no schedule deadlocks.
-- `clock`: the same lists on a logical clock (F = 1, B = 2, or B = W = 1): the bubble,
-  measured from the waiting it records.
-- `costs`: bytes per stage boundary, the bubble's and the held activations' closed forms.
+- `clock`: the same lists on a logical clock (F = 1, B = 2, or B = W = 1) with a link of
+  some latency: the bubble and the exposed link time, measured from the waiting it records.
+- `costs`: bytes per stage boundary; the closed forms of the bubble, the held activations
+  and the exposed link time.
 - `runs`: the per-rank job, `train`, the one-process `reference`, the checks.
 """
 
 from paralab.pp.clock import Deadlock, Timeline, simulate
-from paralab.pp.costs import bubble_formula, in_flight_formula, step_bytes_sent
+from paralab.pp.costs import (
+    bubble_formula,
+    exposed_link_formula,
+    in_flight_formula,
+    step_bytes_sent,
+)
 from paralab.pp.runs import reference, train
 from paralab.pp.schedules import SCHEDULES, Action, Message, Schedule, build_schedule
 
@@ -25,6 +31,7 @@ __all__ = [
     "Timeline",
     "bubble_formula",
     "build_schedule",
+    "exposed_link_formula",
     "in_flight_formula",
     "reference",
     "simulate",

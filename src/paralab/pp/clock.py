@@ -1,17 +1,19 @@
 """The logical clock: run every rank's action list with F = 1, B = 2 (or B = W = 1 when
-split; each 1/v of that for one of v stages per rank) and messages that take no time, and
-record when each action starts and ends.
+split; each 1/v of that for one of v stages per rank) and a link of `latency` (0: messages
+take no time), and record when each action starts and ends.
 
 An action starts when its rank is free AND everything it needs has arrived: the
-messages it receives, the stage before it on the same rank, its own forward (for a
-backward). Nothing about the bubble is assumed: a rank that waits shows as a gap, and the
-bubble fraction is the share of rank × time spent in gaps. A schedule whose lists wait on
+messages it receives (`latency` after the sending action ended; the sender does not
+wait), the stage before it on the same rank, its own forward (for a backward). Nothing
+about the bubble is assumed: a rank that waits shows as a gap, and the bubble fraction is
+the share of rank × time spent in gaps; the link time a schedule cannot hide is the
+makespan with a latency minus the makespan without. A schedule whose lists wait on
 each other in a cycle never finishes: the clock raises `Deadlock`, naming the waiting ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from paralab.pp.schedules import Action, build_schedule
@@ -37,12 +39,23 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """One message on the link: sent when `src`'s action ended, arrived at `dst` `latency` later."""
+
+    src: int
+    dst: int
+    sent: float
+    arrived: float
+
+
+@dataclass(frozen=True)
 class Timeline:
     """Per-rank events on one clock; what the pipeline picture draws and the bubble is read from."""
 
     pp: int
     events: tuple[Event, ...]
     label: str = "logical clock: F = 1, B = 2, split B = W = 1 (1/v each for v stages per rank)"
+    transfers: tuple[Transfer, ...] = ()
 
     @property
     def makespan(self) -> float:
@@ -80,16 +93,36 @@ def _needs(action: Action, owner: Sequence[int], split: bool) -> list[tuple[str,
     return needs + ([("B", s + 1, i)] if s + 1 < len(owner) else [])
 
 
+Durations = Callable[[str, int], float]
+"""How long an action takes on the clock, from its kind and (virtual) stage."""
+
+
+def _deadlock(actions, cursor, done, owner, split) -> Deadlock:
+    waiting = {}
+    for r, acts in enumerate(actions):
+        if cursor[r] < len(acts):
+            action = acts[cursor[r]]
+            missing = [n for n in _needs(action, owner, split) if n not in done]
+            waiting[r] = f"{'/'.join(f'{k}{s}.{i}' for k, s, i in missing)} before {action.name}"
+    return Deadlock(waiting)
+
+
 def run_clock(
-    actions: Sequence[Sequence[Action]], owner: Sequence[int], split_backward: bool
+    actions: Sequence[Sequence[Action]],
+    owner: Sequence[int],
+    split_backward: bool,
+    latency: float = 0.0,
+    durations: Durations | None = None,
 ) -> Timeline:
-    """Run the lists on the logical clock; raise `Deadlock` if they wait on each other."""
-    pp = len(actions)
-    virtual = len(owner) // pp
+    """Run the lists on the logical clock; raise `Deadlock` if they wait on each other.
+
+    A result made on another rank arrives `latency` after its action ended; one made on
+    the same rank is there at once. `durations(kind, stage)` replaces the default costs."""
+    pp, virtual = len(actions), len(owner) // len(actions)
+    length = durations or (lambda kind, _: cost(kind, split_backward, virtual))
     done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * pp
-    cursor = [0] * pp
-    events = []
+    free, cursor = [0.0] * pp, [0] * pp
+    events, transfers = [], []
     while any(cursor[r] < len(actions[r]) for r in range(pp)):
         progressed = False
         for r in range(pp):
@@ -98,27 +131,27 @@ def run_clock(
                 needs = _needs(action, owner, split_backward)
                 if any(n not in done for n in needs):
                     break
-                start = max([free[r], *(done[n] for n in needs)])
-                end = start + cost(action.kind, split_backward, virtual)
+                arrivals = []
+                for kind, s, i in needs:
+                    hop = latency if owner[s] != r else 0.0
+                    arrivals.append(done[(kind, s, i)] + hop)
+                    if hop:
+                        transfers.append(Transfer(owner[s], r, done[(kind, s, i)], arrivals[-1]))
+                start = max([free[r], *arrivals])
+                end = start + length(action.kind, action.stage)
                 done[(action.kind, action.stage, action.microbatch)] = end
                 events.append(Event(r, action.kind, action.stage, action.microbatch, start, end))
-                free[r] = end
-                cursor[r] += 1
-                progressed = True
+                free[r], cursor[r], progressed = end, cursor[r] + 1, True
         if not progressed:
-            waiting = {}
-            for r in range(pp):
-                if cursor[r] < len(actions[r]):
-                    action = actions[r][cursor[r]]
-                    missing = [n for n in _needs(action, owner, split_backward) if n not in done]
-                    waiting[r] = (
-                        f"{'/'.join(f'{k}{s}.{i}' for k, s, i in missing)} before {action.name}"
-                    )
-            raise Deadlock(waiting)
-    return Timeline(pp, tuple(events))
+            raise _deadlock(actions, cursor, done, owner, split_backward)
+    label = Timeline.label + (f", link latency {latency:g}" if latency else "")
+    return Timeline(pp, tuple(events), label, tuple(transfers))
 
 
-def simulate(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> Timeline:
-    """The named schedule's action lists (`build_schedule`) run on the logical clock."""
+def simulate(
+    schedule: str, pp: int, microbatches: int, virtual: int = 1, latency: float = 0.0
+) -> Timeline:
+    """The named schedule's action lists (`build_schedule`) run on the logical clock, with
+    `latency` (in units of one rank's forward) on every message between two ranks."""
     plan = build_schedule(schedule, pp, microbatches, virtual)
-    return run_clock(plan.actions, plan.owner, plan.split_backward)
+    return run_clock(plan.actions, plan.owner, plan.split_backward, latency)

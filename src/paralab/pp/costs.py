@@ -1,4 +1,5 @@
-"""Closed forms: bytes per stage boundary, the bubble, and the activations a stage holds.
+"""Closed forms: bytes per stage boundary, the bubble, the activations a stage holds, and the
+link time a schedule cannot hide.
 
 | quantity | closed form (p ranks, m micro-batches, v stages per rank) |
 |---|---|
@@ -11,9 +12,20 @@
 | held, 1F1B | min(p-r, m) |
 | held, ZB-H1 | min(p, m): a micro-batch is held until its W |
 | held, interleaved | min((v-1)·g + 2(p-1-r) + 1, v·m) chunks of 1/v stage (g = micro-batches per round) |
+| link time exposed, GPipe | 2(p-1)·d, once: the fill and the drain |
+| exposed, 1F1B | 2d·(m + p - 3 - floor((m-2)/p)): about 2(p-1)d/p on every micro-batch |
+| exposed, interleaved | 2(v·p-1)·d while d <= 1/v (one chunk's forward) |
+| exposed, ZB-H1 | 4(p-1)·d (2(2p-3)·d at m = p) while d <= 1/2 |
 
-The bubble forms count time in units of one chunk's forward with a backward twice as
+The bubble forms count time in units of one rank's forward with a backward twice as
 long (B = W = 1 when split); they assume m >= p, below which the warm-up never fills.
+Two normalisations of "the bubble" are in use. This lab's is idle rank-time over all
+rank-time: (p-1)/(m+p-1) for 1F1B, as in the Zero Bubble README's table (whose ZB1P entry,
+a third of that, keeps 1F1B's step as the denominator). The Megatron paper divides the
+idle time by the ideal (useful) time instead: (p-1)/m for 1F1B, 0.375 at p = 4, m = 8
+against 0.273 here (`bubble_over_useful_time`).
+The exposed link time is what a per-message latency d (in forwards; `link_latency`)
+adds to the makespan; `simulate(..., latency=d)` measures it.
 """
 
 from __future__ import annotations
@@ -47,7 +59,8 @@ def step_bytes_sent(owner: Sequence[int], microbatches: int, boundary: int) -> l
 
 
 def bubble_formula(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:
-    """The textbook bubble fraction of a schedule: idle rank-time over all rank-time."""
+    """The bubble fraction of a schedule, as this lab counts it: idle rank-time over all
+    rank-time (the Megatron paper's (p-1)/m divides by the useful time instead)."""
     ### BEGIN SOLUTION
     p, m = pp, microbatches
     if schedule in ("gpipe", "1f1b"):
@@ -76,3 +89,54 @@ def in_flight_formula(
         per_round = m // max(1, m // pp)
         return min((virtual - 1) * per_round + 2 * (pp - 1 - rank) + 1, virtual * m)
     raise ValueError(f"no closed form for schedule {schedule!r}")
+
+
+def bubble_over_useful_time(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:
+    """The Megatron paper's normalisation: idle time over useful time, (p-1)/m for GPipe and
+    1F1B, (p-1)/(v·m) interleaved, and on the same footing (p-1)/3m for ZB-H1."""
+    work = {"interleaved": virtual, "zbh1": 3}.get(schedule, 1) * microbatches
+    return (pp - 1) / work
+
+
+def link_latency(
+    seconds: float, message_bytes: int, link_bytes_per_s: float, forward_seconds: float
+) -> float:
+    """One message's time on the link in units of one rank's forward: its latency plus its
+    bytes over the link's bandwidth, what `simulate(..., latency=...)` takes."""
+    return (seconds + message_bytes / link_bytes_per_s) / forward_seconds
+
+
+def one_f_one_b_exposed_latency(pp: int, microbatches: int, latency: float) -> float:
+    """How much a per-message latency d lengthens a 1F1B step, on the lab's clock (F = 1).
+
+    Rank r keeps at most p - r micro-batches in flight, so rank 0 cannot start its next
+    forward before the gradient of a micro-batch p earlier is back: a round trip of
+    2(p-1) hops, paid again every p micro-batches, about 2(p-1)d/p on each."""
+    ### BEGIN SOLUTION
+    p, m, d = pp, microbatches, latency
+    return 2 * d * (m + p - 3 - (m - 2) // p)
+    ### END SOLUTION
+
+
+def exposed_link_formula(
+    schedule: str, pp: int, microbatches: int, latency: float, virtual: int = 1
+) -> float:
+    """How much a per-message latency d lengthens the step, on the lab's clock (F = 1).
+
+    GPipe pays every hop once, filling and draining; 1F1B pays on every micro-batch
+    (`one_f_one_b_exposed_latency`). Interleaved and ZB-H1 have slack that hides a short
+    latency (one chunk's forward, half a forward) and then pay only a constant."""
+    p, m, d = pp, microbatches, latency
+    if schedule == "gpipe":
+        return 2 * (p - 1) * d
+    if schedule == "1f1b":
+        return one_f_one_b_exposed_latency(p, m, d)
+    if schedule == "interleaved" and d <= 1 / virtual and m % p == 0:
+        return 2 * (virtual * p - 1) * d
+    if schedule == "zbh1" and d <= 0.5 and m >= p:
+        return (2 * (2 * p - 3) if m == p else 4 * (p - 1)) * d
+    raise ValueError(
+        f"no closed form for the exposed link time of {schedule!r} at p = {p}, m = {m}, "
+        f"v = {virtual}, latency = {d}: interleaved needs m a multiple of p and latency <= 1/v, "
+        "ZB-H1 m >= p and latency <= 1/2"
+    )

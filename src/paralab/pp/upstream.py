@@ -26,8 +26,12 @@ TORCH_SCHEDULES = {
     "ScheduleZBVZeroBubble": "v_shape",
     "ScheduleDualPipeV": "v_shape",
 }
-"""torch's schedule classes and how each places stages: one per rank, v = 2 looped
-(r, r + p), or v = 2 in a V (r and 2p - 1 - r)."""
+"""torch's schedule classes the lab runs bitwise, and how each places stages: one per rank,
+v = 2 looped (r, r + p), or v = 2 in a V (r and 2p - 1 - r)."""
+
+LEFT_OUT = {"ScheduleLoopedBFS": "looped"}
+"""The seventh class torch exports. It runs here too, but its backwards go last micro-batch
+first, so its gradients are one process's summed in another order: equal to rounding only."""
 
 
 def torch_stage_indices(placement: str, rank: int, pp: int) -> list[int]:
@@ -61,7 +65,7 @@ def torch_worker(
     `one_stage` runs a multi-stage class with one stage per rank (ScheduleInterleavedZeroBubble
     with v = 1 is ZB-H1)."""
     rank, pp = dist.get_rank(), dist.get_world_size()
-    placement = "one_in_list" if one_stage else TORCH_SCHEDULES[class_name]
+    placement = "one_in_list" if one_stage else {**TORCH_SCHEDULES, **LEFT_OUT}[class_name]
     indices = torch_stage_indices(placement, rank, pp)
     n_stages = pp * len(indices)
     blocks = make_blocks(seed)

@@ -33,6 +33,9 @@ def _draw(ax, timeline: Timeline, title: str, labels: bool) -> None:
         if labels:
             tag = f"{e.microbatch}" + ("'" if e.stage >= timeline.pp else "")
             ax.text(e.start - t0 + width / 2, e.rank, tag, ha="center", va="center", fontsize=7)
+    for t in timeline.transfers:
+        # a message on the link: from the end of the sending action to its arrival
+        ax.plot([t.sent - t0, t.arrived - t0], [t.src, t.dst], color="0.35", lw=0.6, alpha=0.7)
     ax.set_yticks(range(timeline.pp), [f"rank {r}" for r in range(timeline.pp)], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, timeline.makespan)
@@ -47,7 +50,8 @@ def plot_pipeline_timeline(
 
     The boxes are the events the clock (or the wall clock) recorded: every gap is waiting
     that was measured. A number is the micro-batch; with two stages per rank, the second
-    stage's boxes are lighter and carry a prime.
+    stage's boxes are lighter and carry a prime. On a clock with a link, each message is a
+    grey line from the end of the action that sent it to its arrival on the next rank.
     """
     longest = max(t.makespan for _, t in timelines)
     fig, axes = plt.subplots(
