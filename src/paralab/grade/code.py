@@ -73,7 +73,10 @@ FORBIDDEN_NAMES = {
     "read_bytes",
 }
 """Names that load or look up code dynamically, or reach files and processes: refused as a bare name
-and as an attribute (`torch.os.system`, `torch.load`), wherever they come from."""
+that reaches the builtin or a module's function (`eval(...)`), and as an attribute read from
+anything but the student's own data (`torch.os.system`, `torch.load`). Judged by what the name
+is bound to, not by its spelling: a local `load`, a parameter `exec`, `self.load = ...` or
+`stats.load` on a parameter are the student's own values and load nothing."""
 MODULE_NAMES = {"os", "sys", "subprocess", "builtins", "importlib", "shutil", "pathlib", "io"}
 """Modules refused even when taken from an allowed one (`from torch import os`)."""
 COPY_MIN_NODES = 30
@@ -266,7 +269,101 @@ def paralab_modules(stmts: list[Statement]) -> set[str]:
     return found
 
 
-def _refused_node(node: ast.AST, s: Statement, modules: set[str]) -> str | None:
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _direct(node: ast.AST) -> Iterable[ast.AST]:
+    """The nodes of `node`'s own scope: nested functions, classes and comprehensions excluded
+    (their decorators, defaults and first iterable run in this scope, so they are kept)."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        child = todo.pop()
+        yield child
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            todo += child.decorator_list + child.args.defaults
+            todo += [d for d in child.args.kw_defaults if d is not None]
+        elif isinstance(child, ast.Lambda):
+            todo += child.args.defaults + [d for d in child.args.kw_defaults if d is not None]
+        elif isinstance(child, ast.ClassDef):
+            todo += child.decorator_list + child.bases + [k.value for k in child.keywords]
+        elif isinstance(child, COMPREHENSIONS):
+            todo.append(child.generators[0].iter)
+        else:
+            todo += ast.iter_child_nodes(child)
+
+
+def _parameters(node: ast.AST) -> set[str]:
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return set()
+    a = node.args
+    every = a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]
+    return {x.arg for x in every}
+
+
+def _aliases_code(value: ast.AST | None, data: set[str]) -> bool:
+    """Whether an assigned value may be a module or a function rather than data: a bare name or
+    attribute chain (`t = torch`, `f = torch.load`) not rooted in the student's own data."""
+    while isinstance(value, (ast.Attribute, ast.Subscript, ast.Starred)):
+        value = value.value
+    return isinstance(value, ast.Name) and value.id not in data
+
+
+def _scope_names(node: ast.AST) -> tuple[set[str], set[str]]:
+    """(every name `node`'s scope binds, the ones bound to the student's own data): a parameter, a
+    loop or comprehension target, a value computed here, never a bare alias of a global or an import."""
+    bound = set(_parameters(node))
+    data = set(bound)
+    declared: set[str] = set()
+    nodes = list(_direct(node))
+    if isinstance(node, COMPREHENSIONS):
+        nodes = [n for g in node.generators for n in ast.walk(g.target)] + nodes
+        data |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    aliases: set[str] = set()
+    for n in nodes:
+        if isinstance(n, (ast.Global, ast.Nonlocal)):
+            declared |= set(n.names)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+            data.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bound.add(n.id)
+            data.add(n.id)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if _aliases_code(n.value, _parameters(node)):
+                aliases |= {
+                    t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)
+                }
+    return bound - declared, data - declared - aliases
+
+
+def _scoped_nodes(tree: ast.Module, module: tuple[set[str], set[str]]):
+    """Every node of `tree` with the names its enclosing scopes bind: (node, bound, data)."""
+    todo: list[tuple[ast.AST, list[tuple[set[str], set[str]]]]] = [(tree, [module])]
+    while todo:
+        scope, chain = todo.pop()
+        bound = set().union(*(b for b, _ in chain))
+        data = set().union(*(d for _, d in chain))
+        for node in _direct(scope):
+            yield node, bound, data
+            if isinstance(node, SCOPES + COMPREHENSIONS):
+                # A class body's names are not visible in the functions it defines.
+                visible = chain[:-1] if isinstance(scope, ast.ClassDef) else chain
+                todo.append((node, [*visible, _scope_names(node)]))
+
+
+def _refused_node(
+    node: ast.AST,
+    s: Statement,
+    modules: set[str],
+    bound: set[str] = frozenset(),
+    data: set[str] = frozenset(),
+) -> str | None:
     where = f"cell {s.cell}, line {getattr(node, 'lineno', s.start)}"
     if isinstance(node, (ast.Import, ast.ImportFrom)):  # only the names the definition needs count
         taken = [a for a in node.names if (a.asname or a.name).split(".")[0] in s.needed_for]
@@ -297,10 +394,15 @@ def _refused_node(node: ast.AST, s: Statement, modules: set[str]) -> str | None:
             return f"uses paralab's own `{node.attr}` ({where}), the solution of an exercise"
         if node.attr.startswith("__") and node.attr.endswith("__"):
             return f"reaches into `{node.attr}` ({where}); exercise code may not"
-        if node.attr in FORBIDDEN_NAMES or node.attr in MODULE_NAMES:
+        own = isinstance(node.ctx, (ast.Store, ast.Del)) or _root(node) in data
+        if (node.attr in FORBIDDEN_NAMES or node.attr in MODULE_NAMES) and not own:
             return f"uses `.{node.attr}` ({where}); exercise code may not load code or touch files"
     elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
-        return f"uses `{node.id}` ({where}); exercise code may not load or look up code dynamically"
+        if isinstance(node.ctx, ast.Load) and node.id not in bound:
+            return (
+                f"uses `{node.id}` ({where}); exercise code may not load or look up code "
+                "dynamically"
+            )
     return None
 
 
@@ -308,11 +410,13 @@ def screen(stmts: list[Statement], exercise: Exercise, name: str) -> str | None:
     """Why this definition scores 0 without being run, or None."""
     modules = paralab_modules(stmts)
     for s in stmts:
-        nodes = list(ast.walk(s.node))
-        if len(nodes) > MAX_NODES:
+        if sum(1 for _ in ast.walk(s.node)) > MAX_NODES:
             return f"cell {s.cell}, line {s.start}: over {MAX_NODES} syntax nodes in one statement"
-        for node in nodes:
-            if (why := _refused_node(node, s, modules)) is not None:
+    module = _scope_names(ast.Module(body=[s.node for s in stmts], type_ignores=[]))
+    for s in stmts:
+        tree = ast.Module(body=[s.node], type_ignores=[])
+        for node, bound, data in _scoped_nodes(tree, module):
+            if (why := _refused_node(node, s, modules, bound, data)) is not None:
                 return why
     mine = _mine(stmts, name)
     if mine is None:
