@@ -107,6 +107,9 @@ class SandboxRun:
     timed_out: bool
     overflowed: bool
     seconds: float
+    early_output: str = ""
+    """The tail of what it wrote before `private_from` first appeared (all of it, if never)."""
+    private_began: bool = False
 
 
 def _site_packages() -> list[str]:
@@ -126,6 +129,44 @@ def _python_roots() -> list[str]:
     return [r for r in kept if not any(r != o and r.startswith(o + os.sep) for o in kept)]
 
 
+SANDBOX_OWN = ("/", INSIDE_TMP, "/dev/shm")
+"""Folders the sandbox replaces with fresh ones: a Python installed at one of them could only be
+bound by handing the student the host's folder (every other grader's temporary files) instead."""
+SANDBOX_TREES = ("/proc", "/dev", "/grading")
+"""Trees the sandbox mounts whole: no Python can be bound inside them."""
+
+
+def unusable_python() -> str | None:
+    """Why the sandbox cannot run this interpreter (one line for the instructor), or None.
+    A Python under /tmp (a venv made there) is fine: it is bound back over the fresh /tmp."""
+    for root in _python_roots():
+        inside = any(root == t or root.startswith(t + "/") for t in SANDBOX_TREES)
+        if root in SANDBOX_OWN or inside:
+            return (
+                f"the grader's Python lives at {root}, which the sandbox replaces with a folder "
+                "of its own: install it (or make its venv) elsewhere, e.g. under /opt or $HOME"
+            )
+    return None
+
+
+def preflight() -> str | None:
+    """Why no submission could run here (one line, before any is graded), or None: the sandbox
+    starts this interpreter once, so a fault of the grader's own is never a student's zero."""
+    why = unusable_python() if bwrap() else None
+    if why:
+        return why
+    executable = bwrap()
+    command = [sys.executable, "-c", "pass"]
+    with tempfile.TemporaryDirectory(prefix="paralab-preflight-") as empty:
+        if executable:
+            command = _bwrap_command(executable, Path(empty)) + command
+        probe = subprocess.run(command, capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        cause = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        return f"the sandbox cannot start this Python ({sys.executable}): {cause}"
+    return None
+
+
 def _bwrap_command(executable: str, package: Path) -> list[str]:
     command = [executable]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -136,15 +177,17 @@ def _bwrap_command(executable: str, package: Path) -> list[str]:
     command += ["--ro-bind", "/usr", "/usr"]
     for name in ("ld.so.cache", "hosts", "passwd", "group", "nsswitch.conf", "localtime"):
         command += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    command += ["--size", str(TMPFS_BYTES), "--tmpfs", INSIDE_TMP]
+    command += ["--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    # After the fresh /tmp: an interpreter or venv that lives under /tmp is bound back on top of
+    # it (mounts apply in order, so bound before, the tmpfs would hide it).
     for root in _python_roots():
         command += ["--ro-bind", root, root]
     for packages in _site_packages():  # a non-editable install of paralab holds its solutions
         if (Path(packages) / "paralab" / "__init__.py").exists():
             command += ["--tmpfs", str(Path(packages) / "paralab")]
     command += ["--ro-bind", str(package), INSIDE_PACKAGE]
-    command += ["--size", str(TMPFS_BYTES), "--tmpfs", INSIDE_TMP]
-    command += ["--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]
-    command += ["--proc", "/proc", "--dev", "/dev"]
     command += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     command += ["--chdir", INSIDE_TMP, "--clearenv"]
     for key, value in _environment(INSIDE_PACKAGE, INSIDE_TMP).items():
@@ -192,10 +235,17 @@ def _kill(process: subprocess.Popen) -> None:
 
 
 def run_sandboxed(
-    package: Path, module: str, job: bytes, budget_s: float, memory_bytes: int = MEMORY_BYTES
+    package: Path,
+    module: str,
+    job: bytes,
+    budget_s: float,
+    memory_bytes: int = MEMORY_BYTES,
+    private_from: bytes = b"",
 ) -> SandboxRun:
     """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`,
-    each of its processes within `memory_bytes` of address space."""
+    each of its processes within `memory_bytes` of address space. Its output up to the first
+    `private_from` line (written by the module once it holds data the student may not see) comes
+    back as `early_output`, which the grader may quote."""
     executable = bwrap()
     read_end, write_end = os.pipe()
     with tempfile.TemporaryDirectory(prefix="paralab-sandbox-") as tmp:
@@ -238,6 +288,21 @@ def run_sandboxed(
         with output_path.open("rb") as output:
             output.seek(max(0, output_path.stat().st_size - 4096))
             tail = output.read().decode("utf-8", "replace")
+        early, began = _before(output_path, private_from)
     return SandboxRun(
-        bytes(result), tail, process.returncode, timed_out, flags["overflowed"], seconds
+        bytes(result),
+        tail,
+        process.returncode,
+        timed_out,
+        flags["overflowed"],
+        seconds,
+        early[-4096:].decode("utf-8", "replace"),
+        began,
     )
+
+
+def _before(path: Path, marker: bytes) -> tuple[bytes, bool]:
+    """What the file holds before `marker`'s first line, and whether the marker was there."""
+    data = path.read_bytes()  # at most OUTPUT_BYTES: RLIMIT_FSIZE caps it
+    at = data.find(marker + b"\n") if marker else -1
+    return (data[:at], True) if at >= 0 else (data, False)
