@@ -14,7 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from paralab.exercises import EXERCISES, for_lab
-from paralab.grade.sandbox import MEMORY_BYTES, MIN_MEMORY_BYTES, gibibytes, isolation
+from paralab.grade.sandbox import (
+    MEMORY_BYTES,
+    MIN_MEMORY_BYTES,
+    gibibytes,
+    isolation,
+    preflight,
+)
 from paralab.grade.submission import (
     Graded,
     Row,
@@ -32,6 +38,27 @@ def score_table(rows: list[Row]) -> str:
         ("total", f"{sum(r.points for r in rows):g}/{sum(r.max_points for r in rows)}", "")
     )
     return text_table(("exercise", "points", "verdict"), table)
+
+
+def exercise_table(lab: str | None = None) -> str:
+    """Every exercise the grader knows (of `lab`, or of every lab): what it grades and how."""
+    exercises = for_lab(lab) if lab else sorted(EXERCISES.values(), key=lambda e: e.lab)
+    rows = [
+        (
+            e.lab,
+            e.name,
+            e.target,
+            e.points,
+            ", ".join(str(w) if w else "in-process" for w in e.world_sizes),
+            ", ".join(str(w) if w else "in-process" for w in e.hidden_worlds()) or "-",
+            len(e.bugs),
+        )
+        for e in exercises
+    ]
+    head = ("lab", "exercise", "target", "points", "world sizes", "hidden", "known-wrong")
+    labs = len({r[0] for r in rows})
+    total = f"{len(rows)} exercises in {labs} lab{'s' if labs != 1 else ''}"
+    return f"{text_table(head, rows)}\n{total}; grade with: python -m paralab.grade NOTEBOOK..."
 
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -84,13 +111,31 @@ def write_results(rows: list[Row], json_path: Path | None, csv_path: Path | None
         _write(csv_path, table.getvalue())
 
 
+def grader_fault(graded: list[Graded]) -> str:
+    """When every submission's grading process died the same way before any result, that is the
+    grader's environment, not the students' work: said once, for the instructor and each student."""
+    causes = {g.stopped for g in graded}
+    if len(graded) < 2 or len(causes) != 1 or not next(iter(causes)):
+        return ""
+    return (
+        f"GRADER ERROR: all {len(graded)} submissions stopped the same way before any result, so "
+        "the fault is the grader's environment, not the students' work; these scores do not "
+        f"count (fix it and grade again). The cause: {next(iter(causes))}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m paralab.grade",
         description="Grade handed-in paralab notebooks: each submission's cells run in a sandbox "
         "of their own (untrusted code, see labs/README.md's safety note).",
     )
-    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        type=Path,
+        help="handed-in notebooks; without any, list every lab's exercises",
+    )
     parser.add_argument(
         "--lab", help="the lab of every notebook (default: inferred from each file name)"
     )
@@ -127,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     labs = ", ".join(sorted({e.lab for e in EXERCISES.values()}))
     if args.lab and not for_lab(args.lab):
         parser.error(f"no exercises for lab {args.lab!r}; labs: {labs}")
+    if not args.notebooks:
+        print(exercise_table(args.lab))
+        return 0
     missing = [str(path) for path in args.notebooks if not path.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)} (nothing was graded or written)")
@@ -137,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"cannot tell the lab of {', '.join(unnamed)} from the file name; pass --lab "
                 f"(one of {labs})"
             )
+    if why := preflight():
+        print(f"python -m paralab.grade: cannot grade here: {why}", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else secrets.randbelow(10**9)
     drawn = "" if args.seed is not None else f" (drawn at random: --seed {seed} grades these again)"
     print(f"seed {seed}{drawn}")
@@ -154,16 +205,23 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             graded.append(result)
+    ours = grader_fault(graded)
+    if ours:
+        print(ours, file=sys.stderr, flush=True)
     # Every sandbox is gone (each took its processes with it): only now is anything written.
     for result in graded:
         sub = result.submission
         target = (args.feedback or sub.path.parent) / f"{sub.path.stem}.feedback.txt"
         _write(
             target,
-            f"{sub.path}\n{score_table(result.rows)}\n\n" + "\n\n".join(result.feedback) + "\n",
+            f"{sub.path}\n{ours + chr(10) * 2 if ours else ''}{score_table(result.rows)}\n\n"
+            + "\n\n".join(result.feedback)
+            + "\n",
         )
     rows = [r for result in graded for r in result.rows]
     write_results(rows, args.json, args.csv)
+    if ours:
+        return 2
     full = all(bool(g.rows) and all(r.points == r.max_points for r in g.rows) for g in graded)
     return 0 if full else 1
 

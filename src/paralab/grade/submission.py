@@ -80,6 +80,11 @@ UNREADABLE = object()
 MAX_NODES = 100_000
 MAX_DEPTH = 32
 MAX_TEXT = 2000
+HIDDEN_BEGIN = b"paralab-grading: the hidden cases begin"
+"""Written by the sandboxed process before its first hidden case: its output from there on may
+hold their data, so feedback quotes only what came before."""
+CAUSE_LINES = 6
+"""How many of its last output lines say why a grading process died."""
 _EXPECTED: dict[tuple, list] = {}
 
 
@@ -113,6 +118,8 @@ class Graded:
     rows: list[Row]
     feedback: list[str]
     seconds: float = 0.0
+    stopped: str = ""
+    """Why its grading process gave no result at all (with its last output lines), else empty."""
 
 
 def lab_of(path: Path) -> str | None:
@@ -290,6 +297,17 @@ def _stopped(run: Any, budget_s: float, memory_bytes: int) -> tuple[str, str]:
     return "ERROR", f"the grading process stopped (exit {code}) before this exercise's result"
 
 
+def _cause(run: Any) -> str:
+    """The last lines the grading process wrote before it died: its cause, where they may be shown
+    (never after its hidden cases began, which they may quote)."""
+    lines = [line for line in run.early_output.splitlines() if line.strip()]
+    if run.private_began:
+        return "its output after the hidden cases began is not shown (it may hold their data)"
+    if not lines:
+        return "it wrote nothing"
+    return "its last output lines:\n" + "\n".join("  | " + line for line in lines[-CAUSE_LINES:])
+
+
 def _memory_cap(memory_bytes: int) -> str:
     return f" (each of its processes may use {gibibytes(memory_bytes)}: the grader's --memory)"
 
@@ -314,6 +332,7 @@ def grade_submission(
     exercises = for_lab(sub.lab)
     rows: dict[str, Row] = {}
     jobs = []
+    stopped = ""
     stmts = statements(sub.cells) if not sub.unreadable else []
     unparsed = syntax_errors(sub.cells) if not sub.unreadable else []
     if not sub.unreadable and not any(
@@ -354,14 +373,23 @@ def grade_submission(
             shutil.copytree(pristine, package)
             withhold_alternatives(package, sub.lab)
             run = run_sandboxed(
-                package, WORKER, json.dumps({"jobs": jobs}).encode(), budget_s, memory_bytes
+                package,
+                WORKER,
+                json.dumps({"jobs": jobs}).encode(),
+                budget_s,
+                memory_bytes,
+                HIDDEN_BEGIN,
             )
         seconds = run.seconds
         got = frames(run.result)  # one per job, in the order of the jobs
+        if not got:
+            stopped = "\n".join(_stopped(run, budget_s, memory_bytes)[1:] + (_cause(run),))
         for i, job in enumerate(jobs):
             exercise = EXERCISES[job["exercise"]]
             if i >= len(got):
                 verdict, why = _stopped(run, budget_s, memory_bytes)
+                if stopped and not run.timed_out:
+                    why += f"; {_cause(run)}"
                 rows[exercise.name] = _zero(sub, exercise, verdict, why)
                 continue
             try:
@@ -391,7 +419,7 @@ def grade_submission(
         or f"{r.exercise}: {r.verdict} — {r.points:g}/{r.max_points} points\n  {r.reason}"
         for r in ordered
     ]
-    return Graded(sub, ordered, texts, seconds)
+    return Graded(sub, ordered, texts, seconds, stopped)
 
 
 def grade_safely(
@@ -411,7 +439,11 @@ def grade_safely(
 
 
 ALTERNATIVES = {
-    "exchange_prediction": ("paralab.cfgp.sampling.exchange_prediction_all_gather",),
+    "ring_pass": ("paralab.collectives.ring._exchange",),
+    "exchange_prediction": (
+        "paralab.cfgp.sampling.exchange_prediction_all_gather",
+        "paralab.collectives.ring._exchange",  # in a group of two, one hop is the swap
+    ),
     "predict_groups": (
         "paralab.parallel_dims.ParallelDims.group_ranks",
         "paralab.parallel_dims.ParallelDims.build_meshes",
@@ -433,9 +465,11 @@ ALTERNATIVES = {
         "paralab.compose.grid.Grid.rank_of",
     ),
 }
-"""Package functions that answer an exercise whole (another implementation of it, or the real
-thing the exercise predicts by arithmetic): withheld in the copy a submission of its lab runs
-against, like the solution itself."""
+"""Package functions that answer an exercise whole (another implementation of it, a private
+helper that does its whole job, or the real thing the exercise predicts by arithmetic), private
+ones included: withheld in the copy a submission of its lab runs against, like the solution
+itself, and with them every function that calls them (`ring_shift` calls `_exchange`).
+`paralab.grade.substitutes` finds the ones a test must add here."""
 
 
 def withhold_alternatives(package: Path, lab: str) -> None:
@@ -517,6 +551,10 @@ def _defined(cells: CellFunction) -> Callable:
     return load(stmts, EXERCISES[cells.exercise])[cells.function]
 
 
+_HIDDEN_BEGAN: list[bool] = []
+"""Whether this process has said it starts its hidden cases (once per process)."""
+
+
 def _run_job(job: dict) -> dict:
     """One exercise in the sandbox: define the student's function, run it on every planned world."""
     exercise = EXERCISES[job["exercise"]]
@@ -545,6 +583,9 @@ def _run_job(job: dict) -> dict:
     cells = tuple((cell, start, text) for cell, start, text in job["statements"])
     results: list[dict] = []
     for world, hidden in job["plan"]:
+        if hidden and not _HIDDEN_BEGAN:
+            print(HIDDEN_BEGIN.decode(), flush=True)
+            _HIDDEN_BEGAN.append(True)
         if results and _only_stubs(results[0]):  # an untouched stub raises everywhere
             first = results[0]["actual"][0][0][1].splitlines()[0]
             results.append(
