@@ -52,6 +52,7 @@ from paralab.pp.model import HIDDEN, MICRO_BATCH, N_BLOCKS, SEQ
 from paralab.pp.runs import SWEEP, executed_timeline, sweep_configs
 from paralab.pp.schedules import build_schedule
 from paralab.pp.upstream import TORCH_SCHEDULES, torch_jobs, torch_sweep
+from paralab.scale.hardware import STEP_LATENCY, hardware
 from paralab.tables import text_table
 from paralab.viz import show
 
@@ -565,6 +566,83 @@ print(verdict_table(clinic_verdicts, "bug clinic"))
 # both ranks because neither returned; the logical clock cannot see this bug, since it models
 # sends that never block: the lists themselves are fine.
 # </details>
+
+# %% [markdown]
+# ## 10. A link that takes time
+#
+# The clock of section 5 delivers every message at once. Give it a link: a message arrives `d`
+# after the action that sent it ended (`d` in units of one rank's forward), the sender does
+# not wait, and an action starts once its rank is free and its inputs have arrived
+# (`simulate(schedule, pp, m, v, latency=d)`). What `d` is for a real hop: the message's
+# latency plus its bytes over the link's bandwidth, over one stage's forward.
+
+# %%
+# show: paralab.pp.costs.link_latency
+
+# %%
+# One example size: a micro-batch of 1 × 4096 tokens, h = 8192, bf16, and a stage of two
+# blocks whose forward (24·s·h² flops each) runs at an assumed 40% of an H100's bf16 peak.
+h100 = hardware("h100-sxm")
+message, forward_s = 4096 * 8192 * 2, 2 * 24 * 4096 * 8192**2 / (0.4 * h100.peak_bf16)
+LINKS = {
+    "NVLink": link_latency(STEP_LATENCY["nvlink"], message, h100.intra_busbw, forward_s),
+    "network": link_latency(STEP_LATENCY["net"], message, h100.inter_busbw, forward_s),
+    "slow (small stages)": 0.25,
+}
+print(", ".join(f"{name}: d = {d:.4f}" for name, d in LINKS.items()))
+
+# %% [markdown]
+# **Predict before you run.** At `p = 4`, which schedule loses more to a link of `d = 0.25`
+# as `m` grows, GPipe or 1F1B? And ZB-H1, whose held-back W's could fill a wait?
+#
+# The closed forms the clock is checked against (chapter 3 explains each):
+
+# %%
+# show: paralab.pp.costs.one_f_one_b_exposed_latency paralab.pp.costs.exposed_link_formula
+
+# %%
+link_rows, link_verdicts = [], []
+for name, v in SWEEP:
+    for m in (8, 16, 32):
+        plain = simulate(name, 4, m, v)
+        row = [name, str(m), f"{plain.bubble_fraction:.3f}"]
+        for d in LINKS.values():
+            linked = simulate(name, 4, m, v, latency=d)
+            exposed = linked.makespan - plain.makespan
+            row.append(f"+{exposed:.4g} ({linked.bubble_fraction:.3f})")
+            formula = exposed_link_formula(name, 4, m, d, v)
+            link_verdicts.append(
+                claim(f"{name} m={m} d={d:.4f}", abs(exposed - formula) < 1e-9, f"{exposed:.6g}")
+            )
+        link_rows.append(row)
+heads = [f"{name}: +link (bubble)" for name in LINKS]
+print(text_table(["pp = 4", "m", "bubble, free link", *heads], link_rows))
+print(verdict_table([summary("exposed link time = closed form", link_verdicts)], "the link"))
+
+# %% [markdown]
+# The time each link adds to a step, in forwards. GPipe pays every hop once, to fill and to
+# drain; interleaved and ZB-H1 pay a constant too, because they have other work (the next
+# chunk's forward, a held-back W) to run while a message travels, as long as `d` stays below
+# it. 1F1B pays on **every** micro-batch: rank 0 holds at most `p` micro-batches, so it waits
+# for each one's round trip of `2(p-1)` hops, about `2(p-1)d/p` per micro-batch. The grey
+# lines are the messages:
+
+# %%
+show(
+    viz.plot_pipeline_timeline(
+        [
+            ("1F1B, pp = 4, m = 8, free link", simulate("1f1b", 4, 8)),
+            ("1F1B, link d = 0.25", simulate("1f1b", 4, 8, latency=0.25)),
+            ("ZB-H1, link d = 0.25", simulate("zbh1", 4, 8, latency=0.25)),
+        ]
+    )
+)
+
+# %% [markdown]
+# At the example size a network hop is `d` = 0.044 of a forward: at `m = 32` 1F1B's bubble
+# goes from 0.086 to 0.105, the others' by less than 0.01. That is why PP is the axis that goes
+# across nodes, and also its condition: stages large enough that a hop is a small fraction of a forward, or a schedule
+# with slack. [Chapter 3](03_why_pp_crosses_nodes.md) draws the consequences for placement.
 
 # %% [markdown]
 # ## Closing note
