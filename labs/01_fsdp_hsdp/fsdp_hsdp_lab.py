@@ -909,6 +909,8 @@ for job, c_runs, b_runs in zip(CLINIC_JOBS, correct, buggy):
     print(
         f"{job.optimizer}: largest parameter difference after 3 steps {diff:.1e}, largest move of a parameter {moved:.1e}"
     )
+
+# %%
 rows = []
 for job, runs in zip(CLINIC_JOBS, zip(correct, buggy)):
     label = f"clinic: {job.label(CLINIC_WORLD)}"

@@ -151,7 +151,10 @@ except ValueError as exc:
 # of the full softmax, `P = exp(S_B - lse)`, and its gradients, wherever its K/V happen to be.
 
 # %%
-# show: paralab.cp.blocks.attention_block paralab.cp.blocks.merge_partials
+# show: paralab.cp.blocks.attention_block
+
+# %%
+# show: paralab.cp.blocks.merge_partials
 
 # %% [markdown]
 # The backward of one block, from the final `lse` and `delta` only (its score helper

@@ -604,6 +604,8 @@ print(
     "world 8 (cfgp_rank, cp_rank) per rank:",
     [(r["ring"]["cfgp_rank"], r["ring"]["cp_rank"]) for r in cp_out[8]],
 )
+
+# %%
 cp_verdicts, cp_groups = [], {}
 for world, out in cp_out.items():
     n = world

@@ -390,7 +390,10 @@ display(
 # file each latent under its original local index.
 
 # %%
-# show: paralab.vae_lb.protocol.offload_encode paralab.vae_lb.protocol.return_latents
+# show: paralab.vae_lb.protocol.offload_encode
+
+# %%
+# show: paralab.vae_lb.protocol.return_latents
 
 # %% [markdown]
 # The step as a sequence diagram, for the plan the first 4 ranks of the lab's
@@ -760,6 +763,8 @@ CLAIMS.append(
         f"grade: {exercise.verdict}",
     )
 )
+
+# %%
 diagnosis = compare(
     buggy, 127.5 * (correct + encoder.mix.sum(dim=1)[:, None, None, None]), atol=1e-9
 )[0]
