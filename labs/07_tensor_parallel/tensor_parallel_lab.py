@@ -156,7 +156,10 @@ print(verdict_table(split_claims, "column and row splits, one process (relative 
 # row bias added once, after the sum.
 
 # %%
-# show: paralab.tp.layers.ColumnParallelLinear paralab.tp.layers.RowParallelLinear
+# show: paralab.tp.layers.ColumnParallelLinear
+
+# %%
+# show: paralab.tp.layers.RowParallelLinear
 
 # %% [markdown]
 # ## 3. One block on tp ranks: 2 all-reduces forward, 2 backward
@@ -217,6 +220,7 @@ def split_regathers(backward):
     return mirrors, sum(regather)
 
 
+# %%
 rows, regathers = [], {}
 for sp in (False, True):
     mode = "TP+SP" if sp else "TP"
@@ -331,7 +335,10 @@ print(format_table([r["records"] for r in blocks[(2, True)]]))
 # show: paralab.tp.layers.VocabParallelEmbedding
 
 # %%
-# show: paralab.tp.cross_entropy.vocab_parallel_loss paralab.tp.cross_entropy.VocabParallelCrossEntropy
+# show: paralab.tp.cross_entropy.VocabParallelCrossEntropy
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.tp.cross_entropy.vocab_parallel_loss
 
 # %% jupyter={"source_hidden": true}
 # show: paralab.tp.model.TinyLM paralab.tp.model.tensor_parallel
@@ -367,7 +374,10 @@ print(verdict_table([v for found in lm_verdicts.values() for v in found], "the d
 # The closed form, per (phase, collective):
 
 # %%
-# show: paralab.tp.costs.step_bytes paralab.tp.costs.block_bytes paralab.tp.costs.block_step_bytes
+# show: paralab.tp.costs.block_bytes
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.tp.costs.step_bytes paralab.tp.costs.block_step_bytes
 
 # %%
 byte_verdicts = {key: check_bytes(per_rank, key[1]) for key, per_rank in models.items()}
@@ -435,7 +445,10 @@ print(
 # each dp replica.
 
 # %%
-# show: paralab.tp.runs.train paralab.tp.runs.reference
+# show: paralab.tp.runs.train
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.tp.runs.reference
 
 # %%
 trained = {
@@ -471,10 +484,13 @@ print(verdict_table(train_claims, "training (relative bound 1e-12; every rank bi
 # trains it, FSDP2 around it when dp > 1:
 
 # %%
-# show: paralab.tp.dtensor.tp_plan paralab.tp.dtensor.dtensor_train
+# show: paralab.tp.dtensor.tp_plan
+
+# %%
+# show: paralab.tp.dtensor.dtensor_train
 
 # %% jupyter={"source_hidden": true}
-# show: paralab.tp.dtensor.head_aligned_qkv paralab.tp.dtensor.params_in_model_order
+# show: paralab.tp.dtensor.head_aligned_qkv paralab.tp.dtensor.params_in_model_order paralab.tp.dtensor.full_parameters
 
 # %%
 dtensor_runs = {

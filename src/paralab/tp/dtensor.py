@@ -110,6 +110,11 @@ def dtensor_train(
                 grad.to_local() if hasattr(grad, "to_local") else grad, group=tp_mesh.get_group()
             )
         optimizer.step()
+    return full_parameters(model, tp)
+
+
+def full_parameters(model: TinyLM, tp: int) -> dict[str, torch.Tensor]:
+    """Every parameter gathered in full, q/k/v back in the model's own order."""
     full = {}
     for name, p in model.named_parameters():
         full[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
