@@ -20,6 +20,7 @@ import torch
 
 from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
 from paralab.compose.bridge import from_overlay, to_overlay
+from paralab.compose.grid import AXES, pipeline_neighbours, rank_coordinates
 from paralab.parallel_dims import ParallelDims, predict_groups
 
 MAX_WORLD = 64
@@ -129,6 +130,29 @@ def test_accept_reject_and_every_group_agree_with_torchtitan_up_to_64_ranks():
         accepted,
         compared,
     )
+
+
+def test_coordinates_and_pipeline_neighbours_agree_with_the_reshaped_world_in_every_order():
+    """A rank's coordinates are its index in `arange(world)` reshaped to the order's sizes (and
+    `Grid.coords` says the same); its pipeline neighbours are the entries before and after it in
+    its pp group, None past either end. Every order of the five axes, grids of 3 to 24 ranks."""
+    checked = 0
+    for order in itertools.permutations(AXES):
+        for sizes in ((2, 1, 2, 2, 2), (1, 2, 1, 4, 3), (1, 1, 1, 1, 3), (3, 1, 2, 1, 2)):
+            grid = Grid(math.prod(sizes), *sizes, order=order)
+            mesh = torch.arange(grid.world).reshape([grid.sizes[a] for a in order])
+            for rank in range(grid.world):
+                where = dict(zip(order, (mesh == rank).nonzero()[0].tolist()))
+                assert rank_coordinates(rank, grid.sizes, order) == where, (order, sizes, rank)
+                assert grid.coords(rank) == where
+                stages = grid.group(rank, "pp")
+                i = stages.index(rank)
+                assert pipeline_neighbours(rank, grid.sizes, order) == (
+                    stages[i - 1] if i > 0 else None,
+                    stages[i + 1] if i + 1 < len(stages) else None,
+                ), (order, sizes, rank)
+                checked += 1
+    assert checked == 120 * (16 + 24 + 3 + 12)
 
 
 def test_rejections_name_the_axis():

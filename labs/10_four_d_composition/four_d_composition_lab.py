@@ -39,6 +39,7 @@ from paralab.check import claim, summary, verdict_table
 from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
 from paralab.compose.bridge import from_overlay, to_overlay
 from paralab.compose.costs import group_phase_bytes, per_group
+from paralab.compose.grid import pipeline_neighbours, rank_coordinates
 from paralab.compose.model import CONFIG
 from paralab.compose.runs import (
     check_bytes,
@@ -68,17 +69,62 @@ print(CONFIG)
 # `dp_shard_cp` (the FSDP group: cp partners hold the same parameters), `dp_cp` (the loss and
 # gradient-mean group), and `ep` carved from dp_shard × cp (`dp_shard = dp_shard_mod_ep ×
 # dp_shard_in_ep`).
+#
+# A rank's coordinates are its global rank written in mixed radix: the innermost axis is the
+# last digit, so it varies fastest.
 
 # %%
-# show: paralab.compose.grid.Grid
+# show: paralab.compose.grid.rank_coordinates
 
 # %% [markdown]
-# **Predict** before running: on 16 ranks with dp_replicate 2 × cp 2 × tp 2 × pp 2, in the
-# doc group's order, what are rank 5's coordinates, and who are its tp, cp, pp and
-# dp_replicate partners? How far apart are partners on each axis?
+# **Predict** before running: on 16 ranks with dp_replicate 2 × cp 2 × tp 2 × pp 2, what are
+# rank 5's coordinates in the doc group's order (inner → outer TP → CP → PP → DP), and in
+# torchtitan's (pp outermost)?
 
 # %%
 GRID16 = Grid(16, dp_replicate=2, cp=2, tp=2, pp=2, order=DOC_ORDER)
+for order, label in ((DOC_ORDER, "doc group"), (TORCHTITAN_ORDER, "torchtitan")):
+    print(f"{label:>10}: rank 5 ->", rank_coordinates(5, GRID16.sizes, order))
+
+# %% [markdown]
+# 5 = 0·8 + 1·4 + 0·2 + 1 in the doc group's order: tp 1, cp 0, pp 1, dp_replicate 0. In
+# torchtitan's the same digits, with pp and dp_replicate swapped. A pipeline stage's
+# neighbour agrees with it on every other axis, so it is one pp step away: as many ranks as
+# every axis inside pp holds together.
+
+# %%
+# show: paralab.compose.grid.pipeline_neighbours
+
+# %% [markdown]
+# **Predict:** on the same grid in the doc group's order, which ranks hand rank 5 its
+# activations, and receive them from it? And on a 24-rank grid with dp_shard 2 × tp 4 × pp 3,
+# who are rank 6's?
+
+# %%
+UNEVEN = Grid(24, dp_shard=2, tp=4, pp=3, order=DOC_ORDER)
+print("16 ranks, rank 5: (previous, next) =", pipeline_neighbours(5, GRID16.sizes, DOC_ORDER))
+print("24 ranks, rank 6: (previous, next) =", pipeline_neighbours(6, UNEVEN.sizes, DOC_ORDER))
+
+# %% [markdown]
+# Rank 5 is on the last of two stages: its previous stage is rank 1, four ranks back (tp 2 ×
+# cp 2 inside pp), and nothing follows it. On 24 ranks rank 6 is on the middle stage, 4 ranks
+# (tp 4) from each neighbour. `Grid` validates the sizes and lists every group the same way:
+# a group is its first rank plus fixed offsets, one stride per step on each of its axes.
+
+# %%
+# show: paralab.compose.grid.Grid._steps
+
+# %%
+# show: paralab.compose.grid.Grid._table paralab.compose.grid.Grid.group
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.compose.grid.Grid
+
+# %% [markdown]
+# **Predict** before running: on the 16-rank grid, in the doc group's order, who are rank
+# 5's tp, cp, pp and dp_replicate partners? How far apart are partners on each axis?
+
+# %%
 print("rank 5:", GRID16.coords(5))
 print({name: GRID16.group(5, name) for name in ("tp", "cp", "pp", "dp_replicate", "dp_cp")})
 rows = []
@@ -350,6 +396,8 @@ print(
         [[k, dict(sorted(v.items()))] for k, v in crossing.items()],
     )
 )
+
+# %%
 tp_total = sum(
     group_phase_bytes(WRONG, r, CONFIG, 4).get(("tp", p), 0)
     for r in range(16)

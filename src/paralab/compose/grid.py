@@ -25,6 +25,7 @@ world order, so the same code runs on the doc group's, torchtitan's or a wrong l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 AXES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
@@ -46,6 +47,35 @@ TORCHTITAN_NOW = {"batch": "dp", "fsdp": "dp_shard_cp", "loss": "dp_cp", "efsdp"
 
 class GridError(ValueError):
     """An invalid configuration; the message names the axis."""
+
+
+def rank_coordinates(rank: int, sizes: dict[str, int], order: tuple[str, ...]) -> dict[str, int]:
+    """`rank`'s coordinate on every axis of `order` (outer -> inner), each axis `sizes[axis]` long.
+
+    The global rank read in mixed radix: the innermost axis varies fastest, so its partners are
+    neighbouring ranks; the outermost slowest, its partners the farthest apart."""
+    ### BEGIN SOLUTION
+    coords = {}
+    for name in reversed(order):
+        rank, coords[name] = divmod(rank, sizes[name])
+    return coords
+    ### END SOLUTION
+
+
+def pipeline_neighbours(
+    rank: int, sizes: dict[str, int], order: tuple[str, ...]
+) -> tuple[int | None, int | None]:
+    """The global ranks of `rank`'s previous and next pipeline stage (None past either end).
+
+    They agree with `rank` on every other axis, so they hold the same tp column, cp shard and
+    sample: one step on pp is as many ranks as all the axes inside pp hold together."""
+    ### BEGIN SOLUTION
+    stride = math.prod(sizes[name] for name in order[order.index("pp") + 1 :])
+    stage = rank // stride % sizes["pp"]
+    previous = rank - stride if stage > 0 else None
+    following = rank + stride if stage < sizes["pp"] - 1 else None
+    return previous, following
+    ### END SOLUTION
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,7 @@ class Grid:
             strides[name] = step
             step *= getattr(self, name)
         object.__setattr__(self, "_stride_table", strides)
+        object.__setattr__(self, "_group_tables", {})
 
     def _validate_ep(self) -> None:
         if self.etp not in (self.tp, 1):
@@ -123,12 +154,17 @@ class Grid:
         borrowed = self.cp if self.etp == self.tp else self.cp * self.tp
         return self.ep // borrowed if self.ep > 1 else 1
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Every axis's size, by name."""
+        return {name: getattr(self, name) for name in AXES}
+
     def coords(self, rank: int) -> dict[str, int]:
         """Rank -> one coordinate per axis (mixed radix, `order` outer -> inner)."""
         if not 0 <= rank < self.world:
             raise GridError(f"rank {rank} is outside world = {self.world}")
-        strides = self._strides
-        return {name: rank // strides[name] % getattr(self, name) for name in AXES}
+        place = rank_coordinates(rank, self.sizes, self.order)
+        return {name: place[name] for name in AXES}
 
     def rank_of(self, coords: dict[str, int]) -> int:
         rank = 0
@@ -141,58 +177,52 @@ class Grid:
         """How far apart in global rank two ranks one step apart on each axis are."""
         return self._stride_table  # type: ignore[attr-defined]
 
-    def _along(self, rank: int, axes: tuple[str, ...]) -> tuple[int, ...]:
-        """The ranks that agree with `rank` on every axis but `axes`, `axes` outer first."""
-        strides = self._strides
-        sizes = [getattr(self, a) for a in axes]
-        base = rank - sum(rank // strides[a] % n * strides[a] for a, n in zip(axes, sizes))
-        ranks = [base]
-        for a, n in zip(axes, sizes):
-            ranks = [r + i * strides[a] for r in ranks for i in range(n)]
-        return tuple(ranks)
+    def _steps(self, name: str) -> tuple[tuple[int, int], ...]:
+        """Group `name` as one (stride, size) per axis, outer first. dp_shard splits as
+        (dp_shard_mod_ep, dp_shard_in_ep); ep = dp_shard_in_ep × cp (× tp when etp = 1)."""
+        name = TORCHTITAN_NOW.get(name, name)
+        strides, inner = self._strides, self.dp_shard_in_ep
+        if name in AXES or name in FLATTENED:
+            return tuple((strides[a], getattr(self, a)) for a in FLATTENED.get(name, (name,)))
+        if name == "dp_shard_in_ep":
+            return ((strides["dp_shard"], inner),)
+        if name == "dp_shard_mod_ep":
+            return ((strides["dp_shard"] * inner, self.dp_shard // inner),)
+        if name == "ep":
+            tail = ("cp",) if self.etp == self.tp else ("cp", "tp")
+            spread = ((strides["dp_shard"], inner), *((strides[a], getattr(self, a)) for a in tail))
+            return spread if self.ep > 1 else ()
+        raise GridError(f"no group named {name!r}: {self.names()}")
+
+    def _table(self, steps: tuple[tuple[int, int], ...]) -> list[tuple[int, ...]]:
+        """Every rank's group, built once per grid: a group is its first rank plus fixed
+        offsets, and the first rank not yet placed is the first of its group."""
+        table = self._group_tables.get(steps)  # type: ignore[attr-defined]
+        if table is None:
+            offsets = [0]
+            for stride, size in steps:
+                offsets = [o + i * stride for o in offsets for i in range(size)]
+            table = [()] * self.world
+            for first in range(self.world):
+                if not table[first]:
+                    group = tuple(first + o for o in offsets)
+                    for member in group:
+                        table[member] = group
+            self._group_tables[steps] = table  # type: ignore[attr-defined]
+        return table
 
     def group(self, rank: int, name: str) -> tuple[int, ...]:
         """The global ranks of `rank`'s group `name`, in group-rank order."""
-        if name in AXES:
-            return self._along(rank, (name,))
-        if name in FLATTENED:
-            return self._along(rank, FLATTENED[name])
-        if name in TORCHTITAN_NOW:
-            return self.group(rank, TORCHTITAN_NOW[name])
-        if name in ("ep", "dp_shard_in_ep", "dp_shard_mod_ep"):
-            return self._expert_group(rank, name)
-        raise GridError(f"no group named {name!r}: {self.names()}")
-
-    def _expert_group(self, rank: int, name: str) -> tuple[int, ...]:
-        """dp_shard split as (dp_shard_mod_ep, dp_shard_in_ep); ep = in_ep × cp (× tp if etp = 1)."""
-        inner = self.dp_shard_in_ep
-        mine = self.coords(rank)
-        shard = self._along(rank, ("dp_shard",))
-        if name == "dp_shard_in_ep":
-            start = mine["dp_shard"] // inner * inner
-            return shard[start : start + inner]
-        if name == "dp_shard_mod_ep":
-            return shard[mine["dp_shard"] % inner :: inner]
-        if self.ep == 1:
-            return (rank,)
-        tail = ("cp",) if self.etp == self.tp else ("cp", "tp")
-        out = []
-        for r in self.group(rank, "dp_shard_in_ep"):
-            out += self._along(r, tail)
-        return tuple(out)
+        if not 0 <= rank < self.world:
+            raise GridError(f"rank {rank} is outside world = {self.world}")
+        return self._table(self._steps(name))[rank]
 
     def names(self) -> list[str]:
         return [*AXES, *FLATTENED, "ep", "dp_shard_in_ep", "dp_shard_mod_ep"]
 
     def table(self, name: str) -> list[tuple[int, ...]]:
-        """Every rank's group `name`, by global rank (each group built once)."""
-        out: list[tuple[int, ...] | None] = [None] * self.world
-        for r in range(self.world):
-            if out[r] is None:
-                g = self.group(r, name)
-                for member in g:
-                    out[member] = g
-        return out  # type: ignore[return-value]
+        """Every rank's group `name`, by global rank."""
+        return list(self._table(self._steps(name)))
 
     def groups(self, name: str) -> list[tuple[int, ...]]:
         """Every group of `name`, each once, in order of its first rank."""
