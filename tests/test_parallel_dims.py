@@ -11,10 +11,11 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.distributed.device_mesh import init_device_mesh
 
 from paralab import ParallelDims, fsdp_mesh
 from paralab.launch import LaunchError, run
-from paralab.parallel_dims import predict_groups
+from paralab.parallel_dims import mesh_coordinates, predict_groups
 
 
 @pytest.mark.parametrize(
@@ -272,6 +273,25 @@ def test_world8_meshes_match_the_spec_table():
         assert (cp_size, cfgp_size, lb_size) == (2, 2, 2)
         assert report["dp_mesh"] == (2, ("dp_replicate", "dp_shard"), (2, 4))
         assert report["fsdp_mesh"] == (2, (2, 4))
+
+
+def _real_coordinates(config):
+    """This rank's coordinate on every dim of the three meshes, read off real `DeviceMesh`es."""
+    pd = ParallelDims(dist.get_world_size(), **config)
+    coordinates = {}
+    for dims, names in pd.mesh_layouts().values():
+        mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
+        coordinates.update(zip(names, mesh.get_coordinate()))
+    return coordinates
+
+
+@pytest.mark.parametrize(
+    "world, config", [(8, SPEC_CONFIG), (6, dict(dp_replicate=3, dp_shard=2, cp=2, lb=3))]
+)
+def test_mesh_coordinates_are_the_real_meshes_coordinates(world, config):
+    pd = ParallelDims(world, **config)
+    real = run(_real_coordinates, world, config)
+    assert [mesh_coordinates(pd, rank) for rank in range(world)] == real
 
 
 def test_singleton_axes_keep_2d_dp_mesh_and_drop_submeshes():

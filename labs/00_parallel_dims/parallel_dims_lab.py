@@ -10,7 +10,8 @@
 #   with row-major arithmetic;
 # - tell the two kinds of axis apart: *partition* axes that fill the world, *overlay*
 #   axes that group the same ranks again;
-# - say which data each rank gets under the overlay (cp partners share a sample);
+# - say which data each rank gets under the overlay (cp partners share a sample), from its
+#   coordinates on the meshes;
 # - recognise every rule a config can break, and the two configs that are changed
 #   instead of rejected.
 #
@@ -116,6 +117,7 @@ def groups_on_this_rank(config):
         axis: (getattr(pd, f"{axis}_rank"), getattr(pd, f"{axis}_size"))
         for axis in ("cp", "cfgp", "lb")
     }
+    local["dp"] = tuple(pd.dp_mesh.get_coordinate())  # (replica, shard): this rank's place
     return pd.group_ranks(), local
 
 
@@ -219,7 +221,7 @@ show(
 # </details>
 
 # %%
-per_group = pd.cfgp * pd.cp
+per_group = pd.cfgp * pd.cp  # ranks per sample group
 print(
     f"{'rank':>4}  {'sample group':<13} {'branch (cfgp rank)':<19} {'token slice (cp rank)':<22} cp group  cfgp group"
 )
@@ -250,6 +252,45 @@ verdicts.append(
     )
 )
 print("\n".join(v.describe() for v in verdicts[-2:]))
+
+# %% [markdown]
+# **The arithmetic.** Each column of that table is a *coordinate* of the rank on one mesh:
+# `rest`, `cfgp`, `cp` on the overlay mesh, `dp_replicate`, `dp_shard` on the dp mesh,
+# `lb_rest`, `lb` on the lb mesh. Row-major, the last dim varies fastest, so a coordinate is
+# `rank // (product of the later dims) % (its own dim)`; the ranks that share every
+# coordinate of a mesh but one are that one axis' group (section 1).
+#
+# **Predict before you run:** rank 6's coordinates on the dp mesh `(2, 4)` and on the
+# overlay mesh `(2, 2, 2)`?
+#
+# <details><summary>Answer</summary>
+#
+# dp: `6 // 4 = 1` (the second model copy), `6 % 4 = 2` (shard 2). Overlay: `rest = 6 // 4
+# = 1`, `cfgp = 6 // 2 % 2 = 1` (the uncond branch), `cp = 6 % 2 = 0` (the first token half).
+# </details>
+#
+# `mesh_coordinates` is the lab's second graded exercise (`paralab.exercises.lab00`):
+
+# %%
+# show: paralab.parallel_dims.mesh_coordinates
+
+
+# %%
+coordinates = [mesh_coordinates(pd, rank) for rank in range(WORLD)]
+print(coordinates[6])
+agree = [
+    (c["rest"], c["cfgp"], c["cp"], c["lb"], (c["dp_replicate"], c["dp_shard"]))
+    == (rank // per_group, local["cfgp"][0], local["cp"][0], local["lb"][0], local["dp"])
+    for rank, (c, (_, local)) in enumerate(zip(coordinates, results))
+]
+verdicts.append(
+    claim(
+        "mesh_coordinates = sample group, branch, token slice, lb slot, dp (copy, shard) of the meshes",
+        all(agree),
+        f"{sum(agree)} of {WORLD} ranks agree on all five",
+    )
+)
+print(verdicts[-1].describe())
 
 # %% [markdown]
 # ## 4. Every validation rule, firing

@@ -320,3 +320,19 @@ def predict_groups(parallel_dims: ParallelDims, rank: int) -> dict[str, list[int
             groups[axis] = [first + i * stride for i in range(dims[dim])]
     return groups
     ### END SOLUTION
+
+
+def mesh_coordinates(parallel_dims: ParallelDims, rank: int) -> dict[str, int]:
+    """`rank`'s coordinate on every dim of every mesh of `mesh_layouts`, keyed by the dim's name.
+
+    The coordinates say what a rank works on: `rest` is its sample group, `cfgp` its guidance
+    branch, `cp` its token slice, `dp_replicate` its model copy, `dp_shard` its weight shard.
+    Ranks that share every coordinate of a mesh but one form that one axis' group.
+    """
+    ### BEGIN SOLUTION
+    coordinates = {}
+    for dims, names in parallel_dims.mesh_layouts().values():
+        for dim, name in enumerate(names):
+            coordinates[name] = rank // math.prod(dims[dim + 1 :]) % dims[dim]
+    return coordinates
+    ### END SOLUTION

@@ -1,13 +1,14 @@
-"""Lab 00 exercise: predict every rank's groups, checked against the real DeviceMesh."""
+"""Lab 00 exercises: every rank's groups, checked against the real DeviceMesh, and its mesh coordinates."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 from paralab.exercises import Exercise
-from paralab.parallel_dims import ParallelDims, predict_groups
+from paralab.parallel_dims import ParallelDims, mesh_coordinates, predict_groups
 from paralab.patches import Patches, patched
 
 CONFIGS = {
@@ -103,6 +104,73 @@ def predict_groups_cfgp_last(parallel_dims: ParallelDims, rank: int) -> dict[str
         return predict_groups(parallel_dims, rank)
 
 
+def _describe(world: int, config: dict) -> str:
+    return f"ParallelDims({world}, {', '.join(f'{k}={v}' for k, v in config.items())})"
+
+
+def _every_rank(world: int, configs: list[dict]) -> list[tuple]:
+    return [(ParallelDims(world, **config), rank) for config in configs for rank in range(world)]
+
+
+def _coordinate_cases(rank: int, world: int) -> list[tuple]:
+    """Every rank of every layout of 4 and 8 ranks, in this process: arithmetic needs no ranks."""
+    return [
+        case for size, configs in sorted(CONFIGS.items()) for case in _every_rank(size, configs)
+    ]
+
+
+def _coordinate_kinds(world: int) -> list[str]:
+    return [
+        f"{_describe(size, config)}, rank {rank}"
+        for size, configs in sorted(CONFIGS.items())
+        for config in configs
+        for rank in range(size)
+    ]
+
+
+def _hidden_coordinate_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Every rank of a layout of 6 ranks and one of 8 drawn from the seed, then every rank of
+    both overlay layouts (cfgp and cp together, where a wrong overlay order shows)."""
+    draw = random.Random(seed)
+    drawn = [(size, draw.choice(configs[:-1])) for size, configs in sorted(HIDDEN_CONFIGS.items())]
+    overlays = [(size, configs[-1]) for size, configs in sorted(HIDDEN_CONFIGS.items())]
+    return [case for size, config in drawn + overlays for case in _every_rank(size, [config])]
+
+
+def _hidden_coordinate_kinds(world: int) -> list[str]:
+    kinds = [f"a layout of {size} ranks drawn from the seed" for size in sorted(HIDDEN_CONFIGS)]
+    kinds += [f"a layout of {size} ranks with cfgp and cp" for size in sorted(HIDDEN_CONFIGS)]
+    return [
+        f"{kind}, rank {rank}"
+        for kind, size in zip(kinds, sorted(HIDDEN_CONFIGS) * 2)
+        for rank in range(size)
+    ]
+
+
+def _coordinates_as_tensors(coordinates: dict[str, int]) -> dict[str, torch.Tensor]:
+    return {name: torch.tensor(value) for name, value in sorted(coordinates.items())}
+
+
+def coordinates_column_major(parallel_dims: ParallelDims, rank: int) -> dict[str, int]:
+    """Bug: each mesh unravelled column-major, its first dim varying fastest."""
+    coordinates = {}
+    for dims, names in parallel_dims.mesh_layouts().values():
+        for dim, name in enumerate(names):
+            coordinates[name] = rank // math.prod(dims[:dim]) % dims[dim]
+    return coordinates
+
+
+def coordinates_sample_by_cp_only(parallel_dims: ParallelDims, rank: int) -> dict[str, int]:
+    """Bug: the sample group taken as rank // cp, as if cfgp partners worked on other samples."""
+    return {**mesh_coordinates(parallel_dims, rank), "rest": rank // parallel_dims.cp}
+
+
+def coordinates_cfgp_last(parallel_dims: ParallelDims, rank: int) -> dict[str, int]:
+    """`mesh_coordinates` with the clinic's patch set planted: the overlay read as (rest, cp, cfgp)."""
+    with patched(one_decision_swapped()):
+        return mesh_coordinates(parallel_dims, rank)
+
+
 EXERCISES = [
     Exercise(
         name="predict_groups",
@@ -137,6 +205,37 @@ EXERCISES = [
                 predict_groups_cfgp_last,
                 "cfgp: ",
             )
+        ],
+    ),
+    Exercise(
+        name="mesh_coordinates",
+        lab="00_parallel_dims",
+        target="paralab.parallel_dims.mesh_coordinates",
+        prompt=(
+            "Say what `rank` works on: its coordinate on every dim of every mesh of "
+            "`parallel_dims.mesh_layouts()` (`rest`, `cfgp`, `cp`, `dp_replicate`, `dp_shard`, "
+            "`lb_rest`, `lb`), keyed by the dim's name, each mesh row-major. `rest` is the rank's "
+            "sample group, `cfgp` its guidance branch, `cp` its token slice, `dp_replicate` its "
+            "model copy, `dp_shard` its weight shard. The check tries every rank of the layouts "
+            "of 4 and 8 ranks this lab builds."
+        ),
+        hint="return {dim name: rank's index along that dim} for all seven dims of the three "
+        "meshes, unravelling rank row-major (the last dim varies fastest)",
+        cases=_coordinate_cases,
+        kinds=_coordinate_kinds,
+        hidden=_hidden_coordinate_cases,
+        hidden_kinds=_hidden_coordinate_kinds,
+        points=2,
+        minutes=10,
+        normalize=_coordinates_as_tensors,
+        bugs=[
+            ("meshes unravelled column-major", coordinates_column_major, "case 1, cp:"),
+            (
+                "sample group taken as rank // cp: cfgp partners on other samples",
+                coordinates_sample_by_cp_only,
+                "case 6, rest:",
+            ),
+            ("overlay read as (rest, cp, cfgp)", coordinates_cfgp_last, "case 5, cfgp:"),
         ],
     ),
 ]
