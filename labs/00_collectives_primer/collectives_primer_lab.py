@@ -277,6 +277,11 @@ show_collective("send_recv", "send_recv (ring: to rank+1)")
 # again `10·r + c`. Next to it, the **mirror**: the transposed collective called by
 # hand on `g`. The backward cell hands the ranks this kernel's `mirror` with `patches=`,
 # so an edit of the cell below is what they run.
+#
+# **Exercise `mirror`** (graded, `paralab.exercises.lab00_primer`): the cell below is the
+# answer. In the students' copy it is empty; the grader runs it on 2, 3 and 4 ranks with
+# gradients it draws, and one known-wrong version, the all-gather's backward keeping only
+# its own slot of `g`, is the first thing it must catch.
 
 # %%
 # show: paralab.collectives.runs.mirror
@@ -361,7 +366,11 @@ show(
 #
 # For large `n` that is about `S` (or `2S`) per rank **whatever `n` is**: adding ranks
 # does not add traffic per rank, which is why rings are called bandwidth-optimal.
-# Here are the rings written with sends and receives:
+# Here are the rings written with sends and receives; `_exchange` is one hop, a send to
+# the next rank posted together with a receive from the previous one. The reduce-scatter
+# is the exercise `ring_reduce_scatter` (graded on 2, 3 and 4 ranks and on pairs of ranks
+# inside 4): which chunk must a rank send first so that it ends holding chunk `rank`?
+# The cost cell below hands this kernel's three rings to the ranks with `patches=`.
 
 # %%
 # show: paralab.collectives.ring.ring_reduce_scatter paralab.collectives.ring.ring_all_gather paralab.collectives.ring.ring_all_reduce
@@ -383,6 +392,8 @@ show(
 # </details>
 
 # %%
+RINGS = (ring_reduce_scatter, ring_all_gather, ring_all_reduce)  # this kernel's, as shown above
+RING_EDIT = {"paralab.collectives.ring": {ring.__name__: ring for ring in RINGS}}
 NUMEL = 24  # float64 elements in S: divisible by 2, 4 and 8
 S = NUMEL * 8
 rows, ring_ok = [], {name: True for name in runs.RING_STEPS}
@@ -392,7 +403,7 @@ formulas = {
     "all_reduce": costs.all_reduce_bytes,
 }
 for n in (2, 4, 8):
-    per_rank = run(runs.ring_cost_job, n, NUMEL)
+    per_rank = run(runs.ring_cost_job, n, NUMEL, patches=RING_EDIT)
     for name, formula in formulas.items():
         by_hand = [sent(r[name]["records"], phase="ring by hand", op="isend") for r in per_rank]
         booked = [sent(r[name]["records"], phase="torch") for r in per_rank]

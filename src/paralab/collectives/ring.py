@@ -38,7 +38,9 @@ def _exchange(
 
 
 def ring_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Chunk `rank` of the sum of every rank's `x`: n-1 steps, one chunk of S/n sent per step."""
+    """Chunk `rank` of the sum of every rank's `x` (n chunks along dim 0), by hand on a ring:
+    n-1 steps, each sending one chunk of S/n to the next rank of `group` (`None`: the world)."""
+    ### BEGIN SOLUTION
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     chunks = x.chunk(n)
     partial = chunks[(rank - 1) % n].clone()
@@ -46,6 +48,7 @@ def ring_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None = None)
         # What arrives is the partial sum of chunk (rank - step - 1); add our share and pass it on.
         partial = _exchange(partial, group) + chunks[(rank - step - 1) % n]
     return partial
+    ### END SOLUTION
 
 
 def ring_all_gather(shard: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
