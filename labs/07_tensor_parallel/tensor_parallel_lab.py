@@ -516,15 +516,6 @@ print(verdict_table(dtensor_claims, "torch's TP styles on gloo, CPU (relative bo
 # The ledger does not see DTensor's traffic (it goes through functional collectives),
 # so this section checks values only.
 #
-# | | Megatron's SP (section 4) | torch's `ColwiseParallel(input_layouts=Shard(1))` |
-# |---|---|---|
-# | forward | all-gather of the sequence | the same all-gather |
-# | where | inside the linear's Function | in the module's input hook, before the linear |
-# | the linear saves | its shard, `b·s·h/tp` | the gathered input, `b·s·h` |
-# | backward | re-gather, then reduce-scatter | reduce-scatter only |
-#
-# The collective is the same; the memory is not. Section 9 measures it.
-#
 # ## 9. Activation memory per rank: what SP divides
 #
 # Saved-tensor hooks see every tensor autograd keeps for the backward; counting each
