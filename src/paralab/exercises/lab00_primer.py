@@ -161,7 +161,7 @@ EXERCISES = [
             "of this rank's output of `op` (one of `OPS`, called as `apply_collective` calls it on "
             "`n` ranks); return the gradient of this rank's input. A collective only copies and "
             "adds numbers, so its backward is the collective whose matrix is the transpose "
-            "(section 3's table). The check runs all six on 2 and 4 ranks."
+            "(the table above the cell). The check runs all six on 2 and 4 ranks."
         ),
         hint="return the gradient of this rank's input of op, shaped like that input, computed "
         "from every rank's grad_out with the collective that is op's transpose",
