@@ -71,3 +71,25 @@ def test_the_ledger_sees_none_of_dtensors_traffic_and_sp_leaves_norm_grads_parti
         assert records == 0
         want = "(Partial(sum),)" if sequence_parallel else "None"
         assert norms and set(norms.values()) == {want}, norms
+
+
+def test_torch_sp_saves_the_gathered_column_inputs():
+    """Chapter 2 §1 and lab section 9: torch's TP saves what the package's TP saves; under SP,
+    `ColwiseParallel(input_layouts=Shard(1))` keeps the gathered input (b·s·h per column
+    linear) where the package's Megatron-style linear keeps its shard."""
+    from paralab.tp.dtensor import dtensor_memory_job
+    from paralab.tp.memory import block_saved_bytes
+    from paralab.tp.model import CONFIG
+    from paralab.tp.runs import memory_job
+
+    measured = {}
+    for tp in (2, 4):
+        for sp in (False, True):
+            measured[(tp, sp)] = (run(memory_job, tp, sp), run(dtensor_memory_job, tp, sp))
+            megatron, torch_tp = measured[(tp, sp)]
+            assert megatron == [sum(block_saved_bytes(CONFIG, tp, sp).values())] * tp
+            gathered = block_saved_bytes(CONFIG, tp, sp, saves_gathered_input=True)
+            assert torch_tp == [sum(gathered.values())] * tp
+    assert {tp: measured[(tp, True)][1][0] for tp in (2, 4)} == {2: 66048, 4: 42240}
+    assert {tp: measured[(tp, True)][0][0] for tp in (2, 4)} == {2: 56832, 4: 28416}
+    assert all(measured[(tp, False)][0] == measured[(tp, False)][1] for tp in (2, 4))

@@ -27,8 +27,8 @@
 # | **RS** (SP's g) | reduce-scatter of the sequence | all-gather | behind a row linear, with SP |
 #
 # **Traffic, the formulas this lab checks.** `A = b·s·h·8` bytes: one activation of the
-# full sequence in float64. Per rank and training step, one block sends 4 all-reduces of
-# `A` (`2(tp-1)/tp·A` each) under TP, and under TP+SP 4 all-gathers and 4 reduce-scatters
+# full sequence in float64. Per rank and micro-batch (here one per step), one block sends
+# 4 all-reduces of `A` (`2(tp-1)/tp·A` each) under TP, and under TP+SP 4 all-gathers and 4 reduce-scatters
 # (`(tp-1)/tp·A` each), the same bytes, plus 2 all-gathers in the backward: each column
 # linear saves only its sequence shard and gathers it again for its weight gradient. The
 # vocab-parallel loss sends 3 all-reduces of `b·s` numbers; an all-gather of the logits
@@ -48,7 +48,7 @@ from paralab.ledger import format_table
 from paralab.tables import text_table
 from paralab.tp import reference, train
 from paralab.tp.costs import activation_bytes, block_bytes, gathered_logits_bytes, step_bytes
-from paralab.tp.dtensor import dtensor_train
+from paralab.tp.dtensor import dtensor_memory_job, dtensor_train
 from paralab.tp.layout import Split, shard
 from paralab.tp.memory import block_saved_bytes
 from paralab.tp.model import CONFIG
@@ -434,7 +434,7 @@ print(
 # adds the small all-reduce of the replicated parameters' gradients (`grad sync`). The loss's three reductions send `3·2(tp-1)/tp` numbers
 # per position against `(tp-1)·V/tp` for gathering the logits: with a real vocabulary
 # (`V` = 131072, `b·s` = 8·4096 positions, float32, tp = 8) that is 672 KiB against 14 GiB
-# per step.
+# per micro-batch.
 #
 # ## 7. Training: parameters after 2 steps, alone and inside FSDP2
 #
@@ -516,6 +516,15 @@ print(verdict_table(dtensor_claims, "torch's TP styles on gloo, CPU (relative bo
 # The ledger does not see DTensor's traffic (it goes through functional collectives),
 # so this section checks values only.
 #
+# | | Megatron's SP (section 4) | torch's `ColwiseParallel(input_layouts=Shard(1))` |
+# |---|---|---|
+# | forward | all-gather of the sequence | the same all-gather |
+# | where | inside the linear's Function | in the module's input hook, before the linear |
+# | the linear saves | its shard, `b·s·h/tp` | the gathered input, `b·s·h` |
+# | backward | re-gather, then reduce-scatter | reduce-scatter only |
+#
+# The collective is the same; the memory is not. Section 9 measures it.
+#
 # ## 9. Activation memory per rank: what SP divides
 #
 # Saved-tensor hooks see every tensor autograd keeps for the backward; counting each
@@ -576,6 +585,60 @@ show(
         {labels[key]: per_rank[0] for key, per_rank in saved.items()},
     )
 )
+
+# %% [markdown]
+# **torch's SP, measured the same way.** `dtensor_memory_job` cuts the same block with
+# section 8's styles (`paralab.tp.dtensor.block_plan`) and counts what autograd saves.
+# **Predict before you run:** at tp = 4 with SP, which parts change against the package's
+# 28416 B, and by how much?
+#
+# <details><summary>Answer</summary>
+#
+# Only the column inputs: `ColwiseParallel` gathers in its input hook, so q/k/v and MLP-up
+# each save the full `b·s·h` instead of their shard. `2·b·s·h·8·(tp-1)/tp` = 13824 B more:
+# 42240 B, what "What to try" 4 computes for a plain `F.linear` after the all-gather.
+# </details>
+
+# %%
+torch_sp = {tp: run(dtensor_memory_job, tp, True) for tp in TPS}
+rows = [
+    (
+        tp,
+        saved[(tp, True)][0],
+        torch_sp[tp][0],
+        sum(block_saved_bytes(CONFIG, tp, True, saves_gathered_input=True).values()),
+        saved[(1, False)][0] // tp,
+    )
+    for tp in TPS
+]
+print(
+    text_table(
+        ("tp", "Megatron SP (B)", "torch SP (B)", "closed form, gathered (B)", "one process/tp"),
+        rows,
+        align_right=(0, 1, 2, 3, 4),
+    )
+)
+torch_sp_claims = [
+    summary(
+        "torch SP saves the gathered column inputs: measured = closed form, tp 2, 4",
+        compare(
+            torch.tensor([b for tp in TPS for b in torch_sp[tp]]),
+            torch.tensor([row[3] for row in rows for _ in range(row[0])]),
+        ),
+    ),
+    claim(
+        "torch SP saves more than 1/tp of one process; Megatron's SP exactly 1/tp",
+        all(torch_b > megatron_b == one_b for _, megatron_b, torch_b, _, one_b in rows),
+        ", ".join(f"tp={r[0]}: {r[2]} > {r[1]}" for r in rows),
+    ),
+]
+print(verdict_table(torch_sp_claims, "\ntorch's SequenceParallel + ColwiseParallel(Shard(1))"))
+
+# %% [markdown]
+# The norms are divided alike (`SequenceParallel` runs them on `s/tp` tokens); the column
+# inputs are not. torchtitan's `apply_tp` puts the gather on the attention and MLP modules
+# (`PrepareModuleInput`), which keeps the gathered input too. The price of Megatron's
+# saving is the backward's re-gather (section 6); torch's SP sends less and saves more.
 
 # %% [markdown]
 # ## 10. Bug clinic: a block whose forward is right
@@ -643,8 +706,9 @@ print(verdict_table(clinic, "bug clinic: the check sees the change"))
 # so the second norm, all of attention (its output gradient arrives partial), the first
 # norm and `dx` are wrong. In a model every layer below would train on a partial gradient,
 # and the ranks would drift apart (each its own `dx`). The same family as
-# [picotron#23](https://github.com/huggingface/picotron/issues/23), where the weight-loading
-# step (`init_model_with_materialized_weights`) silently replaced the final projection's
+# [picotron#23](https://github.com/huggingface/picotron/issues/23), an open report, not
+# confirmed by the maintainers, that the weight-loading step
+# (`init_model_with_materialized_weights`) silently replaces the final projection's
 # `ColumnParallelLinear` by a plain `nn.Linear`: a layer that runs, but not the layer the
 # parallel plan assumes. A forward check cannot see such a thing; comparing every gradient
 # element by element can.
@@ -665,7 +729,7 @@ print(
             "6 · bytes = formula": [v for f in byte_verdicts.values() for v in f],
             "7 · training, alone and in FSDP2": [v for f in train_verdicts.values() for v in f],
             "8 · DTensor parity": dtensor_claims,
-            "9 · activation memory": memory_claims,
+            "9 · activation memory": memory_claims + torch_sp_claims,
             "10 · bug clinic": clinic,
         }
     )
@@ -684,7 +748,7 @@ for tp in TPS:
     )
 display(
     Markdown(
-        "Bytes sent per rank per training step, from the closed forms section 6 checked against the "
+        "Bytes sent per rank per micro-batch (here one per step), from the closed forms section 6 checked against the "
         "ledger on every rank (float64, b = 2, s = 12, h = 48, V = 48):\n\n" + "\n".join(closing)
     )
 )
@@ -725,16 +789,19 @@ display(
 #    <details><summary>Hint</summary>The "column inputs" part, 4608 B (`2·b·s·h·8/tp`),
 #    becomes `2·b·s·h·8` = 18432 B: 28416 - 4608 + 18432 = 42240 B, no longer `1/tp` of the
 #    one-process 113664 B. It would save the two re-gathers, `2·(tp-1)/tp·A` = 13824 B per
-#    block per step: the backward's all-gathers drop from 4 to 2. At scale the memory is
+#    block per micro-batch: the backward's all-gathers drop from 4 to 2. At scale the memory is
 #    the scarcer of the two, and Megatron hides the re-gather behind the input-gradient
-#    matmul.</details>
+#    matmul. torch's `ColwiseParallel(input_layouts=Shard(1))` makes the other choice:
+#    section 9 measures 42240 B.</details>
 # 5. Why must tp be the innermost axis of a `(dp_shard, tp)` mesh? Count the bytes one block
-#    sends per step at tp = 8 for `b·s·h` = 8·4096·8192 numbers in bf16, and compare them
+#    sends per micro-batch at tp = 8 for `b·s·h` = 8·4096·8192 numbers in bf16, and compare them
 #    with a training step's compute.
 #
-#    <details><summary>Hint</summary>`4·2·7/8·A` with `A` = 512 MiB: 3.5 GiB per block per step,
-#    on the critical path (each all-reduce waits for the matmul before it). At NVLink's
-#    hundreds of GB/s that is milliseconds; across nodes at tens of GB/s it would dominate.</details>
+#    <details><summary>Hint</summary>`4·2·7/8·A` with `A` = 512 MiB: 3.5 GiB per block per
+#    micro-batch (a step of m micro-batches sends m times that; under full activation
+#    recomputation the backward re-runs the forward's 2 all-reduces: 6, 5.25 GiB), on the
+#    critical path (each all-reduce waits for the matmul before it). At NVLink's hundreds of
+#    GB/s that is milliseconds; across nodes at tens of GB/s it would dominate.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT

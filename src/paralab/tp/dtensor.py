@@ -28,8 +28,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 from paralab.tp.layout import Split, owned_range, shard, unshard
+from paralab.tp.mappings import SEQ_DIM
+from paralab.tp.memory import SavedBytes
 from paralab.tp.model import TinyLM, build_model
-from paralab.tp.runs import LR, build_mesh, global_batch, sample_rows
+from paralab.tp.runs import LR, block_inputs, build_mesh, global_batch, sample_rows
 
 QKV = Split(0, parts=3)
 
@@ -50,6 +52,20 @@ def params_in_model_order(params: dict[str, torch.Tensor], tp: int) -> dict[str,
     return out
 
 
+def block_plan(sequence_parallel: bool) -> dict:
+    """torchtitan's styles for one block's modules, the sequence all-gather on each column linear."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan = {
+        "attn.qkv": ColwiseParallel(input_layouts=seq),
+        "attn.proj": RowwiseParallel(output_layouts=seq),
+        "mlp.up": ColwiseParallel(input_layouts=seq),
+        "mlp.down": RowwiseParallel(output_layouts=seq),
+    }
+    if sequence_parallel:
+        plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
+    return plan
+
+
 def tp_plan(model: TinyLM, sequence_parallel: bool) -> dict:
     """torchtitan's plan for this model: which style each module gets."""
     seq = Shard(1) if sequence_parallel else Replicate()
@@ -63,16 +79,8 @@ def tp_plan(model: TinyLM, sequence_parallel: bool) -> dict:
         plan["norm"] = SequenceParallel()
     for i in range(len(model.blocks)):
         plan |= {
-            f"blocks.{i}.attn.qkv": ColwiseParallel(input_layouts=seq),
-            f"blocks.{i}.attn.proj": RowwiseParallel(output_layouts=seq),
-            f"blocks.{i}.mlp.up": ColwiseParallel(input_layouts=seq),
-            f"blocks.{i}.mlp.down": RowwiseParallel(output_layouts=seq),
+            f"blocks.{i}.{name}": style for name, style in block_plan(sequence_parallel).items()
         }
-        if sequence_parallel:
-            plan |= {
-                f"blocks.{i}.norm1": SequenceParallel(),
-                f"blocks.{i}.norm2": SequenceParallel(),
-            }
     return plan
 
 
@@ -119,3 +127,22 @@ def full_parameters(model: TinyLM, tp: int) -> dict[str, torch.Tensor]:
     for name, p in model.named_parameters():
         full[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
     return params_in_model_order(full, tp)
+
+
+def dtensor_memory_job(sequence_parallel: bool = False, seed: int = 0) -> int:
+    """On every rank (tp = world): bytes autograd saves for one block's forward under torch's TP,
+    measured as `runs.memory_job` measures the package's block."""
+    tp = dist.get_world_size()
+    tp_mesh = build_mesh(tp)["tp"]
+    model = build_model(seed)
+    head_aligned_qkv(model, tp)
+    block = parallelize_module(model.blocks[0], tp_mesh, block_plan(sequence_parallel))
+    block.attn.heads //= tp
+    x, _ = block_inputs(seed)
+    if sequence_parallel:
+        start, end = owned_range(x.shape[SEQ_DIM], tp_mesh.get_local_rank(), tp)
+        x = x[:, start:end]
+    saved = SavedBytes(list(block.parameters()))
+    with saved.recording():
+        block(x.clone().requires_grad_())
+    return saved.bytes

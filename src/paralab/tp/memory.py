@@ -21,6 +21,11 @@ hold s/tp tokens, and the inputs of the two column linears, which save only this
 shard and all-gather it again in the backward (`layers.SequenceParallelColumnLinear`, as
 Megatron does; one more all-gather per column linear). Everything else TP already divides,
 so under SP a rank saves exactly 1/tp of one process, Korthikanti et al.'s accounting.
+
+torch's DTensor SP (`dtensor.block_plan`, torchtitan's plan) divides the norms alike but
+not the column inputs: `ColwiseParallel(input_layouts=Shard(1))` all-gathers in its input
+hook, before the linear runs, so autograd keeps the gathered b·s·h for the weight gradient
+(`dtensor.dtensor_memory_job` measures it). It needs no re-gather in the backward.
 """
 
 from __future__ import annotations
@@ -29,20 +34,29 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from paralab.tp.costs import ITEMSIZE
 from paralab.tp.model import LMConfig
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's tensor: a DTensor's local shard (autograd saves DTensors under torch's TP)."""
+    if isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
 
 
 class SavedBytes:
     """Inside `with SavedBytes(params) as saved:`, `saved.bytes` grows by each new storage saved."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
-        self.excluded = {p.untyped_storage().data_ptr() for p in params}
+        self.excluded = {_local(p).untyped_storage().data_ptr() for p in params}
         self.seen: dict[int, int] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
+        storage = _local(t).untyped_storage()
         if storage.data_ptr() not in self.excluded:
             self.seen.setdefault(storage.data_ptr(), storage.nbytes())
         return t
@@ -57,13 +71,20 @@ class SavedBytes:
             yield self
 
 
-def block_saved_bytes(config: LMConfig, tp: int, sequence_parallel: bool) -> dict[str, int]:
-    """The closed form above, per part of one block, in bytes."""
+def block_saved_bytes(
+    config: LMConfig, tp: int, sequence_parallel: bool, *, saves_gathered_input: bool = False
+) -> dict[str, int]:
+    """The closed form above, per part of one block, in bytes.
+
+    `saves_gathered_input`: each column linear keeps its all-gathered input (b·s·h), as
+    torch's `ColwiseParallel(input_layouts=Shard(1))` does, gathering in its input hook
+    outside the linear; Megatron's SP linear keeps its shard (b·s·h/tp) and gathers again."""
     b, s, h, f = config.batch, config.seq, config.hidden, config.ffn
     s_local = s // tp if sequence_parallel else s
+    s_column = s if saves_gathered_input else s_local
     parts = {
         "norms": 2 * (b * s_local * h + 2 * b * s_local),
-        "column inputs": 2 * b * s_local * h,
+        "column inputs": 2 * b * s_column * h,
         "attention": 4 * b * s * h // tp + b * (config.heads // tp) * s,
         "MLP hidden": 2 * b * s * f // tp,
     }
