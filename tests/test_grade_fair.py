@@ -228,20 +228,26 @@ def test_when_every_submission_dies_the_same_way_the_grader_blames_itself(
     assert "GRADER ERROR" in _feedback(tmp_path, "bob")
 
 
-def test_a_cause_is_quoted_only_from_before_the_hidden_cases():
-    def run(early, began):
-        return SandboxRun(b"", "", 1, False, False, 1.0, early, began)
+def test_a_cause_is_quoted_only_when_no_student_code_ran():
+    def run(output):
+        return SandboxRun(b"", output, 1, False, False, 1.0)
 
-    assert "Traceback" in grading._cause(run("Traceback\nImportError: x\n", False))
-    hidden = grading._cause(run("visible output\n", True))
-    assert "visible output" not in hidden and "not shown" in hidden
+    assert "ImportError: x" in grading._cause(run("Traceback\nImportError: x\n"), began=False)
+    after = grading._cause(run("SECRET tensor(1.)\n"), began=True)
+    assert "SECRET" not in after and "not shown" in after
 
 
-def test_output_after_the_marker_never_comes_back(tmp_path):
-    out = tmp_path / "out"
-    out.write_bytes(b"before\n" + grading.HIDDEN_BEGIN + b"\nSECRET tensor(1.)\n")
-    early, began = sandbox._before(out, grading.HIDDEN_BEGIN)
-    assert (early, began) == (b"before\n", True)
+def test_a_student_who_kills_the_process_sees_no_output(tmp_path):
+    """Once the student's code began, the process's output may hold hidden cases: not quoted."""
+    code = (
+        "import os\n\n\ndef merge_partials(out, lse, block_out, block_lse):\n"
+        "    print('SECRET', out.shape)\n    os._exit(3)\n"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grading, "refusal", lambda *args: None)
+        _, rows = _graded(tmp_path, LAB02, "merge_partials", code)
+    reason = rows["merge_partials"]["reason"]
+    assert "exit 3" in reason and "SECRET" not in reason and "not shown" in reason, reason
 
 
 def test_without_notebooks_the_grader_lists_every_labs_exercises(capsys):

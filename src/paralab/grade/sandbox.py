@@ -107,9 +107,6 @@ class SandboxRun:
     timed_out: bool
     overflowed: bool
     seconds: float
-    early_output: str = ""
-    """The tail of what it wrote before `private_from` first appeared (all of it, if never)."""
-    private_began: bool = False
 
 
 def _site_packages() -> list[str]:
@@ -240,12 +237,9 @@ def run_sandboxed(
     job: bytes,
     budget_s: float,
     memory_bytes: int = MEMORY_BYTES,
-    private_from: bytes = b"",
 ) -> SandboxRun:
     """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`,
-    each of its processes within `memory_bytes` of address space. Its output up to the first
-    `private_from` line (written by the module once it holds data the student may not see) comes
-    back as `early_output`, which the grader may quote."""
+    each of its processes within `memory_bytes` of address space."""
     executable = bwrap()
     read_end, write_end = os.pipe()
     with tempfile.TemporaryDirectory(prefix="paralab-sandbox-") as tmp:
@@ -288,21 +282,6 @@ def run_sandboxed(
         with output_path.open("rb") as output:
             output.seek(max(0, output_path.stat().st_size - 4096))
             tail = output.read().decode("utf-8", "replace")
-        early, began = _before(output_path, private_from)
     return SandboxRun(
-        bytes(result),
-        tail,
-        process.returncode,
-        timed_out,
-        flags["overflowed"],
-        seconds,
-        early[-4096:].decode("utf-8", "replace"),
-        began,
+        bytes(result), tail, process.returncode, timed_out, flags["overflowed"], seconds
     )
-
-
-def _before(path: Path, marker: bytes) -> tuple[bytes, bool]:
-    """What the file holds before `marker`'s first line, and whether the marker was there."""
-    data = path.read_bytes()  # at most OUTPUT_BYTES: RLIMIT_FSIZE caps it
-    at = data.find(marker + b"\n") if marker else -1
-    return (data[:at], True) if at >= 0 else (data, False)

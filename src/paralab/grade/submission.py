@@ -80,9 +80,11 @@ UNREADABLE = object()
 MAX_NODES = 100_000
 MAX_DEPTH = 32
 MAX_TEXT = 2000
-HIDDEN_BEGIN = b"paralab-grading: the hidden cases begin"
-"""Written by the sandboxed process before its first hidden case: its output from there on may
-hold their data, so feedback quotes only what came before."""
+STARTED = {"paralab": "the student's code begins"}
+"""The sandboxed process's first result frame, sent before any student code runs. A process that
+died without it died in the grader's own start (interpreter, imports): its output holds no case
+and says why. Once the student's code ran, the output may hold hidden cases' data, and the
+process could have rewritten any part of it, so it is never quoted."""
 CAUSE_LINES = 6
 """How many of its last output lines say why a grading process died."""
 _EXPECTED: dict[tuple, list] = {}
@@ -297,12 +299,12 @@ def _stopped(run: Any, budget_s: float, memory_bytes: int) -> tuple[str, str]:
     return "ERROR", f"the grading process stopped (exit {code}) before this exercise's result"
 
 
-def _cause(run: Any) -> str:
-    """The last lines the grading process wrote before it died: its cause, where they may be shown
-    (never after its hidden cases began, which they may quote)."""
-    lines = [line for line in run.early_output.splitlines() if line.strip()]
-    if run.private_began:
-        return "its output after the hidden cases began is not shown (it may hold their data)"
+def _cause(run: Any, began: bool) -> str:
+    """Why the grading process died, where that may be shown: its last output lines when it died
+    before any student code ran (see `STARTED`)."""
+    if began:
+        return "it died after your code began; its output is not shown (it may hold hidden cases)"
+    lines = [line for line in run.output_tail.splitlines() if line.strip()]
     if not lines:
         return "it wrote nothing"
     return "its last output lines:\n" + "\n".join("  | " + line for line in lines[-CAUSE_LINES:])
@@ -378,18 +380,19 @@ def grade_submission(
                 json.dumps({"jobs": jobs}).encode(),
                 budget_s,
                 memory_bytes,
-                HIDDEN_BEGIN,
             )
         seconds = run.seconds
-        got = frames(run.result)  # one per job, in the order of the jobs
+        got = frames(run.result)
+        began = bool(got) and isinstance(got[0], dict) and got[0] == STARTED
+        got = got[1:] if began else got  # then one per job, in the order of the jobs
         if not got:
-            stopped = "\n".join(_stopped(run, budget_s, memory_bytes)[1:] + (_cause(run),))
+            stopped = f"{_stopped(run, budget_s, memory_bytes)[1]}; {_cause(run, began)}"
         for i, job in enumerate(jobs):
             exercise = EXERCISES[job["exercise"]]
             if i >= len(got):
                 verdict, why = _stopped(run, budget_s, memory_bytes)
                 if stopped and not run.timed_out:
-                    why += f"; {_cause(run)}"
+                    why += f"; {_cause(run, began)}"
                 rows[exercise.name] = _zero(sub, exercise, verdict, why)
                 continue
             try:
@@ -551,10 +554,6 @@ def _defined(cells: CellFunction) -> Callable:
     return load(stmts, EXERCISES[cells.exercise])[cells.function]
 
 
-_HIDDEN_BEGAN: list[bool] = []
-"""Whether this process has said it starts its hidden cases (once per process)."""
-
-
 def _run_job(job: dict) -> dict:
     """One exercise in the sandbox: define the student's function, run it on every planned world."""
     exercise = EXERCISES[job["exercise"]]
@@ -583,9 +582,6 @@ def _run_job(job: dict) -> dict:
     cells = tuple((cell, start, text) for cell, start, text in job["statements"])
     results: list[dict] = []
     for world, hidden in job["plan"]:
-        if hidden and not _HIDDEN_BEGAN:
-            print(HIDDEN_BEGIN.decode(), flush=True)
-            _HIDDEN_BEGAN.append(True)
         if results and _only_stubs(results[0]):  # an untouched stub raises everywhere
             first = results[0]["actual"][0][0][1].splitlines()[0]
             results.append(
@@ -611,12 +607,19 @@ def _run_job(job: dict) -> dict:
     return {"exercise": exercise.name, "worlds": results}
 
 
+def _frame(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return FRAME.pack(len(buffer.getvalue())) + buffer.getvalue()
+
+
 def _worker(result_fd: int) -> None:
     """Read the jobs from stdin; write one length-prefixed result per exercise to the pipe."""
     jobs = json.loads(sys.stdin.read())["jobs"]
     if any(world for job in jobs for world, _ in job["plan"]):
         start_forkserver()  # forked before any student cell runs: its ranks inherit none of it
     with os.fdopen(result_fd, "wb", buffering=0) as pipe:
+        pipe.write(_frame(STARTED))
         for job in jobs:
             buffer = io.BytesIO()
             result = _run_job(job)
