@@ -237,3 +237,67 @@ def test_torch_exports_seven_schedule_classes_and_the_lab_runs_six():
     classes = {name for name in pipelining.__all__ if name.startswith("Schedule")}
     assert len(classes) == 7 and len(TORCH_SCHEDULES) == 6
     assert classes - set(TORCH_SCHEDULES) == set(LEFT_OUT) == {"ScheduleLoopedBFS"}
+
+
+# --------------------------------------------------------------------------- real stages
+def test_idle_time_with_unequal_f_b_w_equals_the_closed_form():
+    """ZB-H1: (p-1)·max(F+B-W, F, B); 1F1B and GPipe: (p-1)(F+B+W); on a grid of p, m, F, B, W."""
+    from paralab.pp.clock import action_times
+    from paralab.pp.costs import idle_time_formula
+
+    values = (0.25, 0.5, 1.0, 1.5, 2.0)
+    for pp, m in [(2, 2), (3, 7), (4, 8), (5, 12)]:
+        for f in (0.5, 1.0, 2.0):
+            for b in values:
+                for w in values:
+                    for name in ("gpipe", "1f1b", "zbh1"):
+                        plan = build_schedule(name, pp, m)
+                        times = action_times(plan.split_backward, f, b, w)
+                        timeline = run_clock(
+                            plan.actions, plan.owner, plan.split_backward, durations=times
+                        )
+                        idle = timeline.makespan - m * (f + b + w)
+                        assert idle == pytest.approx(
+                            idle_time_formula(name, pp, f, b, w), abs=1e-12
+                        ), (name, pp, m, f, b, w)
+
+
+def test_megatron_splits_layers_as_get_num_layers_to_build():
+    from paralab.pp.costs import megatron_layers_per_stage as split
+
+    assert split(32, 4) == [8, 8, 8, 8]
+    assert split(32, 4, last=5) == [9, 9, 9, 5]
+    assert split(32, 4, first=9, last=5) == [9, 9, 9, 5]
+    assert split(30, 4, account_for_embedding=True, account_for_loss=True) == [7, 8, 8, 7]
+    assert split(31, 4, account_for_loss=True) == [8, 8, 8, 7]
+    with pytest.raises(ValueError, match="34"):
+        split(32, 4, account_for_embedding=True, account_for_loss=True)
+    with pytest.raises(ValueError, match="divide"):
+        split(32, 4, last=6)
+    with pytest.raises(ValueError, match="exclude"):
+        split(32, 4, last=5, account_for_loss=True)
+
+
+def test_uneven_stages_numbers_the_lab_states():
+    """Section 11: Llama 3.1 8B's head is 2.41 blocks; 1F1B at pp = 4, m = 8 with it on the
+    last of 8-block stages has bubble 0.358; Megatron's last = 5 cuts the step per block 11%."""
+    from paralab.pp.clock import action_times
+    from paralab.pp.costs import megatron_layers_per_stage
+    from paralab.scale.models import lm_layer_matmul, model
+
+    llama = model("llama3.1-8b")
+    head = llama.vocab * llama.hidden / lm_layer_matmul(llama)
+    assert round(head, 2) == 2.41
+
+    def step(layers):
+        scale = [(n + (head if s == 3 else 0)) / 8 for s, n in enumerate(layers)]
+        plan = build_schedule("1f1b", 4, 8)
+        times = action_times(False, stage_scale=scale)
+        return run_clock(plan.actions, plan.owner, False, durations=times)
+
+    even, moved = (
+        step(megatron_layers_per_stage(32, 4)),
+        step(megatron_layers_per_stage(32, 4, last=5)),
+    )
+    assert round(even.bubble_fraction, 3) == 0.358 and round(moved.bubble_fraction, 3) == 0.282
+    assert round(1 - moved.makespan / even.makespan, 2) == 0.11

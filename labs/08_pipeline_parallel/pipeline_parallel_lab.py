@@ -53,6 +53,7 @@ from paralab.pp.runs import SWEEP, executed_timeline, sweep_configs
 from paralab.pp.schedules import build_schedule
 from paralab.pp.upstream import TORCH_SCHEDULES, torch_jobs, torch_sweep
 from paralab.scale.hardware import STEP_LATENCY, hardware
+from paralab.scale.models import lm_layer_matmul, model
 from paralab.tables import text_table
 from paralab.viz import show
 
@@ -643,6 +644,107 @@ show(
 # goes from 0.086 to 0.105, the others' by less than 0.01. That is why PP is the axis that goes
 # across nodes, and also its condition: stages large enough that a hop is a small fraction of a forward, or a schedule
 # with slack. [Chapter 3](03_why_pp_crosses_nodes.md) draws the consequences for placement.
+
+# %% [markdown]
+# ## 11. Real stages are not equal
+#
+# The clock so far gives every action of a kind the same time. Two things break that in a real
+# model. **F, B and W differ.** The zero-bubble forms assume F = B = W: torch's
+# `ScheduleZBVZeroBubble` docstring says its schedule is zero-bubble "only if time forward ==
+# time backward input == time backward weights". A layer whose weight gradient is cheap
+# (attention's core has no weights) has W < B. `action_times` gives `run_clock` any F, B, W
+# (an unsplit backward takes B + W), and per stage a scale:
+
+# %%
+# show: paralab.pp.clock.action_times
+
+# %%
+# show: paralab.pp.costs.idle_time_formula
+
+# %% [markdown]
+# **Predict before you run.** With W half of B, does ZB-H1 keep its advantage over 1F1B? And
+# with W twice B, does it become zero-bubble?
+
+# %%
+fbw_rows, fbw_verdicts = [], []
+for f, b, w in ((1, 1, 1), (1, 1.5, 0.5), (1, 2, 0.5), (1, 0.5, 1.5), (1, 1, 2)):
+    row = [f"F={f} B={b} W={w}"]
+    for name in ("1f1b", "zbh1"):
+        plan = build_schedule(name, 4, 8)
+        times = action_times(plan.split_backward, f, b, w)
+        timeline = run_clock(plan.actions, plan.owner, plan.split_backward, durations=times)
+        idle = timeline.makespan - 8 * (f + b + w)
+        row += [
+            f"{idle:g} ({idle_time_formula(name, 4, f, b, w):g})",
+            f"{timeline.bubble_fraction:.3f}",
+        ]
+        fbw_verdicts.append(
+            claim(f"{name} {row[0]}", idle == idle_time_formula(name, 4, f, b, w), f"{idle:g}")
+        )
+    fbw_rows.append(row)
+heads = ["pp = 4, m = 8", "1F1B idle (form)", "bubble", "ZB-H1 idle (form)", "bubble"]
+print(text_table(heads, fbw_rows))
+print(verdict_table([summary("idle time per rank = closed form", fbw_verdicts)], "unequal F, B, W"))
+
+# %% [markdown]
+# 1F1B's bubble does not depend on the split: `(p-1)(F+B+W)` idle against `m(F+B+W)` busy.
+# ZB-H1 saves one W per hop, `(p-1)(F+B-W)`: the smaller W is against B, the less it saves
+# (F = 1, B = 2, W = 0.5: 0.211 against 0.111 at F = B = W). A W larger than F or B does not
+# make it zero-bubble: it never goes below `(p-1)·max(F, B)` idle (0.086 at W = 2), because
+# the first input gradient still needs `p-1` forwards to go out and `p-1` B's to come back.
+#
+# **Stages differ.** The first stage holds the embedding (a lookup: memory, little compute);
+# the last holds the LM head and the loss, a `h × V` matmul per token. For Llama 3.1 8B's shape
+# the head is 2.41 blocks of forward matmul (`paralab.scale.models`). At `pp = 4` an even split
+# of its 32 blocks leaves the last stage 30% longer, and every stage waits for it. Megatron's
+# fixes move layers off the heavy stage: `num_layers_in_last_pipeline_stage` (and
+# `..._first_...`), or `account_for_embedding_in_pipeline_split` and
+# `account_for_loss_in_pipeline_split`, which count each as one layer, so the number of layers
+# must be `k·p - 2` (the Zero Bubble README's advice, for the same reason:
+# `sail-sg/zero-bubble-pipeline-parallelism@39f2c18:README.md`). `megatron_layers_per_stage`
+# splits as `get_num_layers_to_build` does
+# (`NVIDIA/Megatron-LM@d98e8a6:megatron/core/transformer/transformer_block.py`):
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.costs.megatron_layers_per_stage
+
+# %%
+llama = model("llama3.1-8b")
+head = llama.vocab * llama.hidden / lm_layer_matmul(llama)  # the head's matmul, in blocks
+layouts = {
+    "even, 32 blocks": megatron_layers_per_stage(32, 4),
+    "num_layers_in_last_pipeline_stage=5": megatron_layers_per_stage(32, 4, last=5),
+    "account_for_embedding/loss, 30 blocks": megatron_layers_per_stage(
+        30, 4, account_for_embedding=True, account_for_loss=True
+    ),
+}
+uneven, uneven_rows = {}, []
+for label, layers in layouts.items():
+    scale = [(n + (head if s == 3 else 0)) / 8 for s, n in enumerate(layers)]  # 8 blocks = 1
+    plan = build_schedule("1f1b", 4, 8)
+    times = action_times(False, stage_scale=scale)
+    uneven[label] = run_clock(plan.actions, plan.owner, False, durations=times)
+    row = [label, " ".join(map(str, layers)), " ".join(f"{x:.3f}" for x in scale)]
+    uneven_rows.append(
+        row
+        + [f"{uneven[label].makespan / sum(layers):.4f}", f"{uneven[label].bubble_fraction:.3f}"]
+    )
+print(f"LM head = {head:.2f} blocks")
+print(
+    text_table(
+        ["1F1B, pp = 4, m = 8", "blocks per stage", "F per stage", "step per block", "bubble"],
+        uneven_rows,
+    )
+)
+show(viz.plot_pipeline_timeline(list(uneven.items())))
+
+# %% [markdown]
+# Even, the last stage's head sets the pace: the bubble grows from 0.273 to 0.358, and the
+# ranks before it idle between its slower backwards. Moving 3 blocks off it (`last = 5`) leaves
+# the first three stages the longest (9 blocks) but shortens the step per block by 11%.
+# Counting the loss as one layer helps less here, because this head weighs 2.41 layers: what
+# the split should count is each piece's time, which is why the Zero Bubble README profiles
+# F, B and W before it schedules.
 
 # %% [markdown]
 # ## Closing note

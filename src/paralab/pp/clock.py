@@ -97,6 +97,20 @@ Durations = Callable[[str, int], float]
 """How long an action takes on the clock, from its kind and (virtual) stage."""
 
 
+def action_times(
+    split_backward: bool,
+    forward: float = 1.0,
+    backward: float = 1.0,
+    weight: float = 1.0,
+    stage_scale: Sequence[float] = (),
+) -> Durations:
+    """Durations for `run_clock` when F, B and W differ, or stages do: F = `forward`,
+    B = `backward` (the input gradient), W = `weight`, an unsplit backward B + W;
+    `stage_scale[s]` multiplies every action of stage s (a stage with more layers)."""
+    units = {"F": forward, "W": weight, "B": backward if split_backward else backward + weight}
+    return lambda kind, stage: units[kind] * (stage_scale[stage] if stage_scale else 1.0)
+
+
 def _deadlock(actions, cursor, done, owner, split) -> Deadlock:
     waiting = {}
     for r, acts in enumerate(actions):
@@ -105,6 +119,11 @@ def _deadlock(actions, cursor, done, owner, split) -> Deadlock:
             missing = [n for n in _needs(action, owner, split) if n not in done]
             waiting[r] = f"{'/'.join(f'{k}{s}.{i}' for k, s, i in missing)} before {action.name}"
     return Deadlock(waiting)
+
+
+def _label(latency: float, durations: Durations | None) -> str:
+    label = Timeline.label if durations is None else "logical clock: the given action times"
+    return label + (f", link latency {latency:g}" if latency else "")
 
 
 def run_clock(
@@ -144,8 +163,7 @@ def run_clock(
                 free[r], cursor[r], progressed = end, cursor[r] + 1, True
         if not progressed:
             raise _deadlock(actions, cursor, done, owner, split_backward)
-    label = Timeline.label + (f", link latency {latency:g}" if latency else "")
-    return Timeline(pp, tuple(events), label, tuple(transfers))
+    return Timeline(pp, tuple(events), _label(latency, durations), tuple(transfers))
 
 
 def simulate(

@@ -16,6 +16,8 @@ link time a schedule cannot hide.
 | exposed, 1F1B | 2d·(m + p - 3 - floor((m-2)/p)): about 2(p-1)d/p on every micro-batch |
 | exposed, interleaved | 2(v·p-1)·d while d <= 1/v (one chunk's forward) |
 | exposed, ZB-H1 | 4(p-1)·d (2(2p-3)·d at m = p) while d <= 1/2 |
+| idle time per rank, GPipe and 1F1B, F, B, W apart | (p-1)(F+B+W) |
+| idle, ZB-H1 | (p-1)·max(F+B-W, F, B): (p-1)(F+B-W) only while W <= F and W <= B |
 
 The bubble forms count time in units of one rank's forward with a backward twice as
 long (B = W = 1 when split); they assume m >= p, below which the warm-up never fills.
@@ -140,3 +142,57 @@ def exposed_link_formula(
         f"v = {virtual}, latency = {d}: interleaved needs m a multiple of p and latency <= 1/v, "
         "ZB-H1 m >= p and latency <= 1/2"
     )
+
+
+def idle_time_formula(
+    schedule: str, pp: int, forward: float = 1.0, backward: float = 1.0, weight: float = 1.0
+) -> float:
+    """Idle time of each rank in a step of m >= p micro-batches, when F, B (input gradient)
+    and W (weight gradient) take different times; a full backward is B + W.
+
+    1F1B waits (p-1) full rounds of F + B + W. ZB-H1 slides each rank's held-back W's into
+    the cool-down, which saves one W per hop, (p-1)(F+B-W), the zero-bubble paper's form,
+    but no more than the chain itself allows: the first input gradient still needs p-1
+    forwards to start and p-1 input backwards to come back, so never below (p-1)·max(F, B)."""
+    p, f, b, w = pp, forward, backward, weight
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) * (f + b + w)
+    if schedule == "zbh1":
+        return (p - 1) * max(f + b - w, f, b)
+    raise ValueError(f"no closed form for the idle time of schedule {schedule!r}")
+
+
+def megatron_layers_per_stage(
+    layers: int,
+    pp: int,
+    first: int | None = None,
+    last: int | None = None,
+    account_for_embedding: bool = False,
+    account_for_loss: bool = False,
+) -> list[int]:
+    """Transformer layers on each of pp stages as Megatron splits them (`get_num_layers_to_build`):
+    `first`/`last` are `num_layers_in_first/last_pipeline_stage`, the rest split evenly; or the
+    embedding and the loss each counted as one layer (`account_for_*_in_pipeline_split`), so
+    the first and last stages build one layer fewer. Raises where Megatron asserts."""
+    if (first is not None or last is not None) and (account_for_embedding or account_for_loss):
+        raise ValueError(
+            "Megatron: uneven first/last stages exclude account_for_*_in_pipeline_split"
+        )
+    if first is not None or last is not None:
+        rest, middle = (
+            layers - (first or 0) - (last or 0),
+            pp - (first is not None) - (last is not None),
+        )
+        if middle and rest % middle:
+            raise ValueError(f"Megatron: {rest} layers left do not divide over {middle} stages")
+        split = [rest // middle if middle else 0] * pp
+        split[0] = split[0] if first is None else first
+        split[-1] = split[-1] if last is None else last
+        return split
+    counted = layers + account_for_embedding + account_for_loss
+    if counted % pp:
+        raise ValueError(f"Megatron: num_layers = {counted} (with embedding/loss) % pp = {pp} != 0")
+    split = [counted // pp] * pp
+    split[0] -= account_for_embedding
+    split[-1] -= account_for_loss
+    return split
