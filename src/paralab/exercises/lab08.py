@@ -1,5 +1,5 @@
-"""Lab 08 exercises: the 1F1B action list, the bubble formula, the micro-batch loss scaling;
-and the bug clinic's change.
+"""Lab 08 exercises: the 1F1B action list, the bubble formula, 1F1B's exposed link latency,
+the micro-batch loss scaling; and the bug clinic's change.
 
 The lab's bug clinic and tests/test_pp_dist.py import the clinic's change from here, so it
 is written once; `p2p_clinic_change()` hands it over as a patch set under a name that does
@@ -154,6 +154,27 @@ def loss_summed(output: torch.Tensor, target: torch.Tensor, microbatches: int) -
     return F.mse_loss(output, target, reduction="sum") / microbatches
 
 
+# --------------------------------------------------------------------------- the link under 1F1B
+def _latency_cases(rank: int, world: int) -> list[tuple]:
+    return [(4, 8, 0.25), (2, 4, 0.5), (3, 5, 1.0), (4, 32, 0.25)]
+
+
+def _hidden_latency_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    draw = random.Random(seed)
+    pp = draw.randint(3, 8)
+    return [(5, 7, 0.125), (pp, draw.randint(pp, 6 * pp), draw.choice([0.05, 0.25, 0.5, 2.0]))]
+
+
+def latency_paid_once(pp: int, microbatches: int, latency: float) -> float:
+    """Bug: every hop paid once, filling and draining, as under GPipe: 2(p-1)d."""
+    return 2 * (pp - 1) * latency
+
+
+def latency_at_the_steady_rate(pp: int, microbatches: int, latency: float) -> float:
+    """Bug: only the steady state's 2(p-1)d/p per micro-batch, no warm-up or cool-down."""
+    return 2 * (pp - 1) * latency * microbatches / pp
+
+
 EXERCISES = [
     Exercise(
         name="one_f_one_b_order",
@@ -198,6 +219,29 @@ EXERCISES = [
         bugs=[
             ("over the useful time only", bubble_over_useful_time, "case 0"),
             ("one formula for every schedule", bubble_without_chunks, "case 2"),
+        ],
+    ),
+    Exercise(
+        name="one_f_one_b_exposed_latency",
+        lab=LAB,
+        target="paralab.pp.costs.one_f_one_b_exposed_latency",
+        prompt=(
+            "Return how much a per-message latency d (in units of one rank's forward; F = 1, B = 2) "
+            "lengthens a 1F1B step of pp ranks and m micro-batches on the lab's clock: the makespan "
+            "with the link minus the makespan without. simulate('1f1b', pp, m, latency=d) measures it."
+        ),
+        hint="rank 0 holds at most p micro-batches, so each round trip of 2(p-1) hops is paid again "
+        "every p micro-batches; measure simulate('1f1b', p, m, latency=1).makespan minus the free "
+        "link's for m = p, p + 1, ... and find where the steps fall",
+        cases=_latency_cases,
+        hidden=_hidden_latency_cases,
+        points=1,
+        minutes=15,
+        atol=1e-12,
+        normalize=_as_number,
+        bugs=[
+            ("paid once, as under GPipe", latency_paid_once, "case 0"),
+            ("the steady rate only", latency_at_the_steady_rate, "case 0"),
         ],
     ),
     Exercise(
