@@ -17,10 +17,13 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
 from paralab.compose.bridge import from_overlay, to_overlay
 from paralab.compose.grid import AXES, pipeline_neighbours, rank_coordinates
+from paralab.launch import run
 from paralab.parallel_dims import ParallelDims, predict_groups
 
 MAX_WORLD = 64
@@ -327,3 +330,25 @@ def test_what_to_try_hints_hold():
     table = per_group(grid, llama, 8, itemsize=2)
     assert grid.dp_shard == 1 and "dp_replicate" not in table
     assert table["tp"] > 9 * max(v for k, v in table.items() if k != "tp")
+
+
+
+def _unflatten_efsdp(*candidates: tuple[int, ...]) -> list[str]:
+    """On every rank: torchtitan@238fa99's sparse mesh unflattened out of the world mesh."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("world",))
+    out = []
+    for sizes in candidates:
+        try:
+            mesh._unflatten(0, sizes, ("pp", "dp_replicate", "efsdp", "ep", "etp"))
+            out.append("accepted")
+        except ValueError as exc:
+            out.append(str(exc))
+    return out
+
+
+def test_unflatten_refuses_sizes_that_miss_the_world():
+    """Chapter 1 §1: dp_shard 3, ep 2 on 6 ranks gives efsdp = 3 // 2 = 1, and the sparse mesh
+    (1, 1, 1, 2, 1) is refused inside torch's `DeviceMesh._unflatten`; (1, 1, 3, 2, 1) is not."""
+    refused, accepted = run(_unflatten_efsdp, 6, (1, 1, 3 // 2, 2, 1), (1, 1, 3, 2, 1))[0]
+    assert "product of mesh_sizes" in refused, refused
+    assert accepted == "accepted"

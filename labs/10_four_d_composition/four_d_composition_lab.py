@@ -24,9 +24,9 @@
 # | axis | what its partners hold | what travels | how often |
 # |---|---|---|---|
 # | tp | different columns of every weight | all-reduces of every activation | 4 per block per micro-batch, on the critical path |
-# | cp | the same weights, other tokens | K/V blocks round the ring | per attention, overlapped with compute |
+# | cp | the same weights, other tokens | the other ranks' K/V: all-gathered by torch's and torchtitan's default (`context_parallel_rotate_method = "allgather"`), passed round lab 02's ring here | per attention |
 # | pp | different layers | one activation per boundary | per micro-batch, point to point |
-# | dp (dp_shard × dp_replicate) | the same weights (sharded), other samples | gradients and parameters | once per step |
+# | dp (dp_shard × dp_replicate) | the same weights (sharded), other samples | gradients; FSDP's parameter all-gathers | gradients once per step; FSDP gathers per micro-batch unless the parameters stay gathered (torchtitan's choice under PP) |
 
 # %%
 import time
@@ -145,9 +145,10 @@ print(text_table(["layout", "inner -> outer", "tp", "cp", "pp", "dp_replicate"],
 # (`pp, dp_replicate, dp_shard, cp, tp`, outer first), the doc group dp. Each has its reason.
 # torchtitan's pipeline crosses the slowest links: its P2P is small and infrequent, and with
 # pp outermost each pipeline stage is a contiguous block of nodes that can hold the whole
-# data-parallel job of one stage. The doc group puts DP outermost because its traffic comes
-# once per step and overlaps with the backward, so it tolerates the slowest link best; PP
-# then sits between CP and DP. Both keep TP innermost, on NVLink.
+# data-parallel job of one stage. The doc group puts DP outermost because its gradient
+# traffic comes once per step and overlaps with the backward, so it tolerates the slowest link
+# best (FSDP's parameter all-gathers come per micro-batch, unless the parameters stay gathered
+# across micro-batches: torchtitan's default under PP); PP then sits between CP and DP. Both keep TP innermost, on NVLink.
 #
 # **Validation names the axis.** Every rule below is torchtitan's (re-expressed and tested
 # on every factorisation of every world up to 64 ranks in `tests/test_compose_grid.py`: the
@@ -479,9 +480,9 @@ print(
 # replica all-reduce never runs.
 #
 # This is torchtitan's issue pytorch/torchtitan#711: with `data_parallel_replicate_degree =
-# 2` and `data_parallel_shard_degree = 8` on two nodes, a change in `parallelize_llama` built
-# the FSDP mesh from the flattened `dp` mesh, "one communicator formed with all 16 ranks",
-# visible only in the profiles. The fix is the decision `fsdp_groups` makes: shard over
+# 2` and `data_parallel_shard_degree = 8` on two nodes, after a change in
+# `parallelize_llama.py` its reporter found "only one communicator formed with all 16 ranks",
+# the parameters sharded across all 16, a difference "very apparent in pytorch profiles". The fix is the decision `fsdp_groups` makes: shard over
 # `dp_shard_cp`, replicate over `dp_replicate`, as torchtitan's `parallelize` does again.
 # </details>
 
