@@ -7,6 +7,7 @@ checker that is slow to import), or every launch pays for them.
 
 import multiprocessing.util
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -22,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paralab.launch import LaunchError, LaunchTimeout, run
+from paralab.launch import LaunchError, LaunchTimeout, run, start_forkserver
 
 MESSAGE_BYTES_AT_MOST = 30_000
 
@@ -66,6 +67,7 @@ def private_tmp(monkeypatch, tmp_path_factory) -> Path:
     lives in it, and a socket path may not exceed 107 bytes.
     """
     multiprocessing.util.get_temp_dir()  # this process's own, made once, removed at its exit
+    start_forkserver()  # and its forkserver's socket dir, likewise
     tmp_path_factory.getbasetemp()  # pytest's, made once, before the temp dir moves
     root = Path(tempfile.mkdtemp(prefix="launch-test-"))
     monkeypatch.setattr(tempfile, "tempdir", str(root))
@@ -86,6 +88,18 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _ended_within(pid: int, seconds: float) -> bool:
+    """Whether process `pid` (not a child of this one) ends within `seconds`: a pidfd wait."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _script(tmp_path: Path, source: str) -> Path:
@@ -261,12 +275,19 @@ def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
             print([r["all_reduce"].tolist() for r in edited])
         """)
         ),
+        nbformat.v4.new_code_cell(
+            "import multiprocessing.forkserver\n"
+            "print(multiprocessing.forkserver._forkserver._forkserver_pid)"
+        ),
     ]
     NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     assert nb.cells[0].outputs[0]["text"].strip() == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
     assert nb.cells[1].outputs[0]["text"].strip() == "[[14.0], [14.0]]"
+    # The kernel may have been stopped by SIGTERM (Jupyter's after 2.5 s) before its exit
+    # handlers ran: then its forkserver removes its socket dir as it ends. Wait for that end.
+    assert _ended_within(int(nb.cells[2].outputs[0]["text"]), 30.0)
 
 
 def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path, private_tmp):

@@ -31,6 +31,11 @@ Why it looks the way it does:
   falls back to the fresh interpreter where the fork would carry state the
   ranks must not see: CUDA initialized (it does not survive a fork), or a
   `patched` block active in the caller.
+- The forkserver's socket lives in a dir of its own (`paralab-forkserver-*`), not in
+  multiprocessing's `pymp-*`, which only a clean interpreter exit removes: Jupyter gives a
+  kernel 2.5 s to exit, then SIGTERMs its process group, and a loaded machine's kernel
+  died before its exit handlers ran. The dir goes when the caller exits cleanly, or when
+  the forkserver stops: the caller gone (the forkserver's pipe from it closes) or SIGTERM.
 - Ranks never import the parent's `__main__` again (multiprocessing's habit):
   `fn` travels by value, so they do not need it, and a script's imports are
   paid per rank (1.4 s for one `import nbformat`, whose jsonschema compiles a
@@ -69,7 +74,6 @@ import faulthandler
 import gc
 import importlib
 import multiprocessing as mp
-import multiprocessing.connection as mp_connection
 import multiprocessing.forkserver as mp_forkserver
 import multiprocessing.resource_tracker as mp_resource_tracker
 import multiprocessing.spawn as mp_spawn
@@ -196,18 +200,22 @@ def _fork_forkserver() -> None:
         return
     with server._lock:
         mp_resource_tracker.ensure_running()
+        socket_dir = tempfile.mkdtemp(prefix="paralab-forkserver-")
+        # Removed by whichever ends first: this process at a clean exit, or the forkserver
+        # when it stops (this process gone, or SIGTERM to the process group, as Jupyter
+        # sends a kernel that is slow to exit).
+        mp_util.Finalize(None, _remove_dir, args=(socket_dir,), exitpriority=-100)
         with socket.socket(socket.AF_UNIX) as listener:
-            address = mp_connection.arbitrary_address("AF_UNIX")
+            address = os.path.join(socket_dir, "socket")
             listener.bind(address)
-            if not mp_util.is_abstract_socket_namespace(address):
-                os.chmod(address, 0o600)
+            os.chmod(address, 0o600)
             listener.listen()
             alive_r, alive_w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the forkserver: it never returns from here
                 try:
                     os.close(alive_w)
-                    _serve_forks(listener.fileno(), alive_r)
+                    _serve_forks(listener.fileno(), alive_r, socket_dir)
                 finally:
                     os._exit(0)
             os.close(alive_r)
@@ -216,10 +224,14 @@ def _fork_forkserver() -> None:
         server._forkserver_pid = pid
 
 
-def _serve_forks(listener_fd: int, alive_r: int) -> None:
+def _remove_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _serve_forks(listener_fd: int, alive_r: int, socket_dir: str) -> None:
     """In the forked forkserver: one intra-op thread before any op, what a fresh interpreter
     would have, the preload, gc's permanent generation, then multiprocessing's own loop until
-    the caller exits."""
+    the caller exits or SIGTERM arrives; last, its socket's dir goes."""
     torch.set_num_threads(1)
     mp_forkserver._forkserver._lock = threading.Lock()  # the caller held it while forking
     for number in signal.valid_signals():
@@ -237,7 +249,25 @@ def _serve_forks(listener_fd: int, alive_r: int) -> None:
         importlib.import_module(name)
     gc.collect()
     gc.freeze()
-    mp_forkserver.main(listener_fd, alive_r, [])
+    signal.signal(signal.SIGTERM, _stop_serving_on_sigterm(os.getpid()))
+    try:
+        mp_forkserver.main(listener_fd, alive_r, [])
+    finally:
+        _remove_dir(socket_dir)
+
+
+def _stop_serving_on_sigterm(forkserver_pid: int) -> Callable:
+    """SIGTERM ends the forkserver's loop, so its socket's dir goes with it (the default
+    action would leave the dir). A rank forked before `_worker` resets the default dies of it
+    as usual: the handler re-raises it there."""
+
+    def handler(signum: int, frame: object) -> None:
+        if os.getpid() == forkserver_pid:
+            raise SystemExit(128 + signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    return handler
 
 
 def loopback_interface() -> str:
@@ -294,6 +324,7 @@ def _worker(
     a notebook would arrive in random order, so the parent shows it only when
     the rank fails.
     """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the forkserver's handler is not a rank's
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
