@@ -93,3 +93,29 @@ def test_torch_sp_saves_the_gathered_column_inputs():
     assert {tp: measured[(tp, True)][1][0] for tp in (2, 4)} == {2: 66048, 4: 42240}
     assert {tp: measured[(tp, True)][0][0] for tp in (2, 4)} == {2: 56832, 4: 28416}
     assert all(measured[(tp, False)][0] == measured[(tp, False)][1] for tp in (2, 4))
+
+
+def _rows_and_warnings():
+    """fsdp_rows' shard, and what torch's DTensor logs while the model trains and is gathered."""
+    import logging
+
+    from paralab.tp.dtensor import dtensor_train, fsdp_rows
+
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("torch.distributed.tensor").addHandler(handler)
+    dtensor_train(2, 2, sequence_parallel=True)
+    return fsdp_rows(2, 2), logged
+
+
+def test_fsdp_over_tp_shards_are_strided_and_gathered_without_a_warning():
+    """Lab section 8: FSDP2 cuts each rank's TP rows, so rank (d, t) of a (dp 2, tp 2) mesh
+    holds rows t·48 + d·24 onwards of the 96-row MLP-up weight; `gather_dp_then_tp` gathers
+    one axis at a time, and torch logs nothing (`full_tensor()` warns of 2 sequential
+    all-gathers)."""
+    per_rank = run(_rows_and_warnings, 4, timeout=120)
+    for rank, (rows, logged) in enumerate(per_rank):
+        d, t = divmod(rank, 2)
+        assert rows == list(range(t * 48 + d * 24, t * 48 + d * 24 + 24)), (rank, rows)
+        assert logged == [], logged

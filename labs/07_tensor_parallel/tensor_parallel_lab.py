@@ -48,7 +48,7 @@ from paralab.ledger import format_table
 from paralab.tables import text_table
 from paralab.tp import reference, train
 from paralab.tp.costs import activation_bytes, block_bytes, gathered_logits_bytes, step_bytes
-from paralab.tp.dtensor import dtensor_memory_job, dtensor_train
+from paralab.tp.dtensor import dtensor_memory_job, dtensor_train, fsdp_rows
 from paralab.tp.layout import Split, shard
 from paralab.tp.memory import block_saved_bytes
 from paralab.tp.model import CONFIG
@@ -490,7 +490,7 @@ print(verdict_table(train_claims, "training (relative bound 1e-12; every rank bi
 # show: paralab.tp.dtensor.dtensor_train
 
 # %% jupyter={"source_hidden": true}
-# show: paralab.tp.dtensor.head_aligned_qkv paralab.tp.dtensor.params_in_model_order paralab.tp.dtensor.full_parameters
+# show: paralab.tp.dtensor.head_aligned_qkv paralab.tp.dtensor.params_in_model_order paralab.tp.dtensor.dtensor_model paralab.tp.dtensor.full_parameters
 
 # %%
 dtensor_runs = {
@@ -525,6 +525,46 @@ print(verdict_table(dtensor_claims, "torch's TP styles on gloo, CPU (relative bo
 #
 # The collective is the same; the memory is not. Section 9 measures it.
 #
+# **FSDP2 over TP: strided shards.** `fully_shard` cuts the tensor each rank already
+# holds, so with dp = 2 over tp = 2 it halves *this rank's TP rows*. On the
+# `(dp_shard, tp)` mesh, whose flattened order puts rank `(d, t)` at place `d·tp + t`, a
+# dp shard does not sit at its rank's place: DTensor names that placement
+# `_StridedShard(dim=0, sf=tp)`. **Predict before you run:** of the MLP-up weight's 96
+# rows, which does rank `(d, t)` hold? `fsdp_rows` writes each row's number into it and reads
+# the shard back.
+#
+# <details><summary>Answer</summary>
+#
+# Rows `t·96/tp + d·96/(tp·dp)` onwards, 24 of them: rank (0, 1) holds 48-71, not 24-47.
+# </details>
+
+# %%
+tp, dp, n = 2, 2, CONFIG.ffn
+held = run(fsdp_rows, tp * dp, tp, dp)
+ranks = {rank: divmod(rank, tp) for rank in range(tp * dp)}  # (d, t): tp innermost
+first_row = {rank: t * n // tp + d * n // (tp * dp) for rank, (d, t) in ranks.items()}
+rows = [(rank, ranks[rank], f"{r[0]}-{r[-1]}", first_row[rank]) for rank, r in enumerate(held)]
+print(text_table(("rank", "(d, t)", "rows held", "t·n/tp + d·n/(tp·dp)"), rows))
+strided = claim(
+    "FSDP2 over TP: rank (d, t) holds rows t·n/tp + d·n/(tp·dp) onwards, n/(tp·dp) of them",
+    all(r == list(range(first_row[k], first_row[k] + n // (tp * dp))) for k, r in enumerate(held)),
+    f"dp {dp} x tp {tp}, n = {n} rows",
+)
+dtensor_claims.append(strided)
+print(verdict_table([strided], "\nwhere FSDP's shards lie"))
+
+# %% [markdown]
+# To gather such a weight, no single all-gather over the 4 ranks returns the rows in
+# order: `full_tensor()` runs 2 sequential all-gathers, one per mesh axis, and torch logs
+# a warning that says so. The bytes are those of one all-gather over the 4 ranks,
+# `(dp-1)/(dp·tp)·P + (tp-1)/tp·P = (dp·tp-1)/(dp·tp)·P` for a weight of `P` bytes; the cost
+# is a second collective's latency, on the path. The package says the two steps aloud,
+# FSDP's unshard over dp and then TP's over tp, and torch has nothing to warn about:
+
+# %%
+# show: paralab.tp.dtensor.gather_dp_then_tp
+
+# %% [markdown]
 # ## 9. Activation memory per rank: what SP divides
 #
 # Saved-tensor hooks see every tensor autograd keeps for the backward; counting each

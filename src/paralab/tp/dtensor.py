@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -84,25 +85,33 @@ def tp_plan(model: TinyLM, sequence_parallel: bool) -> dict:
     return plan
 
 
-def dtensor_train(
-    tp: int, dp_shard: int = 1, *, sequence_parallel: bool = False, steps: int = 2, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """`runs.train` with torch's TP (and FSDP2 over dp when dp_shard > 1): the full parameters."""
-    mesh = build_mesh(tp, dp_shard)
-    tp_mesh = mesh["tp"]
-    model = build_model(seed)
+def dtensor_model(
+    mesh: DeviceMesh, sequence_parallel: bool, seed: int = 0, model: TinyLM | None = None
+) -> TinyLM:
+    """The model under torch's TP on the mesh's tp axis, inside FSDP2 over dp_shard when > 1."""
+    tp_mesh, tp = mesh["tp"], mesh["tp"].size()
+    model = model or build_model(seed)
     head_aligned_qkv(model, tp)
     parallelize_module(model, tp_mesh, tp_plan(model, sequence_parallel))
     for block in model.blocks:
         block.attn.heads //= tp
     if sequence_parallel:
         model.pos_offset = owned_range(model.sizes.seq, tp_mesh.get_local_rank(), tp)[0]
-    if dp_shard > 1:
+    if mesh["dp_shard"].size() > 1:
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
             fully_shard(block, mesh=mesh["dp_shard"])
         fully_shard(model, mesh=mesh["dp_shard"])
+    return model
+
+
+def dtensor_train(
+    tp: int, dp_shard: int = 1, *, sequence_parallel: bool = False, steps: int = 2, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """`runs.train` with torch's TP (and FSDP2 over dp when dp_shard > 1): the full parameters."""
+    mesh = build_mesh(tp, dp_shard)
+    model = dtensor_model(mesh, sequence_parallel, seed)
     ids, targets = global_batch(dp_shard, seed)
     rows = sample_rows(mesh.get_local_rank("dp_shard"))
     ids, targets = ids[rows], targets[rows]
@@ -115,7 +124,8 @@ def dtensor_train(
         if sequence_parallel:
             grad = model.pos.grad
             dist.all_reduce(
-                grad.to_local() if hasattr(grad, "to_local") else grad, group=tp_mesh.get_group()
+                grad.to_local() if hasattr(grad, "to_local") else grad,
+                group=mesh["tp"].get_group(),
             )
         optimizer.step()
     return full_parameters(model, tp)
@@ -125,8 +135,31 @@ def full_parameters(model: TinyLM, tp: int) -> dict[str, torch.Tensor]:
     """Every parameter gathered in full, q/k/v back in the model's own order."""
     full = {}
     for name, p in model.named_parameters():
-        full[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        full[name] = (gather_dp_then_tp(p) if isinstance(p, DTensor) else p).detach().clone()
     return params_in_model_order(full, tp)
+
+
+def gather_dp_then_tp(p: DTensor) -> torch.Tensor:
+    """A parameter in full, one mesh axis at a time: FSDP's all-gather over dp, then TP's.
+
+    FSDP2 cuts the TP shard this rank holds, so on the (dp_shard, tp) mesh a TP weight is
+    `(_StridedShard(dim=0, sf=tp), Shard(dim=0))`: a dp shard's rows lie inside one tp
+    shard, not at rank (d, t)'s place in the flattened mesh. One all-gather over both
+    axes cannot restore that order; `full_tensor()` runs 2 sequential all-gathers and
+    logs a warning. The same two, named: undo FSDP (its unshard), then undo TP."""
+    if p.device_mesh.ndim > 1:
+        p = p.redistribute(p.device_mesh, [Replicate(), *p.placements[1:]])
+    return p.full_tensor()
+
+
+def fsdp_rows(tp: int, dp_shard: int, seed: int = 0) -> list[int]:
+    """On every rank of a (dp_shard, tp) mesh: which rows of the full MLP-up weight this
+    rank's FSDP shard holds, read from a weight whose row i holds the number i."""
+    model = build_model(seed)
+    up = model.blocks[0].mlp.up.weight
+    up.data.copy_(torch.arange(up.shape[0], dtype=up.dtype)[:, None].expand_as(up))
+    model = dtensor_model(build_mesh(tp, dp_shard), False, seed, model)
+    return model.blocks[0].mlp.up.weight.to_local()[:, 0].long().tolist()
 
 
 def dtensor_memory_job(sequence_parallel: bool = False, seed: int = 0) -> int:
