@@ -56,6 +56,12 @@ SOURCES = {
     "SXM 989 TFLOP/s bf16 dense (1,979 with sparsity), fp8 1,979 dense, HBM3 80 GB at "
     "3.35 TB/s, NVLink 900 GB/s; NVL 835 TFLOP/s bf16 dense, fp8 1,671, 94 GB at 3.9 TB/s, "
     "NVLink bridge 600 GB/s between a pair, PCIe Gen5 128 GB/s, max board power 350-400 W",
+    "h100-96gb": "the H100 torchtitan's benchmark ran on "
+    "(pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md, Hardware): "
+    "'96GB HBM2e with 2.4 TB/sec peak memory bandwidth', 'the default 500W power limit', "
+    "NVLink within a host of 8, 400 Gb/s RDMA per GPU; its peak is 'between SXM and NVL, and we "
+    "don't know its exact value': the SXM figures are kept and the fitted efficiencies (of these "
+    "very rows) absorb the difference",
     "h200": "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200/): 141 GB HBM3e at "
     "4.8 TB/s; SXM 989 TFLOP/s bf16 dense, NVLink 900 GB/s; NVL 835 TFLOP/s, NVLink bridge "
     "900 GB/s (2- or 4-way), PCIe Gen5 128 GB/s, max board power up to 600 W",
@@ -137,6 +143,17 @@ HARDWARE: dict[str, Hardware] = {
             IB_400,
             efficiency_from="h100-sxm",
             source="h100; ib-400",
+        ),
+        Hardware(
+            "h100-96gb-500w",
+            989 * TB,
+            1979 * TB,
+            2.4 * TB,
+            96 * GB,
+            _line(450 * GB),
+            IB_400,
+            efficiency_from="h100-sxm",
+            source="h100-96gb; h100; ib-400",
         ),
         Hardware(
             "h100-nvl",

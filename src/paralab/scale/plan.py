@@ -1,17 +1,20 @@
 """The layout planner: every valid layout of a model on a cluster, its memory per GPU against HBM
 and its predicted time, ranked; the ones that do not fit are marked OOM.
 
-Training enumerates torchtitan's consuming descriptor (dp_shard, cp, tp, pp: their product is
-the world); inference enumerates `paralab.ParallelDims` (dp_shard shards the weights, cp,
-cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser, shown as
-its exchange seconds and the busiest rank's encode load). Memory per GPU is itemized:
-parameters, gradients, optimizer state, activations under the AC mode, logits, FSDP buffers.
-`python -m paralab.plan --help`.
+Training enumerates torchtitan's descriptor (dp_replicate x dp_shard, cp and its kind, tp with
+or without SP and async TP, pp with its schedule, virtual stages and micro-batches; their
+product is exactly the GPUs asked for) under each AC mode, counts memory first
+(`paralab.scale.memory`) and times only what fits; the fastest step ranks first. Inference
+plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the weights,
+cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser, shown
+as its exchange seconds and the busiest rank's encode load). `python -m paralab.plan --help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import math
 from dataclasses import dataclass, field, replace
 
@@ -19,26 +22,15 @@ import torch
 
 from paralab.parallel_dims import ParallelDims
 from paralab.scale.fit import FITTED
-from paralab.scale.hardware import Hardware, hardware
-from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Prediction, Workload, fsdp_shard, link_for, predict
+from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
+from paralab.scale.memory import train_memory
+from paralab.scale.models import MODELS, ModelShape, model
+from paralab.scale.predict import Layout, Prediction, Workload, link_for, predict
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
 from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalance
 
-TRAIN_STATE_BYTES = {"parameters": 4, "gradients": 4, "optimizer": 8}
-"""Per parameter, each sharded over dp_shard x cp x tp x pp (torchtitan's FSDP2 mixed precision,
-FSDP on the flattened dp_shard x cp group: `predict.fsdp_shard`): the fp32 master weight, the
-fp32 gradient, AdamW's two fp32 moments."""
 RAW_VIDEO = (93, 704, 1280)
 """(frames, height, width) of the raw video each inference group encodes by default: 720p."""
-SAVED_BYTES_PER_TOKEN = {"none": 34, "selective": 16, "full": 2}
-"""Activation bytes a block keeps per token, in units of the hidden size. none: 34 h, the
-count of Korthikanti et al. (2022, "Reducing Activation Recomputation", eq. 1) without its
-attention-score term, which flash attention never stores. full: the block's bf16 input (2 h).
-selective (torchtitan's op policy, which keeps attention and every other matmul output):
-about half of the 34 h, our estimate."""
-LOGIT_BYTES = 6
-"""Per token and vocabulary entry: bf16 logits and their fp32 copy for the loss."""
 INFERENCE_WORKING_BYTES = 24
 """Per token of one block in inference, in units of hidden: input, q, k, v, output (2 bytes each)
 and the 4 h MLP activation, held while the block runs."""
@@ -47,13 +39,16 @@ and the 4 h MLP activation, held while the block runs."""
 @dataclass
 class Row:
     layout: Layout
-    prediction: Prediction
+    prediction: Prediction | None
+    """None for a layout that does not fit: the planner does not time it."""
     memory: dict[str, float]
     hbm: float
     score: float
     score_name: str
     extras: dict[str, float] = field(default_factory=dict)
-    """Numbers outside the time and the memory, shown as columns: the VAE encode's load."""
+    """Numbers outside the time and the memory, shown as columns: MFU, the VAE encode's load."""
+    ac: str = ""
+    """Training: the activation checkpointing mode."""
 
     @property
     def total_memory(self) -> float:
@@ -64,6 +59,19 @@ class Row:
         return self.total_memory > self.hbm
 
 
+AC_MODES = ("none", "selective", "full")
+TRAIN_SCHEDULES = ("1f1b", "interleaved", "zbh1", "gpipe")
+CP_KINDS = ("zigzag", "ring", "ulysses")
+INTERLEAVED_VIRTUAL = (2, 4)
+"""Virtual stages a rank holds under the interleaved schedule."""
+
+
+@functools.cache
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 def powers_of_two(limit: int) -> list[int]:
     out, n = [], 1
     while n <= limit:
@@ -72,65 +80,186 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def train_memory(m: ModelShape, layout: Layout, w: Workload) -> dict[str, float]:
-    """Bytes one GPU holds at its peak: sharded states, FSDP's gathered blocks, activations, logits."""
-    lo = layout
-    shard = fsdp_shard(lo) * lo.tp * lo.pp
-    tokens = w.micro_batch * w.seq // lo.cp
-    layers = -(-m.layers // lo.pp)
-    in_flight = min(lo.pp, lo.microbatches or w.micro_batch) if lo.pp > 1 else 1
-    per_mb = tokens // max(1, lo.microbatches or 1) if lo.pp > 1 else tokens
-    saved = SAVED_BYTES_PER_TOKEN[w.ac] * m.hidden * per_mb * layers * in_flight / lo.tp
-    if w.ac == "full":
-        saved += SAVED_BYTES_PER_TOKEN["none"] * m.hidden * per_mb / lo.tp
-    states = {name: size * m.params / shard for name, size in TRAIN_STATE_BYTES.items()}
-    return {
-        **states,
-        "activations": saved,
-        "logits": LOGIT_BYTES * per_mb * m.vocab / lo.tp,
-        "FSDP buffers": (3 * m.block_params() * 2 / lo.tp) if fsdp_shard(lo) > 1 else 0.0,
-    }
+def layers_split(m: ModelShape, stages: int) -> bool:
+    """A model's layers cut evenly into `stages`, or evenly once the embedding and the output
+    head count as a layer each (how Llama 3 balanced 126 layers over 16 stages)."""
+    return stages <= m.layers and (m.layers % stages == 0 or (m.layers + 2) % stages == 0)
+
+
+def flops_per_token(m: ModelShape, seq: int) -> float:
+    """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
+    outside the embedding, plus 12 x layers x heads x head_dim x seq for attention."""
+    return 6 * (m.params - m.vocab * m.hidden) + 12 * m.layers * m.attention_width * seq
+
+
+def mfu(m: ModelShape, hw: Hardware, seq: int, tokens_per_s_per_gpu: float) -> float:
+    """Model FLOPs utilization against the bf16 dense peak."""
+    return tokens_per_s_per_gpu * flops_per_token(m, seq) / hw.peak_bf16
+
+
+def pipeline_options(m: ModelShape, pp: int, local: int) -> list[tuple[str, int, int]]:
+    """(schedule, virtual, micro-batches) for `pp` stages and `local` sequences per dp rank:
+    the fewest micro-batches that fill the pipe (>= pp) and one sequence each."""
+    if pp == 1:
+        return [("1f1b", 1, 1)]
+    filling = [d for d in divisors(local) if d >= pp]
+    counts = sorted({filling[0], local}) if filling else []
+    out = []
+    for mb in counts:
+        for schedule in TRAIN_SCHEDULES:
+            for v in INTERLEAVED_VIRTUAL if schedule == "interleaved" else (1,):
+                if layers_split(m, pp * v) and (schedule != "interleaved" or mb % pp == 0):
+                    out.append((schedule, v, mb))
+    return out
+
+
+@dataclass(frozen=True)
+class TrainQuestion:
+    """What the planner is asked: a model on `gpus` GPUs, sequences of `seq` tokens,
+    `global_batch` sequences a step, under one AC mode or (None) every one."""
+
+    model: ModelShape
+    hardware: Hardware
+    gpus: int
+    seq: int
+    global_batch: int
+    ac: str | None = None
+    dtype: str = "bf16"
+
+
+def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> Row:
+    """One layout's memory and (if `timed`) its predicted step."""
+    dp = layout.dp_shard * layout.dp_replicate
+    local = q.global_batch // dp
+    w = Workload("train", seq=q.seq, micro_batch=local, dtype=q.dtype, ac=ac)
+    memory = train_memory(q.model, layout, w, local)
+    p = (
+        predict(q.model, q.hardware, layout, w, FITTED[q.hardware.efficiency_from])
+        if timed
+        else None
+    )
+    seconds = p.seconds if p else math.inf
+    extras = (
+        {
+            "tokens/s/GPU": p.tokens_per_s_per_gpu,
+            "MFU": mfu(q.model, q.hardware, q.seq, p.tokens_per_s_per_gpu),
+        }
+        if p
+        else {}
+    )
+    return Row(layout, p, memory, q.hardware.hbm_bytes, seconds, "s a step", extras, ac)
+
+
+def train_layouts(q: TrainQuestion):
+    """Every layout whose degrees multiply to exactly `q.gpus` and divide what they
+    cut: heads and kv heads by tp (and by tp x cp for Ulysses), the sequence by 2 cp, the layers
+    by pp x virtual, the global batch by dp and each dp rank's batch by its micro-batches."""
+    m, hw = q.model, q.hardware
+    for tp in divisors(min(q.gpus, hw.gpus_per_node)):
+        if q.gpus % tp or m.heads % tp or m.kv_heads % tp:
+            continue
+        for cp in divisors(q.gpus // tp):
+            if q.seq % (2 * cp):
+                continue
+            for pp in divisors(q.gpus // (tp * cp)):
+                if not layers_split(m, pp):
+                    continue
+                dp = q.gpus // (tp * cp * pp)
+                if q.global_batch % dp:
+                    continue
+                local = q.global_batch // dp
+                for kind in CP_KINDS if cp > 1 else ("zigzag",):
+                    if kind == "ulysses" and (m.heads % (tp * cp) or m.kv_heads % (tp * cp)):
+                        continue
+                    for schedule, v, mb in pipeline_options(m, pp, local):
+                        for sp, async_tp in ((False, False), (True, False), (True, True)):
+                            if tp == 1 and (sp or async_tp):
+                                continue
+                            base = Layout(
+                                dp_shard=dp,
+                                cp=cp,
+                                cp_kind=kind,
+                                tp=tp,
+                                pp=pp,
+                                schedule=schedule,
+                                virtual=v,
+                                microbatches=mb if pp > 1 else 0,
+                                sp=sp,
+                                async_tp=async_tp,
+                            )
+                            yield base
+
+
+def least_recompute_that_fits(q: TrainQuestion, layout: Layout) -> str | None:
+    """The AC mode that recomputes least and still fits (none, then selective, then full:
+    each saves memory by spending FLOPs, nothing else changes), or None."""
+    for ac in (q.ac,) if q.ac else AC_MODES:
+        if not train_row(q, layout, ac, timed=False).oom:
+            return ac
+    return None
+
+
+def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
+    """dp as plain FSDP (every dp rank one shard group) unless a smaller shard group, replicated
+    (HSDP), still fits: then the smallest such group, whose all-gathers cross fewer nodes."""
+    dp = layout.dp_shard * layout.dp_replicate
+    for shard in divisors(dp)[:-1]:
+        hsdp = replace(layout, dp_shard=shard, dp_replicate=dp // shard)
+        if not train_row(q, hsdp, ac, timed=False).oom:
+            return hsdp
+    return layout
 
 
 def plan_train(
-    m: ModelShape, hw: Hardware, gpus: int, seq: int, global_batch: int, ac: str, dtype: str
+    m: ModelShape,
+    hw: Hardware,
+    gpus: int,
+    seq: int,
+    global_batch: int,
+    ac: str | None = None,
+    dtype: str = "bf16",
 ) -> list[Row]:
-    rows = []
-    eff = FITTED[hw.efficiency_from]
-    for tp in powers_of_two(min(gpus, hw.gpus_per_node)):
-        if m.heads % tp or m.kv_heads % tp:
+    """Every layout of exactly `gpus` GPUs, the ones that fit in HBM timed and ranked by step
+    time (the same job on the same GPUs: fastest step = most tokens/s/GPU), then the ones that
+    do not, by memory. Memory is counted first and only the fitting layouts are timed."""
+    q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype)
+    fitting, oom = [], []
+    for layout in train_layouts(q):
+        mode = least_recompute_that_fits(q, layout)
+        if mode is None:
+            oom.append(train_row(q, layout, q.ac or "full", timed=False))
             continue
-        for cp in powers_of_two(gpus // tp):
-            if seq % (2 * cp):
-                continue
-            for pp in powers_of_two(gpus // (tp * cp)):
-                if pp > m.layers:
-                    continue
-                dp = gpus // (tp * cp * pp)
-                if global_batch % dp:
-                    continue
-                local = global_batch // dp
-                layout = Layout(
-                    dp_shard=dp,
-                    cp=cp,
-                    cp_kind="zigzag",
-                    tp=tp,
-                    pp=pp,
-                    microbatches=local if pp > 1 else 0,
-                )
-                w = Workload("train", seq=seq, micro_batch=local, dtype=dtype, ac=ac)
-                p = predict(m, hw, layout, w, eff)
-                rows.append(
-                    Row(
-                        layout,
-                        p,
-                        train_memory(m, layout, w),
-                        hw.hbm_bytes,
-                        p.tokens_per_s_per_gpu,
-                        "tokens/s/GPU",
-                    )
-                )
-    return rank(rows, higher_is_better=True)
+        fitting.append(train_row(q, layout, mode))
+        if layout.dp_shard > 1:
+            hsdp = hsdp_choice(q, layout, mode)
+            if hsdp != layout:
+                fitting.append(train_row(q, hsdp, mode))
+    fitting.sort(key=lambda r: r.score)
+    oom.sort(key=lambda r: r.total_memory)
+    return fitting + oom
+
+
+def what_would_fit(q: TrainQuestion) -> str:
+    """When no layout fits: the fewest GPUs (doubling, up to 64x) and the longest sequence
+    (halving) at which one does, memory alone."""
+
+    def fits(question: TrainQuestion) -> bool:
+        return any(least_recompute_that_fits(question, lo) for lo in train_layouts(question))
+
+    hints = []
+    for factor in (2, 4, 8, 16, 32, 64):
+        more = replace(q, gpus=q.gpus * factor, global_batch=q.global_batch * factor)
+        if fits(more):
+            hints.append(f"{more.gpus} GPUs (global batch {more.global_batch})")
+            break
+    seq = q.seq // 2
+    while seq >= 512 and not fits(replace(q, seq=seq)):
+        seq //= 2
+    if seq >= 512:
+        hints.append(f"sequences of {seq} tokens")
+    if q.ac and q.ac != "full":
+        hints.append("full AC (--ac full)" if fits(replace(q, ac="full")) else "")
+    return "; ".join(h for h in hints if h) or "nothing within 64x the GPUs"
 
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
@@ -250,15 +379,24 @@ def rank(rows: list[Row], higher_is_better: bool) -> list[Row]:
     return sorted(rows, key=lambda r: (r.oom, sign * r.score))
 
 
-def describe(layout: Layout) -> str:
+def describe(layout: Layout, ac: str = "") -> str:
+    """A layout in one line: its degrees above 1, then the training knobs that were chosen."""
     parts = [
         f"{k} {getattr(layout, k)}"
-        for k in ("dp_shard", "cp", "cfgp", "lb", "tp", "pp")
-        if getattr(layout, k) > 1
+        for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp")
+        if getattr(layout, k) > 1 and (ac or k != "dp_replicate")
     ]
     if layout.cp > 1:
         parts[[p.startswith("cp") for p in parts].index(True)] += f" ({layout.cp_kind})"
-    return " x ".join(parts) or "1 GPU"
+    knobs = []
+    if ac and layout.tp > 1:
+        knobs.append("SP" if layout.sp else "no SP")
+        knobs += ["async TP"] if layout.async_tp else []
+    if layout.pp > 1:
+        v = f" v{layout.virtual}" if layout.virtual > 1 else ""
+        knobs.append(f"{layout.schedule}{v} m{layout.microbatches}")
+    knobs += [f"AC {ac}"] if ac else []
+    return (" x ".join(parts) or "1 GPU") + (f" [{', '.join(knobs)}]" if knobs else "")
 
 
 def why(rows: list[Row]) -> str:
@@ -267,32 +405,34 @@ def why(rows: list[Row]) -> str:
     work differently (another cp, cfgp, tp or pp: dp_shard alone only moves memory)."""
     fitting = [r for r in rows if not r.oom]
     if not fitting:
-        return "No layout fits in HBM: more GPUs, more sharding or full AC."
+        least = min(rows, key=lambda r: r.total_memory) if rows else None
+        need = f" (the least, {describe(least.layout, least.ac)}, needs " if least else " ("
+        gib = f"{least.total_memory / GiB:.1f} GiB of {least.hbm / GiB:.1f})" if least else ")"
+        return f"No layout fits in HBM{need}{gib}."
     best = fitting[0]
+    training = bool(best.ac)
 
     def axes(r: Row) -> tuple[int, ...]:
         return (r.layout.cp, r.layout.cfgp, r.layout.tp, r.layout.pp)
-
-    higher = best.score_name == "tokens/s/GPU"
 
     def tied(r: Row) -> bool:
         return math.isclose(r.score, best.score, rel_tol=1e-9)
 
     ties = [r for r in fitting[1:] if tied(r)]
-    pure_dp = [r for r in fitting if higher and axes(r) == (1, 1, 1, 1) and not tied(r)]
+    pure_dp = [r for r in fitting if training and axes(r) == (1, 1, 1, 1) and not tied(r)]
     others = (
         pure_dp
         or [r for r in fitting if axes(r) != axes(best) and not tied(r)]
         or [r for r in fitting[1:] if not tied(r)]
     )
     tie_note = (
-        f"; {', '.join(describe(r.layout) for r in ties[:3])}"
+        f"; {', '.join(describe(r.layout, r.ac) for r in ties[:3])}"
         f"{f' and {len(ties) - 3} more' if len(ties) > 3 else ''} tie with it"
         if ties
         else ""
     )
     if not others:
-        return f"{describe(best.layout)} is the only layout that fits in HBM{tie_note}."
+        return f"{describe(best.layout, best.ac)} is the only layout that fits in HBM{tie_note}."
     other = others[0]
     keys = set(best.prediction.breakdown) | set(other.prediction.breakdown)
     gap = {
@@ -300,52 +440,203 @@ def why(rows: list[Row]) -> str:
         for k in keys
     }
     key = max(gap, key=gap.get)
-    oom_faster = [r for r in rows if r.oom and (r.score > best.score) == higher]
+    oom_faster = [r for r in rows if r.oom and r.prediction and r.score < best.score]
     tail = (
         (
-            f"; {describe(oom_faster[0].layout)} would be faster but needs "
-            f"{oom_faster[0].total_memory / 1e9:.0f} GB"
+            f"; {describe(oom_faster[0].layout, oom_faster[0].ac)} would be faster but needs "
+            f"{oom_faster[0].total_memory / GiB:.0f} GiB"
         )
         if oom_faster
         else ""
     )
     return (
-        f"{describe(best.layout)} wins: against {'plain FSDP' if pure_dp else 'the runner-up'} "
-        f"({describe(other.layout)}) it "
+        f"{describe(best.layout, best.ac)} wins: against "
+        f"{'pure dp' if pure_dp else 'the runner-up'} ({describe(other.layout, other.ac)}) it "
         f"spends {gap[key]:.3g} s less on {key}{tail}{tie_note}."
     )
 
 
+def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> list[str]:
+    p = r.prediction
+    cells = [f"{r.score:.4g}" if p else "-", f"{p.seconds:.3g}" if p else "-"]
+    cells += [f"{p.breakdown.get(k, 0.0):.3g}" if p else "-" for k in keys]
+    cells += [f"{r.extras[k]:.4g}" if k in r.extras else "-" for k in extras]
+    cells += [f"{r.memory.get(k, 0.0) / GiB:.1f}" for k in memory]
+    return cells + [f"{r.total_memory / GiB:.1f}", "OOM" if r.oom else "yes"]
+
+
 def table(rows: list[Row], limit: int = 12) -> str:
-    """Seconds by where they go, then each memory entry in GB and the total against HBM."""
-    keys = sorted({k for r in rows for k in r.prediction.breakdown})
-    memory = list(rows[0].memory)
-    extras = list(rows[0].extras)
-    hbm = f"GB/GPU of {rows[0].hbm / 1e9:.0f}"
+    """Seconds by where they go, then each memory entry in GiB (allocated) and the total against
+    HBM. Rows that differ only in lb and print the same numbers but the lb exchange are printed
+    once: their lb degrees joined, the exchange as its range."""
+    shown = rows[:limit]
+    keys = sorted({k for r in shown if r.prediction for k in r.prediction.breakdown})
+    memory = list(dict.fromkeys(k for r in shown for k in r.memory))
+    extras = list(dict.fromkeys(k for r in shown for k in r.extras))
+    hbm = f"GiB/GPU of {rows[0].hbm / GiB:.1f}"
     head = ["layout", rows[0].score_name, "seconds", *keys, *extras, *memory, hbm, "fits"]
+    exchange = head.index(LB_EXCHANGE) - 1 if LB_EXCHANGE in head else None
+    merged: dict[tuple, list] = {}
+    for r in shown:
+        cells = _cells(r, keys, extras, memory)
+        key = (
+            describe(replace(r.layout, lb=1), r.ac),
+            *cells[:exchange],
+            *cells[exchange or 0 :][1:],
+        )
+        merged.setdefault(key if exchange else (describe(r.layout, r.ac), *cells), []).append(r)
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    for r in rows[:limit]:
-        cells = [describe(r.layout), f"{r.score:.4g}", f"{r.prediction.seconds:.3g}"]
-        cells += [f"{r.prediction.breakdown.get(k, 0.0):.3g}" for k in keys]
-        cells += [f"{r.extras[k]:.4g}" for k in extras]
-        cells += [f"{r.memory[k] / 1e9:.1f}" for k in memory]
-        cells += [f"{r.total_memory / 1e9:.1f}", "OOM" if r.oom else "yes"]
-        lines.append(" | ".join(cells))
+    for group in merged.values():
+        first, cells = group[0], _cells(group[0], keys, extras, memory)
+        name = describe(first.layout, first.ac)
+        if len(group) > 1:
+            lbs = "|".join(str(r.layout.lb) for r in group)
+            name = describe(replace(first.layout, lb=1), first.ac) + f" (lb {lbs})"
+            spent = [r.prediction.breakdown.get(LB_EXCHANGE, 0.0) for r in group]
+            cells[exchange] = f"{min(spent):.3g}-{max(spent):.3g}"
+        lines.append(" | ".join([name, *cells]))
+    return "\n".join(lines)
+
+
+def row_json(r: Row) -> dict:
+    """One row as plain data: the layout's degrees and knobs, memory (GiB) item by item, time."""
+    lo, p = r.layout, r.prediction
+    layout = {k: getattr(lo, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
+    layout |= {
+        "ep": 1,
+        "cfgp": lo.cfgp,
+        "lb": lo.lb,
+        "cp_kind": lo.cp_kind if lo.cp > 1 else None,
+        "schedule": lo.schedule if lo.pp > 1 else None,
+        "virtual": lo.virtual,
+        "microbatches": lo.microbatches,
+        "async_tp": lo.async_tp,
+        "sp": lo.sp,
+        "ac": r.ac or None,
+    }
+    return {
+        "layout": layout,
+        "memory_gib": r.total_memory / GiB,
+        "memory_items": {k: v / GiB for k, v in r.memory.items()},
+        "memory_kind": "allocated",
+        "fits": not r.oom,
+        "step_seconds": p.seconds if p else None,
+        "breakdown": dict(p.breakdown) if p else {},
+        "tokens_per_s_per_gpu": (p.tokens_per_s_per_gpu or None) if p else None,
+        "mfu": r.extras.get("MFU"),
+        **{k: v for k, v in r.extras.items() if k not in ("MFU", "tokens/s/GPU")},
+    }
+
+
+LAYOUT_KEYS = {
+    "dp_replicate": int,
+    "dp_shard": int,
+    "cp": int,
+    "tp": int,
+    "pp": int,
+    "ep": int,
+    "virtual": int,
+    "microbatches": int,
+    "schedule": str,
+    "cp_kind": str,
+    "sp": bool,
+    "async_tp": bool,
+    "ac": str,
+}
+
+
+def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
+    """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout and an AC mode; dp_shard, if not given,
+    takes the GPUs the other degrees leave. Raises ValueError naming the bad field."""
+    fields: dict = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in LAYOUT_KEYS:
+            raise ValueError(f"unknown layout field {key!r}; fields: {', '.join(LAYOUT_KEYS)}")
+        kind = LAYOUT_KEYS[key]
+        value = value.strip()
+        if kind is bool:
+            fields[key] = value.lower() in ("1", "true", "on", "yes")
+        elif kind is int:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"layout field {key}={value!r} must be a positive integer")
+            fields[key] = int(value)
+        else:
+            fields[key] = value
+    if fields.pop("ep", 1) != 1:
+        raise ValueError("ep must be 1: no preset model has experts")
+    ac = fields.pop("ac", "selective")
+    if ac not in AC_MODES:
+        raise ValueError(f"ac={ac!r}; AC modes: {', '.join(AC_MODES)}")
+    if fields.get("schedule", "1f1b") not in TRAIN_SCHEDULES:
+        raise ValueError(
+            f"schedule={fields['schedule']!r}; schedules: {', '.join(TRAIN_SCHEDULES)}"
+        )
+    if fields.get("cp_kind", "zigzag") not in CP_KINDS:
+        raise ValueError(f"cp_kind={fields['cp_kind']!r}; kinds: {', '.join(CP_KINDS)}")
+    fields.setdefault("cp_kind", "zigzag")
+    others = math.prod(fields.get(k, 1) for k in ("dp_replicate", "cp", "tp", "pp"))
+    if "dp_shard" not in fields and gpus % others == 0:
+        fields["dp_shard"] = gpus // others
+    layout = Layout(**fields)
+    if layout.world != gpus:
+        raise ValueError(f"the layout's degrees multiply to {layout.world}, not --gpus {gpus}")
+    if layout.pp > 1 and not layout.microbatches:
+        layout = replace(layout, microbatches=layout.pp * layout.virtual)
+    return layout, ac
+
+
+def check_layout(q: TrainQuestion, layout: Layout) -> str:
+    """Why `layout` cannot run `q` (divisibility), or ''."""
+    m, dp = q.model, layout.dp_shard * layout.dp_replicate
+    if m.heads % layout.tp or m.kv_heads % layout.tp:
+        return f"tp={layout.tp} must divide {m.heads} heads and {m.kv_heads} kv heads"
+    if q.seq % (2 * layout.cp):
+        return f"--seq {q.seq} is not divisible by 2 x cp = {2 * layout.cp}"
+    if not layers_split(m, layout.pp * layout.virtual):
+        return f"pp x virtual = {layout.pp * layout.virtual} does not split {m.layers} layers"
+    if q.global_batch % dp:
+        return f"--global-batch {q.global_batch} is not divisible by dp = {dp}"
+    if layout.pp > 1 and (q.global_batch // dp) % layout.microbatches:
+        return f"{q.global_batch // dp} sequences per dp rank do not split into {layout.microbatches} micro-batches"
+    return ""
+
+
+def breakdown(r: Row) -> str:
+    """One layout in full: every time item and every memory item."""
+    p = r.prediction
+    lines = [describe(r.layout, r.ac), "", "| time | seconds |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.4g} |" for k, v in p.breakdown.items()]
+    lines += [f"| step | {p.seconds:.4g} |", f"| tokens/s/GPU | {p.tokens_per_s_per_gpu:.4g} |"]
+    lines += [
+        f"| MFU | {r.extras['MFU']:.1%} |",
+        "",
+        "| memory (allocated) | GiB |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {v / GiB:.2f} |" for k, v in r.memory.items()]
+    verdict = "fits" if not r.oom else "OOM"
+    lines.append(f"| total | {r.total_memory / GiB:.2f} of {r.hbm / GiB:.1f}: {verdict} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paralab.plan", description=__doc__)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--hardware", required=True)
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
     parser.add_argument("--gpus", type=int, required=True)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--train", action="store_true")
     mode.add_argument("--inference", action="store_true")
     parser.add_argument("--seq", type=int, default=8192, help="training sequence length")
     parser.add_argument("--global-batch", type=int, default=0, help="sequences (default 2 a GPU)")
-    parser.add_argument("--ac", default="selective", choices=["none", "selective", "full"])
+    parser.add_argument("--ac", choices=AC_MODES, help="one AC mode (default: search all three)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    parser.add_argument(
+        "--layout", default="", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
+    )
+    parser.add_argument("--json", default="", help="write every row as a JSON list (- = stdout)")
     parser.add_argument("--tokens", type=int, default=0, help="inference: tokens of one video")
     parser.add_argument("--steps", type=int, default=35, help="inference: denoising steps")
     parser.add_argument(
@@ -356,14 +647,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
     m, hw = model(args.model), hardware(args.hardware)
+    for name in ("gpus", "seq", "top", "steps"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} {getattr(args, name)} must be a positive integer")
+    for name in ("global_batch", "tokens"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 0")
+    if args.dtype == "fp8" and hw.peak_fp8 <= 0:
+        parser.error(f"--dtype fp8: {hw.name} has no fp8 tensor cores; use bf16")
+    if args.train and m.kind != "lm":
+        lms = ", ".join(k for k, v in MODELS.items() if v.kind == "lm")
+        parser.error(f"--train plans language models ({lms}); {m.name} is a {m.kind} model")
+    if args.inference and m.kind != "dit":
+        dits = ", ".join(k for k, v in MODELS.items() if v.kind == "dit")
+        parser.error(f"--inference plans the diffusion models ({dits}); {m.name} is not one")
+    if args.layout and not args.train:
+        parser.error("--layout evaluates a training layout; add --train")
     if args.train:
-        rows = plan_train(
-            m, hw, args.gpus, args.seq, args.global_batch or 2 * args.gpus, args.ac, args.dtype
-        )
+        gb = args.global_batch or 2 * args.gpus
+        q = TrainQuestion(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype)
+        if args.layout:
+            try:
+                layout, ac = parse_layout(args.layout, args.gpus)
+            except (ValueError, TypeError) as e:
+                parser.error(f"--layout {args.layout!r}: {e}")
+            problem = check_layout(q, layout)
+            if problem:
+                parser.error(f"--layout {args.layout!r}: {problem}")
+            rows = [train_row(q, layout, args.ac or ac)]
+        else:
+            rows = plan_train(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype)
+            if not rows:
+                parser.error(
+                    f"no layout of exactly {args.gpus} GPUs divides {m.name}'s heads, "
+                    f"layers, --seq {args.seq} and --global-batch {gb}"
+                )
     else:
         tokens = args.tokens or m.video_tokens(1280, 704, 93)
-        videos = [tuple(int(x) for x in v.split("x")) for v in args.videos.split(",") if v]
+        try:
+            videos = [tuple(int(x) for x in v.split("x")) for v in args.videos.split(",") if v]
+        except ValueError:
+            parser.error(f"--videos {args.videos!r}: expected FxHxW,... (e.g. 93x704x1280)")
+        if any(len(v) != 3 or min(v) <= 0 for v in videos):
+            parser.error(f"--videos {args.videos!r}: each video is FxHxW, positive integers")
         rows = plan_inference(m, hw, args.gpus, tokens, args.steps, videos or None)
+    if args.json:
+        text = json.dumps([row_json(r) for r in rows], indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    if args.layout:
+        print(breakdown(rows[0]))
+        return 0
     print(table(rows, args.top))
     print(why(rows))
+    if args.train and all(r.oom for r in rows):
+        print(f"What would fit: {what_would_fit(q)}.")
     return 0

@@ -23,7 +23,7 @@ from paralab.cfgp.costs import cfgp_bytes
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_gqa_bytes, usp_bytes
 from paralab.fsdp.costs import traffic_formula
 from paralab.pp.clock import simulate
-from paralab.pp.costs import boundary_bytes
+from paralab.pp.costs import boundary_bytes, bubble_formula
 from paralab.scale.hardware import BASE_LATENCY, NET_OVERHEAD, STEP_LATENCY, Hardware
 from paralab.scale.models import ModelShape
 from paralab.tp.costs import block_bytes
@@ -80,6 +80,10 @@ class Layout:
     microbatches: int = 0
     virtual: int = 1
     async_tp: bool = False
+    sp: bool = False
+    """Sequence parallel beside tp: the block's all-reduces become all-gathers and
+    reduce-scatters (`paralab.tp.costs.block_bytes`), and activations outside the TP regions
+    are cut over tp too (`paralab.scale.plan.train_memory`)."""
     cp_rotate: str = "allgather"
     """Training only: torchtitan's `context_parallel_rotate_method`. "allgather" (its default,
     pytorch/torchtitan@6b03ffa:torchtitan/config_manager.py) gathers every K/V shard once, behind
@@ -306,21 +310,40 @@ def predict_train(
         out["exposed: cp"] = layers * b * _train_cp(m, hw, lo, w, links["cp"], eff)
     if lo.tp > 1 and not lo.async_tp:
         act = b * (seq // lo.cp) * m.hidden * ACT_BYTES
-        per_block = block_bytes(act, lo.tp, sequence_parallel=False)
-        calls = sum(c for c, _ in per_block.values())
-        sent = sum(n for _, n in per_block.values())
-        passes = 1 + (re_gemm == 1.0) * 0.5  # full AC repeats the forward's two all-reduces
-        out["exposed: tp"] = layers * passes * links["tp"].time(sent, 2 * (lo.tp - 1), calls)
+        per_block = block_bytes(act, lo.tp, sequence_parallel=lo.sp)
+        passes = 1 + (re_gemm == 1.0) * 0.5  # full AC repeats the forward's collectives
+        out["exposed: tp"] = (
+            layers
+            * passes
+            * sum(
+                links["tp"].time(sent, (2 if op == "all_reduce" else 1) * (lo.tp - 1), calls)
+                for (_, op), (calls, sent) in per_block.items()
+            )
+        )
     busy = sum(out.values())
     if lo.pp > 1:
         mb = lo.microbatches or max(lo.pp, b)
-        bubble = simulate(lo.schedule, lo.pp, mb, lo.virtual).bubble_fraction
+        bubble = pp_bubble(lo.schedule, lo.pp, mb, lo.virtual)
         out["pp bubble"] = busy * bubble / (1 - bubble)
         boundary = boundary_bytes(b // mb or 1, seq // lo.cp, m.hidden // lo.tp, ACT_BYTES)
         out["exposed: pp sends"] = 2 * (lo.pp - 1) * links["pp"].time(boundary, 1)
     seconds = sum(out.values())
     tokens = b * seq * lo.dp_shard * lo.dp_replicate
     return Prediction(seconds, out, tokens_per_s_per_gpu=tokens / (seconds * lo.world))
+
+
+SIMULATED_ACTIONS = 128
+"""Up to this many (stage, micro-batch) pairs the bubble is `paralab.pp.simulate`'s; beyond,
+the closed form `paralab.pp.costs.bubble_formula` (equal to the simulator on every schedule
+lab 08 tests), because the simulator takes seconds at pp 64 and the planner asks thousands."""
+
+
+@functools.cache
+def pp_bubble(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:
+    """The idle fraction of a pipeline schedule's time."""
+    if pp * microbatches * virtual <= SIMULATED_ACTIONS:
+        return simulate(schedule, pp, microbatches, virtual).bubble_fraction
+    return bubble_formula(schedule, pp, microbatches, virtual)
 
 
 def _q_and_kv_shards(m: ModelShape, tp: int, seq: int, cp: int) -> tuple[int, int]:

@@ -166,8 +166,9 @@ def plot_prediction_scatter(
 
 
 def plot_plan(rows: list, top: int = 8) -> Figure:
-    """The planner's best layouts: stacked seconds by where they go, OOM ones hatched."""
-    rows = rows[:top]
+    """The planner's best layouts: stacked seconds by where they go (the timed ones: the
+    planner does not time a layout that does not fit)."""
+    rows = [r for r in rows if r.prediction][:top]
     keys = sorted({k for r in rows for k in r.prediction.breakdown})
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
     left = np.zeros(len(rows))
@@ -175,7 +176,7 @@ def plot_plan(rows: list, top: int = 8) -> Figure:
         widths = np.array([r.prediction.breakdown.get(key, 0.0) for r in rows])
         ax.barh(range(len(rows)), widths, left=left, color=PALETTE[i % len(PALETTE)], label=key)
         left += widths
-    labels = [describe(r.layout) + (" (OOM)" if r.oom else "") for r in rows]
+    labels = [describe(r.layout, r.ac) + (" (OOM)" if r.oom else "") for r in rows]
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("predicted seconds")

@@ -1,0 +1,125 @@
+"""Training memory per GPU, item by item: what the busiest GPU has allocated at its peak.
+
+Every item is a count of tensors a torchtitan-style run (FSDP2 mixed precision: bf16 compute,
+fp32 master weights, fp32 gradient reduction, AdamW) keeps, per token or per parameter, times
+the bytes of its dtype. The peak is the start of the backward of the first stage's first layer
+(every saved activation alive, the loss's gradients and one layer's recomputed working set on
+top). The figure is *allocated* memory: torchtitan reports `torch.cuda.max_memory_reserved`,
+which the caching allocator's rounding and fragmentation put above it; neither that nor the CUDA
+context and NCCL's buffers (outside the allocator) are counted here.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import tomllib
+
+from paralab.pp.costs import in_flight_formula
+from paralab.scale.hardware import GiB
+from paralab.scale.models import ModelShape, model
+from paralab.scale.predict import Layout, Workload, fsdp_shard
+
+ACT = 2
+"""bf16 activations."""
+STATE_BYTES = {
+    "parameters (fp32 master)": 4,
+    "gradients (fp32)": 4,
+    "optimizer (AdamW m, v fp32)": 8,
+}
+"""Per parameter of the GPU's shard (sharded over dp_shard x cp by FSDP, tp, pp)."""
+LOSS_BYTES = 12
+"""Per token and vocabulary entry of the last stage, at the start of the backward: the loss
+upcasts the bf16 logits to fp32 and `log_softmax` saves its fp32 output (4); the backward then
+holds the fp32 gradient arriving from the loss (4) and the one it produces (4)."""
+GATHERED_UNIT_BYTES = 2 * 2 + 2 + 4
+"""Per parameter of one FSDP unit (a block, over tp): two gathered bf16 copies (the running
+block and the prefetched next), the block's unsharded bf16 gradient and its fp32 copy for the
+reduce-scatter."""
+STAGE_KEPT_BYTES = 2 + 4
+"""Per parameter of a pipeline stage under FSDP: torchtitan does not reshard after the forward
+when pp is on (every micro-batch would gather again), so the stage stays gathered in bf16 (2),
+and gradients accumulate unsharded in fp32 (4) until the last micro-batch's reduce-scatter."""
+
+
+@functools.cache
+def layer_tensors(m: ModelShape) -> dict[str, tuple[int, int]]:
+    """Elements per token a Llama block's backward needs, as (outside TP regions, inside them):
+    outside, the block's input and the two norms' inputs and outputs (full hidden); inside,
+    q and k after RoPE, v, the attention output, and the SwiGLU's w1, w3, silu and product."""
+    h, attn, kv = m.hidden, m.attention_width, m.kv_heads * m.head_dim
+    return {
+        "none": (4 * h, 2 * attn + 2 * kv + 4 * m.ffn),
+        # torchtitan's op-level selective AC saves SDPA's output and every other matmul's
+        # output (half of wq, wk, wv, w1, w3 inside; half of wo, w2 outside) and the input.
+        "selective": (h + h, attn + (attn + 2 * kv + 2 * m.ffn) // 2),
+        "full": (h, 0),
+    }
+
+
+@functools.cache
+def per_token_layer_bytes(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
+    """Saved bytes per token per layer: inside the TP regions cut over tp; outside, cut over tp
+    only under sequence parallelism, replicated on every tp rank without it."""
+    outside, inside = layer_tensors(m)[ac]
+    return ACT * (outside / (tp if sp else 1) + inside / tp)
+
+
+def stage_memory(
+    m: ModelShape, lo: Layout, w: Workload, local_batch: int, rank: int
+) -> dict[str, float]:
+    """Bytes pipeline rank `rank` holds at its peak; `local_batch` sequences per dp rank."""
+    shard = fsdp_shard(lo) * lo.tp * lo.pp
+    states = {name: size * m.params / shard for name, size in STATE_BYTES.items()}
+    microbatches = lo.microbatches if lo.pp > 1 else 1
+    tokens = local_batch // microbatches * w.seq // lo.cp
+    chunk_layers = -(-m.layers // (lo.pp * lo.virtual))
+    in_flight = (
+        in_flight_formula(lo.schedule, lo.pp, microbatches, rank, lo.virtual) if lo.pp > 1 else 1
+    )
+    saved = per_token_layer_bytes(m, w.ac, lo.tp, lo.sp) * tokens * chunk_layers * in_flight
+    working = per_token_layer_bytes(m, "none", lo.tp, lo.sp) * tokens
+    # the layer running its backward: its activations (recomputed unless none) and their grads
+    saved += working * (2 if w.ac != "none" else 1)
+    last = rank == lo.pp - 1
+    items = {
+        **states,
+        "activations": saved,
+        "logits and loss (fp32)": LOSS_BYTES * tokens * m.vocab / lo.tp if last else 0.0,
+        "FSDP buffers": 0.0,
+    }
+    if fsdp_shard(lo) > 1:
+        if lo.pp > 1:
+            items["FSDP buffers"] = STAGE_KEPT_BYTES * m.params / (lo.pp * lo.tp)
+        else:
+            unit = GATHERED_UNIT_BYTES * m.block_params() / lo.tp
+            items["FSDP buffers"] = unit + 2 * m.root_params() / lo.tp  # the root stays gathered
+    return items
+
+
+def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
+    """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
+    logits and the loss): the GPU that runs out first."""
+    first = stage_memory(m, lo, w, local_batch, 0)
+    if lo.pp == 1:
+        return first
+    last = stage_memory(m, lo, w, local_batch, lo.pp - 1)
+    return max(first, last, key=lambda items: sum(items.values()))
+
+
+PUBLISHED = Path(__file__).with_name("MEMORY.toml")
+
+
+def published_memory(path: Path = PUBLISHED) -> list[dict]:
+    """Each published row with the model's figure beside it: `predicted_gib` (allocated) and
+    `relative_error` against the row's `memory_gib` (reserved)."""
+    out = []
+    for row in tomllib.loads(path.read_text())["row"]:
+        m = model(row["model"])
+        lo = Layout(cp_kind="zigzag", **row["layout"])
+        w = Workload("train", seq=row["seq"], micro_batch=row["local_batch"], ac=row["ac"])
+        predicted = sum(train_memory(m, lo, w, row["local_batch"]).values()) / GiB
+        error = (predicted - row["memory_gib"]) / row["memory_gib"]
+        out.append({**row, "predicted_gib": predicted, "relative_error": error})
+    return out
