@@ -23,8 +23,9 @@ from paralab.compose.runs import (
     cross_node_bytes,
     measured_bytes,
     moe_worker,
+    padded_batch,
 )
-from paralab.exercises.lab10 import replica_setup
+from paralab.exercises.lab10 import per_rank_means, replica_setup
 from paralab.launch import run
 
 
@@ -48,7 +49,8 @@ def test_dp_tp_pp_bytes_per_group_and_phase_equal_the_closed_form(pipelined):
     grid, out = pipelined
     all_pass(check_bytes([o[1] for o in out], grid))
     stage0 = group_phase_bytes(grid, 0, CONFIG, 4)
-    assert {g for g, _ in stage0} == {"tp", "pp", "dp_shard_cp"}  # no cp, no replicas
+    assert {g for g, _ in stage0} == {"tp", "pp", "dp_shard_cp", "dp_cp"}  # no cp, no replicas
+    assert stage0[("dp_cp", "token count")] == 8  # one int64 all-reduced over 2 ranks
 
 
 def test_tp_outermost_gives_the_same_bits(pipelined):
@@ -115,7 +117,7 @@ def test_moe_bytes_per_group_and_phase_equal_the_formula_from_the_routed_counts(
 
 def test_moe_experts_reduced_as_dense_parameters_fail_the_check():
     """Known-wrong: experts averaged over dp_shard_cp like the dense weights (ranks that hold other
-    experts, and no division by ep): the element-wise check must catch it."""
+    experts): the element-wise check must catch it."""
     grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
     got = run(
         train,
@@ -128,3 +130,13 @@ def test_moe_experts_reduced_as_dense_parameters_fail_the_check():
         patches={"paralab.compose.moe": {"is_expert": lambda name: False}},
     )
     assert not all(v.passed for v in check_params(got, grid, moe=True))
+
+
+def test_unequal_tokens_need_the_global_count_and_per_rank_means_fail():
+    """The padded batch gives dp ranks 28 and 24 counted tokens (and the zigzag cp ranks unequal
+    shares): the loss over the global count equals one process, the mean of per-rank means not."""
+    _, targets = padded_batch(2, 0)
+    assert [int((targets[r * 4 : r * 4 + 4] != -100).sum()) for r in range(2)] == [28, 24]
+    grid = Grid(8, dp_shard=2, cp=2, tp=2)
+    wrong = run(compose_worker, 8, grid, timeout=120, patches=per_rank_means())
+    assert not all(v.passed for v in check_params([p for p, _ in wrong], grid))

@@ -49,12 +49,14 @@ from paralab.compose.runs import (
     describe,
     measured_bytes,
     moe_worker,
+    padded_batch,
 )
 from paralab.exercises.lab10 import replica_setup
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims, predict_groups
 from paralab.tables import text_table
-from paralab.tp.model import LMConfig
+from paralab.tp.model import LMConfig, build_model
+from paralab.tp.runs import sample_rows
 from paralab.viz import show
 
 LAB_START = time.monotonic()
@@ -234,16 +236,56 @@ show(viz.plot_rank_places(GRID16))
 # The model is lab 07's `TinyLM` (float64, 2 blocks, 4 heads, hidden 16, 8 tokens, 4
 # sequences per sample), cut three ways: `tp.model.tensor_parallel` over tp; each attention's
 # `attend` swapped for lab 02's `ring_attention` on zigzag shards over cp; by depth into
-# `LMStage`s over pp. The step runs lab 08's 1F1B executor (m = 2·pp), its messages addressed
-# to the global ranks of the pp group, then lab 01's reduce-scatter over `dp_shard_cp` with
-# the all-reduce over `dp_replicate` (HSDP), the SGD step on the 1/N shard, and the all-gather
-# (ZeRO-2: gradients and the step sharded, the parameters whole between steps).
+# `LMStage`s over pp. The step counts the tokens every data-parallel rank holds (one
+# all-reduce of one int64 over `dp_cp`), runs lab 08's 1F1B executor (m = 2·pp), its messages
+# addressed to the global ranks of the pp group, then reduce-scatters the gradient **sum** over
+# `dp_shard_cp` and all-reduces it over `dp_replicate` (HSDP), takes the SGD step on the 1/N
+# shard, and all-gathers (ZeRO-2: gradients and the step sharded, the parameters whole between
+# steps).
+#
+# **The loss over the global token count.** Real batches are padded: a target of -100 counts
+# for nothing, so ranks hold unequal numbers of counted tokens. torchtitan counts them on every
+# rank, sums the count over the data-parallel ranks (`global_valid_tokens`), divides each
+# rank's *summed* cross-entropy by it, and sums the gradients (its FSDP divide factor is 1):
+# the mean over every counted token of the global batch. This lab's batch is padded so: sample
+# d's sequences end in d + 1 ignored targets.
 
 # %%
 # show: paralab.compose.model.LMStage paralab.compose.model.context_parallel
 
 # %%
-# show: paralab.compose.runs.fsdp_groups paralab.compose.runs.one_step
+# show: paralab.compose.runs.padded_batch paralab.compose.runs.global_token_count
+
+# %%
+# show: paralab.compose.model.microbatch_lm_loss
+
+# %%
+# show: paralab.compose.runs.sum_scatter_grads
+
+# %% [markdown]
+# **Predict:** two samples hold 28 and 24 counted tokens. Is the mean of the two samples' mean
+# losses the mean over all 52 tokens? One process answers, on the lab's model:
+
+# %%
+ids2, targets2 = padded_batch(2, 0)
+one = build_model(0, CONFIG)
+counted = [int((targets2[sample_rows(d, CONFIG)] != -100).sum()) for d in range(2)]
+means = [one.loss(ids2[sample_rows(d, CONFIG)], targets2[sample_rows(d, CONFIG)]) for d in range(2)]
+global_mean = one.loss(ids2, targets2)
+print("counted tokens per sample:", counted)
+print(f"mean of per-sample means {float(sum(means) / 2):.6f}, global mean {float(global_mean):.6f}")
+
+# %% [markdown]
+# They differ as soon as the counts do, and so do their gradients. Every row below runs the
+# global count; `tests/test_compose_runs.py` runs the 8-rank dp_shard 2 × cp 2 × tp 2 row with
+# each rank's loss over its own count times the ranks (`paralab.exercises.lab10.per_rank_means`)
+# and the element-wise check fails it.
+
+# %%
+# show: paralab.compose.runs.fsdp_groups
+
+# %%
+# show: paralab.compose.runs.one_step
 
 # %% [markdown]
 # ## 4. Four rows on real ranks, element by element
@@ -288,10 +330,11 @@ print(
 # %% [markdown]
 # In the MoE row the experts are tensor-parallel (etp = tp, torchtitan's ETP=TP) and split
 # over the ep group `{0, 2}`: two dp_shard ranks with the same tp coordinate. Each expert's
-# gradient already sums the tokens of its ep group (combine's backward brought them), so the
-# mean over the loss group is the reduce-scatter's mean over `dp_shard_mod_ep` divided once
-# more by ep (lab 09's lesson). `tests/test_compose_runs.py` reduces the experts like the
-# dense weights instead, and the check fails.
+# gradient already sums the tokens of its ep group (combine's backward brought them). A mean
+# would divide by all of `dp_cp`, ep included, not by the reduce-scatter's group alone (lab
+# 09's lesson); with the loss already over the global token count the reduction is a plain sum
+# over `dp_shard_mod_ep` and nothing is divided. `tests/test_compose_runs.py` reduces the
+# experts like the dense weights instead, and the check fails.
 #
 # ## 5. Bytes per group and phase = the closed form
 #
@@ -415,8 +458,8 @@ wrong_verdicts = [
         check_bytes([r for _, r in wrong_results], WRONG),
     ),
     claim(
-        "doc group: only dp_replicate crosses nodes",
-        set(crossing["doc group"]) == {"dp_replicate"},
+        "doc group: only dp_replicate (and the 8-byte token count over dp_cp) crosses nodes",
+        set(crossing["doc group"]) == {"dp_replicate", "dp_cp"},
         str(sorted(crossing["doc group"])),
     ),
     claim(
@@ -474,8 +517,8 @@ print(
 # `replica_setup` swaps `fsdp_groups` for `one_flat_group`: the FSDP group becomes `dp_cp`,
 # every data-parallel rank (with cp), and the replicate group is gone. What was requested as
 # HSDP (shard inside a node, all-reduce the shard across the two nodes) runs as FSDP over all
-# four ranks of `{0, 2, 8, 10}`, across both nodes. The mean of means over replicas equals
-# the mean over all, so every parameter is right: the element-wise check cannot see it. The
+# four ranks of `{0, 2, 8, 10}`, across both nodes. The sum over the shard group and then
+# over the replicas is the sum over all, so every parameter is right: the element-wise check cannot see it. The
 # group table does: the reduce-scatter and the all-gather now span the network, and the
 # replica all-reduce never runs.
 #

@@ -9,6 +9,7 @@ A = (b/m)·(s/cp)·h·itemsize. For the rank at pipeline stage k, which runs L/p
 | tp | backward | m·(L/pp·2 all-reduces of A, + f of the head) | `tp.costs` |
 | cp | forward, backward | m·L/pp·(2, 4)·(cp-1)·S | `cp.costs.ring_bytes` |
 | pp | forward, backward | m·A per boundary the stage feeds, each way | `pp.costs` |
+| dp_cp | token count | all-reduce of one int64 (the loss's global token count) | `tp.costs` |
 | dp_shard_cp | grad sync, param gather | reduce-scatter, all-gather of the stage | `fsdp.costs` |
 | dp_replicate | grad sync | all-reduce of the 1/N shard over the replicas | `fsdp.costs` |
 
@@ -33,7 +34,9 @@ from paralab.pp.costs import step_bytes_sent
 from paralab.tp.costs import all_reduce_bytes, block_bytes
 from paralab.tp.model import LMConfig
 
-PHASE_ORDER = ("forward", "backward", "grad sync", "param gather")
+PHASE_ORDER = ("token count", "forward", "backward", "grad sync", "param gather")
+TOKEN_COUNT_BYTES = 8
+"""The loss's global token count: one int64, all-reduced over dp_cp before the forward."""
 
 
 def block_numel(config: LMConfig, tp: int) -> int:
@@ -83,6 +86,7 @@ def group_phase_bytes(
         add("cp", phase, m * blocks * nbytes)
     for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, a)[stage].items():
         add("pp", phase, nbytes)
+    add("dp_cp", "token count", all_reduce_bytes(TOKEN_COUNT_BYTES, grid.size("dp_cp")))
     shard, replicas = grid.size("dp_shard_cp"), grid.dp_replicate
     dp = traffic_formula(
         "fsdp", [stage_numel(config, tp, stage, pp)], shard * replicas, replicas, False

@@ -15,7 +15,7 @@ Flattened groups, named as torchtitan names them at f64bbad (its 238fa99 names i
 `TORCHTITAN_NOW`):
 - `dp` = dp_replicate × dp_shard: which sample a rank loads;
 - `dp_shard_cp` = dp_shard × cp: the FSDP group (cp partners hold the same parameters);
-- `dp_cp` = dp_replicate × dp_shard × cp: the loss and gradient-mean group;
+- `dp_cp` = dp_replicate × dp_shard × cp: the loss and gradient-sum group;
 - `ep`: carved from dp_shard × cp (× tp when the experts are not tensor-parallel,
   etp = 1): dp_shard = dp_shard_mod_ep × dp_shard_in_ep, ep = dp_shard_in_ep × cp (× tp).
 

@@ -7,7 +7,8 @@ blocks, the final norm and head on the last), with the whole model's parameter n
 `context_parallel` swaps each attention's `attend` for `cp.ring.ring_attention` over the
 cp group, on the zigzag layout (`cp.layout.shard_sequence`), and gives the position
 table this rank's positions. The loss of a micro-batch is the vocab-parallel
-cross-entropy over this rank's tokens, over m (`pp.executor.run_actions` takes it).
+cross-entropy summed over this rank's counted tokens, over the count of every data-parallel
+rank's (`pp.executor.run_actions` takes it): torchtitan's normalisation.
 """
 
 from __future__ import annotations
@@ -73,19 +74,34 @@ def positions_of(cp_rank: int, cp: int, seq: int) -> torch.Tensor:
     return shard_sequence(torch.arange(seq).unsqueeze(0), cp_rank, cp, dim=1, zigzag=cp > 1)[0]
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Mean cross-entropy over this rank's positions, from its vocab shard of the logits."""
+IGNORE_INDEX = -100
+"""A target no loss counts (padding): torch's and torchtitan's `ignore_index`."""
+
+
+def lm_loss_sum(
+    logits: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """The sum of cross-entropy over this rank's counted positions, from its vocab shard of the
+    logits (an ignored target's position is multiplied by 0, so it adds nothing either way)."""
     logits, targets = logits.flatten(0, 1), targets.flatten()
     if dist.get_world_size(group) == 1:
-        return F.cross_entropy(logits, targets)
-    return vocab_parallel_cross_entropy(logits, targets, group).mean()
+        return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    counted = (targets != IGNORE_INDEX).to(logits.dtype)
+    return (vocab_parallel_cross_entropy(logits, targets, group) * counted).sum()
 
 
-def microbatch_lm_loss(group: dist.ProcessGroup, modules: list[nn.Module] | None = None):
-    """The executor's loss(output, target, m): one micro-batch's share of this rank's loss, plus
-    the aux losses the MoE layers among `modules` kept from this micro-batch's forward."""
+def microbatch_lm_loss(
+    group: dist.ProcessGroup,
+    global_tokens: int,
+    modules: list[nn.Module] | None = None,
+    aux_scale: float = 1.0,
+):
+    """The executor's loss(output, target, m): one micro-batch's summed cross-entropy over the
+    tokens every data-parallel rank counts together (torchtitan's `global_valid_tokens`), plus
+    `aux_scale` times the aux losses the MoE layers among `modules` kept from this forward."""
 
     def loss(logits: torch.Tensor, targets: torch.Tensor, microbatches: int) -> torch.Tensor:
-        return (lm_loss(logits, targets, group) + aux_loss(modules or [])) / microbatches
+        aux = aux_loss(modules or [])
+        return lm_loss_sum(logits, targets, group) / global_tokens + aux_scale * aux
 
     return loss

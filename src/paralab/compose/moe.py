@@ -7,8 +7,10 @@ same (replicated) router, so they route alike and dispatch to the same experts' 
 
 Gradients: a rank's expert gradient already sums the tokens of its whole ep group (combine's
 backward brought them); the ranks holding the same experts are its dp_shard_mod_ep group
-(× dp_replicate). The mean over the loss group is that sum divided by |dp_cp| =
-|dp_shard_mod_ep| · |dp_replicate| · ep: the reduce-scatter's mean, divided by ep once more.
+(× dp_replicate). The loss is already divided by the global token count, so the expert
+gradient is that sum summed once more over dp_shard_mod_ep × dp_replicate, nothing divided:
+a mean would have to divide by |dp_cp| = |dp_shard_mod_ep| · |dp_replicate| · ep, not by the
+reduce-scatter's group alone.
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ One step on one rank, every axis from its own package:
 2. this rank's sample (its `dp` coordinate) and its cp tokens, cut into m micro-batches;
 3. the pipeline: 1F1B (`pp.schedules.build_schedule`) run by `pp.executor.run_actions`,
    its messages addressed to the global ranks of this rank's pp group;
-4. the gradient mean over dp_cp: reduce-scatter over dp_shard_cp, all-reduce over
-   dp_replicate (`fsdp.zero.reduce_scatter_grads`), the SGD step on this rank's 1/N of
-   the stage, then all-gather (`fsdp.zero.gather_unit_params`). Gradients and the step
-   are sharded (ZeRO-2); the parameters stay whole between steps.
+4. the loss: each rank's summed cross-entropy over the tokens all of dp_cp counts together
+   (one all-reduce of the count, torchtitan's `global_valid_tokens`), so ranks may hold
+   unequal tokens (padding: `padded_batch`);
+5. the gradient sum over dp_cp (torchtitan's `gradient_divide_factor` 1): reduce-scatter
+   over dp_shard_cp, all-reduce over dp_replicate, the SGD step on this rank's 1/N of the
+   stage, then all-gather (`fsdp.zero.gather_unit_params`). Gradients and the step are
+   sharded (ZeRO-2); the parameters stay whole between steps.
 
 `compose_worker` is the same step under the ledger, returning the records as well.
 """
@@ -22,12 +25,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from paralab.check import Verdict, compare
 from paralab.compose.costs import group_phase_bytes, moe_group_phase_bytes
 from paralab.compose.grid import DOC_ORDER, Grid
 from paralab.compose.model import (
     CONFIG,
+    IGNORE_INDEX,
     LMStage,
     context_parallel,
     microbatch_lm_loss,
@@ -35,19 +40,19 @@ from paralab.compose.model import (
 )
 from paralab.compose.moe import aux_loss, expert_parallel, is_expert, moe_config, with_experts
 from paralab.cp.layout import shard_sequence
-from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params, reduce_scatter_grads
+from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params
 from paralab.fsdp.zero import unflatten as unflatten_unit
 from paralab.ledger import Ledger, Record
 from paralab.pp.executor import run_actions
 from paralab.pp.schedules import Schedule, build_schedule
 from paralab.tp.model import build_model, tensor_parallel
 from paralab.tp.runs import LR, RELATIVE_BOUND, full_params, global_batch, sample_rows
-from paralab.tp.runs import reference as tp_reference
 
 GROUPS = ("tp", "cp", "pp", "dp_shard_cp", "dp_replicate", "dp_cp")
 EXPERT_GROUPS = ("ep", "dp_shard_mod_ep")
 """The groups a step talks over (ep joins them in an MoE model)."""
 PHASES = {
+    "token count": ("dp_cp",),
     "forward": ("tp", "cp", "pp", "ep"),
     "backward": ("tp", "cp", "pp", "ep"),
     "grad sync": ("dp_shard_cp", "dp_replicate", "dp_shard_mod_ep"),
@@ -75,7 +80,7 @@ class ProcessGroups:
 
 
 def fsdp_groups(grid: Grid) -> tuple[str, str | None]:
-    """(shard group, replicate group) of the gradient mean: HSDP shards over dp_shard_cp and
+    """(shard group, replicate group) of the gradient sum: HSDP shards over dp_shard_cp and
     all-reduces the shard over dp_replicate; with dp_replicate = 1 that is FSDP over dp_shard_cp.
     The decision torchtitan's `parallelize` makes when it picks the FSDP mesh."""
     return "dp_shard_cp", "dp_replicate"
@@ -102,16 +107,46 @@ def addressed(plan: Schedule, pp_ranks: tuple[int, ...]) -> Schedule:
     return dataclasses.replace(plan, actions=actions)
 
 
+def padded_batch(samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tp.runs.global_batch` with padding: sample d's sequences end in d + 1 ignored targets,
+    so dp ranks (and, on the zigzag layout, cp ranks) hold unequal counted tokens."""
+    ids, targets = global_batch(samples, seed, CONFIG)
+    targets = targets.clone()
+    for d in range(samples):
+        targets[sample_rows(d, CONFIG), CONFIG.seq - min(d + 1, CONFIG.seq - 1) :] = IGNORE_INDEX
+    return ids, targets
+
+
+def global_token_count(local: int, group: dist.ProcessGroup) -> int:
+    """The counted tokens of every rank in `group` (dp_cp): one all-reduce of one int64."""
+    count = torch.tensor([local], dtype=torch.int64)
+    dist.all_reduce(count, group=group)
+    return int(count.item())
+
+
+def sum_scatter_grads(
+    full_grad: torch.Tensor, shard: dist.ProcessGroup, replicate: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """This rank's shard of the gradient summed over every data-parallel rank: the loss is
+    already divided by the global token count, so nothing is divided here (torchtitan's
+    `set_gradient_divide_factor(1.0)`)."""
+    n = dist.get_world_size(shard)
+    out = torch.empty(full_grad.numel() // n, dtype=full_grad.dtype)
+    dist.reduce_scatter_tensor(out, full_grad, group=shard)
+    if replicate is not None and dist.get_world_size(replicate) > 1:
+        dist.all_reduce(out, group=replicate)
+    return out
+
+
 @dataclasses.dataclass
 class ShardedUnit:
     """Parameters reduced and stepped together: the dense ones over (shard, replicate), an MoE
-    model's experts over (dp_shard_mod_ep, dp_replicate) with the extra division by ep."""
+    model's experts over (dp_shard_mod_ep, dp_replicate)."""
 
     params: list[torch.nn.Parameter]
     flat: FlatUnit
     shard: dist.ProcessGroup
     replicate: dist.ProcessGroup | None
-    divide: int = 1
 
 
 @dataclasses.dataclass
@@ -125,13 +160,13 @@ class RankState:
     inputs: list[torch.Tensor]
     targets: list[torch.Tensor]
     units: list[ShardedUnit]
+    local_tokens: int
 
 
 def sharded_unit(
     named: list[tuple[str, torch.nn.Parameter]],
     shard: dist.ProcessGroup,
     replicate: dist.ProcessGroup | None,
-    divide: int = 1,
 ) -> ShardedUnit:
     """This rank's 1/N of the flattened parameters `named` (`fsdp.zero.flat_shard`)."""
     names, params = zip(*named)
@@ -144,7 +179,7 @@ def sharded_unit(
         numel=sum(p.numel() for p in params),
         shard=torch.nn.Parameter(flat_shard(holder, n, rank)),
     )
-    return ShardedUnit(list(params), flat, shard, replicate, divide)
+    return ShardedUnit(list(params), flat, shard, replicate)
 
 
 def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) -> RankState:
@@ -162,7 +197,7 @@ def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) ->
     m = microbatches or default_microbatches(grid.pp)
     if CONFIG.batch % m:
         raise ValueError(f"microbatches = {m} must divide the {CONFIG.batch} sequences per sample")
-    ids, targets = global_batch(grid.size("dp"), seed, CONFIG)
+    ids, targets = padded_batch(grid.size("dp"), seed)
     dp_index = grid.group(dist.get_rank(), "dp").index(dist.get_rank())
     rows = sample_rows(dp_index, CONFIG)
     ids, targets = (
@@ -177,20 +212,27 @@ def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) ->
     ]
     experts = [x for x in named if is_expert(x[0])]
     if experts:
-        units.append(sharded_unit(experts, groups.group["dp_shard_mod_ep"], replicate, grid.ep))
-    return RankState(grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units)
+        units.append(sharded_unit(experts, groups.group["dp_shard_mod_ep"], replicate))
+    tokens = int((targets != IGNORE_INDEX).sum())
+    return RankState(
+        grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units, tokens
+    )
 
 
 def one_step(state: RankState, ledger: Ledger | None = None) -> None:
-    """Forward and backward through the pipeline, the gradient mean over dp_cp, the sharded step."""
+    """The token count, forward and backward through the pipeline, the gradient sum over dp_cp,
+    the sharded step."""
     g = state.groups
+    with ledger.phase("token count") if ledger else contextlib.nullcontext():
+        tokens = global_token_count(state.local_tokens, g.group["dp_cp"])
+    aux_scale = 1 / (len(state.inputs) * state.grid.size("dp_cp"))
     run_actions(
         state.plan,
         g.index("pp"),
         {g.index("pp"): state.stage},
         state.inputs,
         state.targets,
-        loss=microbatch_lm_loss(g.group["tp"], list(state.stage.modules())),
+        loss=microbatch_lm_loss(g.group["tp"], tokens, list(state.stage.modules()), aux_scale),
         boundary_shape=state.inputs[0].shape + (CONFIG.hidden,),
     )
     for unit in state.units:
@@ -198,9 +240,9 @@ def one_step(state: RankState, ledger: Ledger | None = None) -> None:
         padded = unit.flat.shard.numel() * dist.get_world_size(unit.shard)
         flat = torch.nn.functional.pad(flat, (0, padded - flat.numel()))
         with ledger.phase("grad sync") if ledger else contextlib.nullcontext():
-            shard_grad = reduce_scatter_grads(flat, unit.shard, unit.replicate)
+            shard_grad = sum_scatter_grads(flat, unit.shard, unit.replicate)
         with torch.no_grad():
-            unit.flat.shard.add_(shard_grad.div_(unit.divide), alpha=-LR)
+            unit.flat.shard.add_(shard_grad, alpha=-LR)
         with ledger.phase("param gather") if ledger else contextlib.nullcontext():
             full = gather_unit_params(unit.flat, unit.shard)
         with torch.no_grad():
@@ -291,22 +333,28 @@ def moe_worker(grid: Grid, steps: int = 2, seed: int = 0):
 def reference(
     *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False
 ) -> dict[str, torch.Tensor]:
-    """One process: the same model on the global batch of `samples` samples, `steps` SGD steps.
+    """One process: the same model on the global batch of `samples` samples (`padded_batch`),
+    `steps` SGD steps; the loss is the cross-entropy's mean over every counted token.
 
     With `moe`, each sample is routed on its own (as one dp rank routes its tokens) and the
-    loss is the mean over samples of cross-entropy plus aux_coef · aux."""
-    if not moe:
-        return tp_reference(samples=samples, steps=steps, seed=seed, config=CONFIG)
-    model = with_experts(build_model(seed, CONFIG), seed)
-    ids, targets = global_batch(samples, seed, CONFIG)
+    mean over samples of aux_coef · aux is added."""
+    model = build_model(seed, CONFIG)
+    if moe:
+        model = with_experts(model, seed)
+    ids, targets = padded_batch(samples, seed)
+    counted = int((targets != IGNORE_INDEX).sum())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for _ in range(steps):
         optimizer.zero_grad()
-        losses = []
+        loss = torch.zeros((), dtype=torch.float64)
         for d in range(samples):
             rows = sample_rows(d, CONFIG)
-            losses.append(model.loss(ids[rows], targets[rows]) + aux_loss(list(model.modules())))
-        torch.stack(losses).mean().backward()
+            logits = model(ids[rows]).flatten(0, 1)
+            loss = (
+                loss + F.cross_entropy(logits, targets[rows].flatten(), reduction="sum") / counted
+            )
+            loss = loss + aux_loss(list(model.modules())) / samples
+        loss.backward()
         optimizer.step()
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 

@@ -28,6 +28,17 @@ def replica_setup() -> Patches:
     return {"paralab.compose.runs": {"fsdp_groups": one_flat_group}}
 
 
+def local_tokens_times_ranks(local: int, group) -> int:
+    """Known-wrong: each rank divides its summed loss by its own token count times the number of
+    data-parallel ranks, the mean of per-rank means (right only when every rank counts alike)."""
+    return local * torch.distributed.get_world_size(group)
+
+
+def per_rank_means() -> Patches:
+    """The loss normalised per rank, as `local_tokens_times_ranks` does it, as a patch set."""
+    return {"paralab.compose.runs": {"global_token_count": local_tokens_times_ranks}}
+
+
 # --------------------------------------------------------------------------- the cases
 SIXTEEN = {"dp_replicate": 2, "dp_shard": 1, "cp": 2, "tp": 2, "pp": 2}
 """The lab's 16-rank grid."""
