@@ -301,3 +301,30 @@ def test_uneven_stages_numbers_the_lab_states():
     )
     assert round(even.bubble_fraction, 3) == 0.358 and round(moved.bubble_fraction, 3) == 0.282
     assert round(1 - moved.makespan / even.makespan, 2) == 0.11
+
+
+def test_stage_saved_bytes_from_shapes_equal_what_autograd_saves():
+    """672 B per block per micro-batch (b·s·(h + 2f)·8), plus the loss's 2·b·s·h·8 on the last."""
+    import torch
+
+    from paralab.pp.costs import stage_saved_bytes
+    from paralab.pp.model import Stage, make_blocks, microbatch_loss
+
+    blocks = make_blocks()
+    params = {p.untyped_storage().data_ptr() for p in blocks.parameters()}
+    for n_stages in (2, 3, 4, 8):
+        for s in range(n_stages):
+            saved = []
+
+            def count(t, saved=saved):
+                if t.untyped_storage().data_ptr() not in params:
+                    saved.append(t.numel() * t.element_size())
+                return t
+
+            x = torch.randn(2, 3, 4, dtype=torch.float64).requires_grad_(s > 0)
+            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+                y = Stage(blocks, s, n_stages)(x)
+                if s == n_stages - 1:
+                    microbatch_loss(y, torch.zeros_like(y), 4)
+            assert sum(saved) == stage_saved_bytes(s, n_stages), (n_stages, s)
+    assert stage_saved_bytes(0, 8) == 672

@@ -341,10 +341,11 @@ show(
 # forward until the action that frees its graph (B, or W when split). **Predict before you
 # run:** at `pp = 4`, `m = 8`, how many micro-batches does ZB-H1 hold on rank 3, which holds its
 # W's back longest? And interleaving, counted in stages of half a rank's blocks, on rank 0?
-# The closed forms the run is checked against:
+# The closed forms the run is checked against, the count and, with one stage per rank, the
+# bytes from the model's shapes:
 
 # %%
-# show: paralab.pp.costs.in_flight_formula
+# show: paralab.pp.costs.in_flight_formula paralab.pp.costs.stage_saved_bytes
 
 # %%
 memory_rows, memory_verdicts = [], []
@@ -355,6 +356,9 @@ for name, _ in SWEEP:
         ["  formula", *(str(in_flight_formula(name, 4, 8, r, plan.virtual)) for r in range(4))]
     )
     memory_rows.append(["  peak bytes saved", *(str(r["step0"].peak_saved_bytes) for r in results)])
+    if plan.virtual == 1:
+        from_shapes = [in_flight_formula(name, 4, 8, r) * stage_saved_bytes(r, 4) for r in range(4)]
+        memory_rows.append(["  held × stage_saved_bytes", *map(str, from_shapes)])
 print(text_table(["pp = 4, m = 8", "rank 0", "rank 1", "rank 2", "rank 3"], memory_rows))
 for plan, results in runs.values():
     memory_verdicts += pp_runs.check_memory(results, plan)
@@ -369,8 +373,11 @@ print(
 # GPipe holds all `m` on every rank; 1F1B caps rank `r` at `p - r`, whatever `m`: that is why
 # 1F1B replaced GPipe. ZB-H1 holds `min(p, m)` on every rank (a micro-batch stays until its W),
 # the first rank's 1F1B peak. Interleaving holds more stages, each `1/v` of a rank's blocks
-# (the last stage saves a little more: the loss). The last rank of `pp = 4` saves more bytes
-# per micro-batch for the same reason.
+# (the last stage saves a little more: the loss). In bytes, each block saves fc1's input
+# (`b·s·h`) and its `b·s·f` hidden twice (tanh's output and fc2's input are one tensor,
+# saved by two ops), 672 B here; the last stage adds the loss's output and target
+# (`2·b·s·h`), which is why rank 3 saves more per micro-batch. A real stage is the same sum
+# over its ops, multiplied by the micro-batches its schedule holds.
 
 # %% [markdown]
 # ## 7. Bytes on the wire = formula

@@ -12,6 +12,7 @@ link time a schedule cannot hide.
 | held, 1F1B | min(p-r, m) |
 | held, ZB-H1 | min(p, m): a micro-batch is held until its W |
 | held, interleaved | min((v-1)·g + 2(p-1-r) + 1, v·m) chunks of 1/v stage (g = micro-batches per round) |
+| bytes a stage saves per micro-batch | blocks · (b·s·h + 2·b·s·f) · itemsize, + 2·b·s·h · itemsize (loss) on the last |
 | link time exposed, GPipe | 2(p-1)·d, once: the fill and the drain |
 | exposed, 1F1B | 2d·(m + p - 3 - floor((m-2)/p)): about 2(p-1)d/p on every micro-batch |
 | exposed, interleaved | 2(v·p-1)·d while d <= 1/v (one chunk's forward) |
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from paralab.pp.model import HIDDEN, MICRO_BATCH, SEQ
+from paralab.pp.model import FFN, HIDDEN, MICRO_BATCH, SEQ, stage_blocks
 
 
 def boundary_bytes(
@@ -196,3 +197,21 @@ def megatron_layers_per_stage(
     split[0] -= account_for_embedding
     split[-1] -= account_for_loss
     return split
+
+
+def stage_saved_bytes(
+    stage: int,
+    n_stages: int,
+    batch: int = MICRO_BATCH,
+    seq: int = SEQ,
+    hidden: int = HIDDEN,
+    ffn: int = FFN,
+    itemsize: int = 8,
+) -> int:
+    """Bytes autograd saves for one micro-batch's backward on one stage, from the shapes.
+
+    Each block saves fc1's input (b·s·h), tanh's output and fc2's input (b·s·f each: the
+    same values, saved twice); the last stage's loss saves its output and target (2·b·s·h)."""
+    per_block = batch * seq * (hidden + 2 * ffn) * itemsize
+    loss = 2 * batch * seq * hidden * itemsize if stage == n_stages - 1 else 0
+    return len(stage_blocks(stage, n_stages)) * per_block + loss

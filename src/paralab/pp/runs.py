@@ -18,7 +18,12 @@ import torch.nn.functional as F
 from paralab.check import Verdict, claim, compare
 from paralab.ledger import Ledger, sent
 from paralab.pp.clock import Event, Timeline, run_clock
-from paralab.pp.costs import boundary_bytes, in_flight_formula, step_bytes_sent
+from paralab.pp.costs import (
+    boundary_bytes,
+    in_flight_formula,
+    stage_saved_bytes,
+    step_bytes_sent,
+)
 from paralab.pp.executor import StepRecord, run_actions
 from paralab.pp.model import LEARNING_RATE, Stage, global_batch, make_blocks, microbatch_loss
 from paralab.pp.schedules import Schedule, build_schedule
@@ -218,7 +223,8 @@ def check_bytes(per_rank: list[dict], plan: Schedule) -> list[Verdict]:
 
 def check_memory(per_rank: list[dict], plan: Schedule) -> list[Verdict]:
     """Peak (stage, micro-batch) activations each rank holds vs the closed form; with one stage
-    per rank, also the peak bytes saved for backward = that count × one micro-batch's bytes."""
+    per rank, also the peak bytes saved for backward = that count × what the stage's shapes
+    make it save per micro-batch (`stage_saved_bytes`)."""
     verdicts = []
     for rank, r in enumerate(per_rank):
         rec: StepRecord = r["step0"]
@@ -226,7 +232,7 @@ def check_memory(per_rank: list[dict], plan: Schedule) -> list[Verdict]:
         holds = rec.peak_in_flight == want
         observed = f"{rec.peak_in_flight} held, formula {want}; peak {rec.peak_saved_bytes} B saved"
         if plan.virtual == 1:
-            per_mb = rec.saved_bytes[(rank, 0)]
+            per_mb = stage_saved_bytes(rank, plan.pp)
             holds = holds and rec.peak_saved_bytes == want * per_mb
             observed += f" = {want} × {per_mb} B"
         verdicts.append(
