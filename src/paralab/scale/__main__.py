@@ -11,26 +11,39 @@ import argparse
 import json
 import sys
 
-from paralab.scale.cases import SHIPPED, load_cases
+from paralab.scale.cases import SHIPPED, Case, load_cases
 from paralab.scale.fit import FITTED, fit, predict_case
+from paralab.scale.hardware import GiB
+from paralab.scale.memory import train_memory
 from paralab.tables import text_table
 
 TOLERANCE = 0.25
+
+
+def predicted_memory_gib(case: Case) -> float:
+    """A training case's peak allocated memory per GPU (`paralab.scale.memory`); its
+    `micro_batch` is the sequences each dp rank runs a step."""
+    local = case.workload.micro_batch
+    return sum(train_memory(case.model, case.layout, case.workload, local).values()) / GiB
 
 
 def check_rows(path: str) -> list[dict]:
     rows = []
     for case in load_cases(path):
         predicted = predict_case(case).value(case.measure)
-        rows.append(
-            {
-                "name": case.name,
-                "measure": case.measure,
-                "predicted": predicted,
-                "measured": case.measured,
-                "relative_error": (predicted - case.measured) / case.measured,
-            }
-        )
+        row = {
+            "name": case.name,
+            "measure": case.measure,
+            "predicted": predicted,
+            "measured": case.measured,
+            "relative_error": (predicted - case.measured) / case.measured,
+        }
+        if case.memory_gib is not None and case.workload.kind == "train":
+            memory = predicted_memory_gib(case)
+            row["measured_memory_gib"] = case.memory_gib
+            row["predicted_memory_gib"] = memory
+            row["memory_relative_error"] = (memory - case.memory_gib) / case.memory_gib
+        rows.append(row)
     return rows
 
 
@@ -88,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(
-                [
-                    {k: r[k] for k in ("name", "predicted", "measured", "relative_error")}
-                    for r in rows
-                ],
+                [{k: v for k, v in r.items() if k != "measure"} for r in rows],
                 f,
                 indent=2,
             )

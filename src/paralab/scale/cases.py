@@ -9,8 +9,13 @@ gpus = 8
 model = "llama3.1-8b"          # a preset of `paralab.scale.models`, or an inline table
 workload = { kind = "train", seq = 8192, micro_batch = 2, dtype = "bf16", ac = "selective" }
 layout = { dp_shard = 8 }      # missing keys: 1 / none
-measured = { tokens_per_s_per_gpu = 5762 }   # exactly one of tokens_per_s_per_gpu, seconds, efficiency
+measured = { tokens_per_s_per_gpu = 5762, memory_gib = 82.4 }
 ```
+
+`measured` holds exactly one time measure (`tokens_per_s_per_gpu`, `seconds`, `efficiency`, or,
+as papers publish training runs, `tflops_per_gpu` (model TFLOP/s per GPU) or `mfu`), and
+optionally `memory_gib`, the peak memory per GPU the run reported (training rows), which
+`check --json` sets against `paralab.scale.memory.train_memory`.
 
 `workload`: `kind` ("train", "diffusion", "attention"), `seq` or `tokens`, `micro_batch`, `steps`,
 `dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`, and this package's
@@ -34,7 +39,7 @@ from paralab.scale.hardware import Hardware, hardware
 from paralab.scale.models import ModelShape, model
 from paralab.scale.predict import Layout, Workload, inference_world
 
-MEASURES = ("tokens_per_s_per_gpu", "seconds", "efficiency")
+MEASURES = ("tokens_per_s_per_gpu", "seconds", "efficiency", "tflops_per_gpu", "mfu")
 SHIPPED = Path(__file__).with_name("CASES.toml")
 
 
@@ -49,6 +54,7 @@ class Case:
     layout: Layout
     measure: str
     measured: float
+    memory_gib: float | None = None
 
 
 def _known(table: dict, cls: type, where: str, renames: dict[str, str] | None = None) -> dict:
@@ -84,6 +90,7 @@ def parse_case(raw: dict) -> Case:
         Layout(**layout),
         given[0],
         float(measured[given[0]]),
+        float(measured["memory_gib"]) if "memory_gib" in measured else None,
     )
     used = inference_world(case.layout) if workload.kind == "diffusion" else case.layout.world
     if used != case.gpus:

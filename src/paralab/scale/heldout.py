@@ -59,7 +59,7 @@ MISSES = {
     "torchtitan llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8": (
         "the model hides all of TP's traffic under async TP (its collectives are shorter than "
         "the GEMMs they are fused with); measured, async TP gained 5.7 % (876 against 829), "
-        "not the 34 % that hiding every all-reduce would. torchtitan's own async-TP benchmark "
+        "not the 43 % that hiding every TP collective would. torchtitan's own async-TP benchmark "
         "(pytorch/torchtitan@2887250:benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, the "
         "same 70B FSDP 32 x TP 8 full-AC layout on 500 W H100s) measures 1.04x to 1.16x, and "
         "the PyTorch post that introduced it (discuss.pytorch.org/t/209487) ~20 % on the "

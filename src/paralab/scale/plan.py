@@ -86,17 +86,6 @@ def layers_split(m: ModelShape, stages: int) -> bool:
     return stages <= m.layers and (m.layers % stages == 0 or (m.layers + 2) % stages == 0)
 
 
-def flops_per_token(m: ModelShape, seq: int) -> float:
-    """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
-    outside the embedding, plus 12 x layers x heads x head_dim x seq for attention."""
-    return 6 * (m.params - m.vocab * m.hidden) + 12 * m.layers * m.attention_width * seq
-
-
-def mfu(m: ModelShape, hw: Hardware, seq: int, tokens_per_s_per_gpu: float) -> float:
-    """Model FLOPs utilization against the bf16 dense peak."""
-    return tokens_per_s_per_gpu * flops_per_token(m, seq) / hw.peak_bf16
-
-
 def pipeline_options(m: ModelShape, pp: int, local: int) -> list[tuple[str, int, int]]:
     """(schedule, virtual, micro-batches) for `pp` stages and `local` sequences per dp rank:
     the fewest micro-batches that fill the pipe (>= pp) and one sequence each."""
@@ -142,7 +131,7 @@ def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> 
     extras = (
         {
             "tokens/s/GPU": p.tokens_per_s_per_gpu,
-            "MFU": mfu(q.model, q.hardware, q.seq, p.tokens_per_s_per_gpu),
+            "MFU": p.mfu,
         }
         if p
         else {}

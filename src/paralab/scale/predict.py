@@ -191,13 +191,25 @@ class Prediction:
     tokens_per_s_per_gpu: float = 0.0
     efficiency: float = 0.0
     notes: list[str] = field(default_factory=list)
+    tflops_per_gpu: float = 0.0
+    """Training: model TFLOP/s per GPU (`flops_per_token` x tokens/s/GPU), as papers publish."""
+    mfu: float = 0.0
+    """Training: those FLOPs over the GPU's dense bf16 peak."""
 
     def value(self, measured_key: str) -> float:
         return {
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "seconds": self.seconds,
             "efficiency": self.efficiency,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
         }[measured_key]
+
+
+def flops_per_token(m: ModelShape, seq: int) -> float:
+    """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
+    outside the embedding, plus 12 x layers x heads x head_dim x seq for attention."""
+    return 6 * (m.params - m.vocab * m.hidden) + 12 * m.layers * m.attention_width * seq
 
 
 def compute_time(flops: float, hw: Hardware, dtype: str, efficiency: float) -> float:
@@ -329,7 +341,15 @@ def predict_train(
         out["exposed: pp sends"] = 2 * (lo.pp - 1) * links["pp"].time(boundary, 1)
     seconds = sum(out.values())
     tokens = b * seq * lo.dp_shard * lo.dp_replicate
-    return Prediction(seconds, out, tokens_per_s_per_gpu=tokens / (seconds * lo.world))
+    rate = tokens / (seconds * lo.world)
+    model_flops = rate * flops_per_token(m, seq)
+    return Prediction(
+        seconds,
+        out,
+        tokens_per_s_per_gpu=rate,
+        tflops_per_gpu=model_flops / 1e12,
+        mfu=model_flops / hw.peak_bf16,
+    )
 
 
 SIMULATED_ACTIONS = 128
