@@ -31,6 +31,9 @@ network post overhead (`getNetOverhead`, 1 us on Intel and by default: 3 us for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
 
 TB = 1e12
 GB = 1e9
@@ -54,7 +57,7 @@ only; the lab sets a small message's LL latency against Simple's."""
 SOURCES = {
     "h100": "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/): "
     "SXM 989 TFLOP/s bf16 dense (1,979 with sparsity), fp8 1,979 dense, HBM3 80 GB at "
-    "3.35 TB/s, NVLink 900 GB/s; NVL 835 TFLOP/s bf16 dense, fp8 1,671, 94 GB at 3.9 TB/s, "
+    "3.35 TB/s, NVLink 900 GB/s, max TDP up to 700 W; NVL 835 TFLOP/s bf16 dense, fp8 1,671, 94 GB at 3.9 TB/s, "
     "NVLink bridge 600 GB/s between a pair, PCIe Gen5 128 GB/s, max board power 350-400 W",
     "h100-96gb": "the H100 torchtitan's benchmark ran on "
     "(pytorch/torchtitan@820504e:benchmarks/llama3_h100_202412_torchtitan.md, Hardware): "
@@ -68,7 +71,7 @@ SOURCES = {
     "h800": "NVIDIA H800 SXM5 (the H100 SXM die with NVLink cut to 400 GB/s): 989 TFLOP/s bf16 "
     "dense, 80 GB HBM3 at 3.35 TB/s (NVIDIA/nccl-tests#153 runs 8 of them per node)",
     "a100": "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100/): SXM 80 GB, 312 TFLOP/s "
-    "bf16 dense, no fp8, HBM2e 2,039 GB/s, NVLink 600 GB/s, 200 Gb/s HDR per GPU in a DGX A100",
+    "bf16 dense, no fp8, HBM2e 2,039 GB/s, NVLink 600 GB/s, max TDP 400 W, 200 Gb/s HDR per GPU in a DGX A100",
     "b200": "NVIDIA DGX B200 datasheet: 8 B200, 72 PFLOP/s fp8 training (sparse) = 4.5 dense "
     "per GPU, bf16 2.25 PFLOP/s dense, 1,440 GB HBM3e (180 per GPU) at 8 TB/s, NVLink 5 "
     "1.8 TB/s, 400 Gb/s ConnectX-7 per GPU",
@@ -112,6 +115,8 @@ class Hardware:
     efficiency_from: str = ""
     """The preset whose fitted kernel efficiencies this one uses (its own name if fitted)."""
     source: str = ""
+    power_w: int = 0
+    """The board's power limit where its source states it (0: not stated)."""
 
     def peak(self, dtype: str) -> float:
         if dtype == "fp8" and self.peak_fp8 <= 0:
@@ -130,105 +135,35 @@ HDR_200 = 24 * GB
 """200 Gb/s HDR: "24GB/s is the peak performance per 200G NIC" (NVIDIA/nccl-tests#119)."""
 PCIE_PAIRS = 0.62 * 64 * GB
 
+NETWORKS = {"ib-400": IB_400, "hdr-200": HDR_200}
+PRESETS = Path(__file__).with_name("HARDWARE.toml")
+
+
+def _preset(row: dict) -> Hardware:
+    """A row of `HARDWARE.toml` in the units the model computes in."""
+    pcie = row.get("intra") == "pcie-pairs"
+    return Hardware(
+        row["name"],
+        row["peak_bf16"] * TB,
+        row["peak_fp8"] * TB,
+        row["hbm_tb_s"] * TB,
+        row["hbm_gb"] * GB,
+        PCIE_PAIRS if pcie else _line(row["nvlink_gb_s"] * GB),
+        NETWORKS[row["network"]],
+        intra_link="pci" if pcie else "nvlink",
+        pair_busbw=_line(row["bridge_gb_s"] * GB) if pcie else None,
+        efficiency_from=row["efficiency_from"],
+        source=row["source"],
+        power_w=row.get("power_w", 0),
+    )
+
+
 HARDWARE: dict[str, Hardware] = {
-    h.name: h
-    for h in [
-        Hardware(
-            "h100-sxm",
-            989 * TB,
-            1979 * TB,
-            3.35 * TB,
-            80 * GB,
-            _line(450 * GB),
-            IB_400,
-            efficiency_from="h100-sxm",
-            source="h100; ib-400",
-        ),
-        Hardware(
-            "h100-96gb-500w",
-            989 * TB,
-            1979 * TB,
-            2.4 * TB,
-            96 * GB,
-            _line(450 * GB),
-            IB_400,
-            efficiency_from="h100-sxm",
-            source="h100-96gb; h100; ib-400",
-        ),
-        Hardware(
-            "h100-nvl",
-            835 * TB,
-            1671 * TB,
-            3.9 * TB,
-            94 * GB,
-            PCIE_PAIRS,
-            IB_400,
-            intra_link="pci",
-            pair_busbw=_line(300 * GB),
-            efficiency_from="h100-nvl",
-            source="h100; pcie-pairs; nvl-bridge; ib-400",
-        ),
-        Hardware(
-            "h200-sxm",
-            989 * TB,
-            1979 * TB,
-            4.8 * TB,
-            141 * GB,
-            _line(450 * GB),
-            IB_400,
-            efficiency_from="h100-sxm",
-            source="h200; ib-400",
-        ),
-        Hardware(
-            "h200-nvl",
-            835 * TB,
-            1671 * TB,
-            4.8 * TB,
-            141 * GB,
-            PCIE_PAIRS,
-            IB_400,
-            intra_link="pci",
-            pair_busbw=_line(450 * GB),
-            efficiency_from="h100-nvl",
-            source="h200; pcie-pairs; nvl-bridge; ib-400",
-        ),
-        Hardware(
-            "h800",
-            989 * TB,
-            1979 * TB,
-            3.35 * TB,
-            80 * GB,
-            _line(200 * GB),
-            IB_400,
-            efficiency_from="h100-sxm",
-            source="h800; ib-400",
-        ),
-        Hardware(
-            "a100-sxm-80g",
-            312 * TB,
-            0.0,
-            2.039 * TB,
-            80 * GB,
-            _line(300 * GB),
-            HDR_200,
-            efficiency_from="h100-sxm",
-            source="a100; hdr-200",
-        ),
-        Hardware(
-            "b200",
-            2250 * TB,
-            4500 * TB,
-            8.0 * TB,
-            180 * GB,
-            _line(900 * GB),
-            IB_400,
-            efficiency_from="h100-sxm",
-            source="b200; ib-400",
-        ),
-    ]
+    row["name"]: _preset(row) for row in tomllib.loads(PRESETS.read_text())["preset"]
 }
-"""H800, H200 SXM, A100 and B200 have no visible case of their own: they borrow the H100 SXM
-fit (the same kernels on a faster or slower chip), H200 NVL the H100 NVL fit."""
+"""Only the H100 SXM and H100 NVL fits exist (`scale.fit`): the rest borrow one (the same
+kernels on a faster or slower chip). The 500 W 96 GB H100 is the part torchtitan's rows ran
+on; the h100-sxm fit is of those rows, so it borrows its own."""
 
 
 def hardware(name: str) -> Hardware:
