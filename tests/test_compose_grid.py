@@ -332,7 +332,6 @@ def test_what_to_try_hints_hold():
     assert table["tp"] > 9 * max(v for k, v in table.items() if k != "tp")
 
 
-
 def _unflatten_efsdp(*candidates: tuple[int, ...]) -> list[str]:
     """On every rank: torchtitan@238fa99's sparse mesh unflattened out of the world mesh."""
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("world",))
