@@ -140,3 +140,17 @@ def test_unequal_tokens_need_the_global_count_and_per_rank_means_fail():
     grid = Grid(8, dp_shard=2, cp=2, tp=2)
     wrong = run(compose_worker, 8, grid, timeout=120, patches=per_rank_means())
     assert not all(v.passed for v in check_params([p for p, _ in wrong], grid))
+
+
+def test_fsdp_resharding_after_forward_under_pp_gathers_2m_times_and_stays_exact(pipelined):
+    """FSDP's reshard_after_forward=True on the pp row: each micro-batch's forward and backward
+    refill the freed parameters (a wrong refill would break the check), 2m = 8 gathers per step
+    against the kept row's one; ledger = formula on every rank."""
+    grid, kept = pipelined
+    out = run(compose_worker, 8, grid, reshard_after_forward=True, timeout=120)
+    all_pass(check_params([o[0] for o in out], grid))
+    all_pass(check_bytes([o[1] for o in out], grid, reshard_after_forward=True))
+    gather = ("dp_shard_cp", "param gather")
+    for rank in range(8):
+        once = measured_bytes(kept[rank][1], grid, rank)[gather]
+        assert measured_bytes(out[rank][1], grid, rank)[gather] == 8 * once > 0

@@ -348,6 +348,9 @@ print(
 # show: paralab.compose.costs.group_phase_bytes
 
 # %%
+# show: paralab.compose.costs.data_parallel_bytes
+
+# %%
 bytes_verdicts = [
     summary(
         f"{describe(grid)}: ledger = formula, every rank",
@@ -411,6 +414,56 @@ print("heaviest group:", heaviest)
 # heaviest. At a real size the activations dominate, and tp, which reduces every block's
 # activation four times per micro-batch, is the heaviest by far, and on the critical path:
 # the argument for putting TP on NVLink.
+#
+# **FSDP under PP: keep the parameters gathered.** FSDP frees a layer's gathered parameters
+# after its forward and gathers them again for its backward (`reshard_after_forward=True`). On
+# a pipeline that is once per micro-batch, twice: 2m all-gathers of the stage per step.
+# torchtitan's default under PP is not to reshard (`reshard_after_forward = not pp_enabled`, "to
+# avoid per-microbatch all-gathers" in `apply_fsdp`, pytorch/torchtitan@238fa99), and torch's
+# pipeline stage keeps them after every backward but the last: one gather per step, the cost
+# of holding the whole stage. The rows above keep them; `reshard_hooks` frees and refills them
+# as FSDP does.
+#
+# **Predict:** on the 8-rank pp row (m = 4), how many times the kept rows' parameter-gather
+# bytes does a resharding rank send? And what does that make of the FSDP group's bytes at
+# Llama-3-8B size on 128 GPUs?
+
+# %%
+# show: paralab.compose.runs.reshard_hooks
+
+# %%
+PP8 = ROWS["dp 2 x tp 2 x pp 2"]
+RESHARD = run(compose_worker, 8, PP8, reshard_after_forward=True, timeout=120)
+gather = ("dp_shard_cp", "param gather")
+kept = measured_bytes(RESULTS["dp 2 x tp 2 x pp 2"][0][1], PP8, 0)[gather]
+resharded = measured_bytes(RESHARD[0][1], PP8, 0)[gather]
+reshard_verdicts = [
+    summary(
+        "reshard after forward: parameters after 2 steps equal one process",
+        check_params([p for p, _ in RESHARD], PP8),
+    ),
+    summary(
+        "reshard after forward: ledger = formula (2m gathers), every rank",
+        check_bytes([r for _, r in RESHARD], PP8, reshard_after_forward=True),
+    ),
+    claim(
+        "rank 0 gathers 2m = 8 times the kept bytes",
+        resharded == 8 * kept,
+        f"{resharded} B = 8 x {kept} B",
+    ),
+]
+print(verdict_table(reshard_verdicts, "FSDP under PP"))
+fsdp_real = [per_group(GRID128, LLAMA128, 8, 2, r)["dp_shard_cp"] / 1e9 for r in (False, True)]
+print(
+    f"Llama-3-8B shapes, 128 GPUs, m = 8: dp_shard_cp {fsdp_real[0]:.4g} GB kept, {fsdp_real[1]:.4g} GB resharded"
+)
+
+# %% [markdown]
+# Per step the FSDP group's heaviest rank sends its stage's gradient once and its parameters
+# once when they are kept, 2m times when they are not: at m = 8 the gather bytes grow sixteen-fold,
+# and these gathers sit before each micro-batch's compute rather than overlapping the backward.
+# Keeping them costs the memory of the whole stage (1/pp of the model on a rank, cut by tp), which
+# PP has already divided.
 #
 # ## 6. The wrong layout: TP outermost
 #

@@ -59,9 +59,15 @@ def stage_numel(config: LMConfig, tp: int, stage: int, pp: int) -> int:
 
 
 def group_phase_bytes(
-    grid: Grid, rank: int, config: LMConfig, microbatches: int, itemsize: int = ITEMSIZE
+    grid: Grid,
+    rank: int,
+    config: LMConfig,
+    microbatches: int,
+    itemsize: int = ITEMSIZE,
+    reshard_after_forward: bool = False,
 ) -> dict[tuple[str, str], int]:
-    """(group, phase) -> bytes this rank sends in one training step (0-byte entries dropped)."""
+    """(group, phase) -> bytes this rank sends in one step (0-byte entries dropped); the stage
+    gathered once (kept: FSDP under PP) or 2m times (`reshard_after_forward`)."""
     c = grid.coords(rank)
     stage, m, tp, cp, pp = c["pp"], microbatches, grid.tp, grid.cp, grid.pp
     rows, tokens = config.batch // m, config.seq // cp
@@ -87,15 +93,25 @@ def group_phase_bytes(
     for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, a)[stage].items():
         add("pp", phase, nbytes)
     add("dp_cp", "token count", all_reduce_bytes(TOKEN_COUNT_BYTES, grid.size("dp_cp")))
-    shard, replicas = grid.size("dp_shard_cp"), grid.dp_replicate
-    dp = traffic_formula(
-        "fsdp", [stage_numel(config, tp, stage, pp)], shard * replicas, replicas, False
-    )
-    scale = itemsize / ITEMSIZE
-    add("dp_shard_cp", "grad sync", round(dp["reduce_scatter_tensor"] * scale))
-    add("dp_replicate", "grad sync", round(dp.get("all_reduce", 0) * scale))
-    add("dp_shard_cp", "param gather", round(dp["all_gather_into_tensor"] * scale))
+    gathers, numel = 2 * m if reshard_after_forward else 1, stage_numel(config, tp, stage, pp)
+    for key, nbytes in data_parallel_bytes(grid, numel, itemsize, gathers).items():
+        add(*key, nbytes)
     return out
+
+
+def data_parallel_bytes(
+    grid: Grid, numel: int, itemsize: int, gathers: int
+) -> dict[tuple[str, str], int]:
+    """HSDP's bytes for `numel` local parameters: the reduce-scatter over dp_shard_cp, the
+    shard's all-reduce over dp_replicate, and `gathers` all-gathers (`fsdp.costs`)."""
+    shard, replicas = grid.size("dp_shard_cp"), grid.dp_replicate
+    dp = traffic_formula("fsdp", [numel], shard * replicas, replicas, False)
+    scale = itemsize / ITEMSIZE
+    return {
+        ("dp_shard_cp", "grad sync"): round(dp["reduce_scatter_tensor"] * scale),
+        ("dp_replicate", "grad sync"): round(dp.get("all_reduce", 0) * scale),
+        ("dp_shard_cp", "param gather"): gathers * round(dp["all_gather_into_tensor"] * scale),
+    }
 
 
 def moe_group_phase_bytes(
@@ -154,13 +170,19 @@ def moe_group_phase_bytes(
     return out
 
 
-def per_group(grid: Grid, config: LMConfig, microbatches: int, itemsize: int = ITEMSIZE):
+def per_group(
+    grid: Grid,
+    config: LMConfig,
+    microbatches: int,
+    itemsize: int = ITEMSIZE,
+    reshard_after_forward: bool = False,
+):
     """group -> the most bytes any one rank sends over it in a step (its heaviest member)."""
     out: dict[str, int] = {}
     for rank in range(grid.world):
         totals: dict[str, int] = {}
         for (group, _), nbytes in group_phase_bytes(
-            grid, rank, config, microbatches, itemsize
+            grid, rank, config, microbatches, itemsize, reshard_after_forward
         ).items():
             totals[group] = totals.get(group, 0) + nbytes
         for group, nbytes in totals.items():

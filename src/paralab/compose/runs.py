@@ -42,7 +42,7 @@ from paralab.compose.moe import aux_loss, expert_parallel, is_expert, moe_config
 from paralab.cp.layout import shard_sequence
 from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params
 from paralab.fsdp.zero import unflatten as unflatten_unit
-from paralab.ledger import Ledger, Record
+from paralab.ledger import Ledger, Record, in_phase
 from paralab.pp.executor import run_actions
 from paralab.pp.schedules import Schedule, build_schedule
 from paralab.tp.model import build_model, tensor_parallel
@@ -161,6 +161,7 @@ class RankState:
     targets: list[torch.Tensor]
     units: list[ShardedUnit]
     local_tokens: int
+    reshard_after_forward: bool = False
 
 
 def sharded_unit(
@@ -182,7 +183,51 @@ def sharded_unit(
     return ShardedUnit(list(params), flat, shard, replicate)
 
 
-def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) -> RankState:
+def load_params(state: RankState) -> None:
+    """Every unit's parameters whole again: the all-gather of the shards into them, in place.
+    A freed parameter's storage is given back first; the version counter is kept because the
+    graph saved the parameter itself (FSDP2 refills its unsharded parameters the same way)."""
+    for unit in state.units:
+        full = gather_unit_params(unit.flat, unit.shard)
+        with torch.no_grad():
+            for p, view in zip(unit.params, unflatten_unit(unit.flat, full).values()):
+                p.untyped_storage().resize_(p.numel() * p.element_size())
+                with torch.autograd._unsafe_preserve_version_counter(p):
+                    p.copy_(view)
+
+
+def free_params(state: RankState) -> None:
+    """Every unit's whole parameters dropped (storage size 0): only the 1/N shards remain."""
+    for unit in state.units:
+        for p in unit.params:
+            p.untyped_storage().resize_(0)
+
+
+def reshard_hooks(state: RankState) -> None:
+    """FSDP's `reshard_after_forward=True` on this stage: each micro-batch's forward gathers the
+    parameters and frees them after; its backward (a hook on the stage's output) gathers them
+    again. 2m all-gathers per step where keeping them gathered costs one."""
+
+    def gather(*_) -> None:
+        with in_phase("param gather"):
+            load_params(state)
+
+    def after_forward(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        free_params(state)
+        if output.requires_grad:
+            output.register_hook(lambda grad: (gather(), grad)[1])
+
+    state.stage.register_forward_pre_hook(gather)
+    state.stage.register_forward_hook(after_forward)
+
+
+def setup(
+    grid: Grid,
+    microbatches: int | None,
+    seed: int,
+    moe: bool = False,
+    reshard_after_forward: bool = False,
+) -> RankState:
     """Build this rank's stage, micro-batches, schedule and shards."""
     if moe and (grid.pp > 1 or grid.etp != grid.tp):
         raise NotImplementedError("the MoE model composes with pp = 1 and etp = tp only")
@@ -214,9 +259,13 @@ def setup(grid: Grid, microbatches: int | None, seed: int, moe: bool = False) ->
     if experts:
         units.append(sharded_unit(experts, groups.group["dp_shard_mod_ep"], replicate))
     tokens = int((targets != IGNORE_INDEX).sum())
-    return RankState(
+    state = RankState(
         grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units, tokens
     )
+    if reshard_after_forward:
+        state.reshard_after_forward = True
+        reshard_hooks(state)
+    return state
 
 
 def one_step(state: RankState, ledger: Ledger | None = None) -> None:
@@ -243,6 +292,10 @@ def one_step(state: RankState, ledger: Ledger | None = None) -> None:
             shard_grad = sum_scatter_grads(flat, unit.shard, unit.replicate)
         with torch.no_grad():
             unit.flat.shard.add_(shard_grad, alpha=-LR)
+        if state.reshard_after_forward:  # the next forward gathers
+            for p in unit.params:
+                p.grad = None
+            continue
         with ledger.phase("param gather") if ledger else contextlib.nullcontext():
             full = gather_unit_params(unit.flat, unit.shard)
         with torch.no_grad():
@@ -295,12 +348,18 @@ def train(
 
 
 def compose_worker(
-    grid: Grid, microbatches: int | None = None, steps: int = 2, seed: int = 0, moe: bool = False
+    grid: Grid,
+    microbatches: int | None = None,
+    steps: int = 2,
+    seed: int = 0,
+    moe: bool = False,
+    reshard_after_forward: bool = False,
 ):
-    """On every rank: `train`'s steps on `grid` (any order), step 0 under the ledger.
+    """On every rank: `train`'s steps on `grid` (any order), step 0 under the ledger; with
+    `reshard_after_forward`, FSDP's per-micro-batch gathers (`reshard_hooks`).
 
     Returns (full parameters, step 0's ledger records)."""
-    state = setup(grid, microbatches, seed, moe)
+    state = setup(grid, microbatches, seed, moe, reshard_after_forward)
     records: list[Record] = []
     for step in range(steps):
         if step == 0:
@@ -309,6 +368,8 @@ def compose_worker(
             records = led.records
         else:
             one_step(state)
+    if reshard_after_forward:
+        load_params(state)
     return gathered(state), records
 
 
@@ -407,6 +468,7 @@ def check_bytes(
     grid: Grid,
     microbatches: int | None = None,
     send_counts: list[list[torch.Tensor]] | None = None,
+    reshard_after_forward: bool = False,
 ) -> list[Verdict]:
     """Every rank's bytes per (group, phase) from the ledger vs `costs.group_phase_bytes` (or,
     given every rank's routed `send_counts` per block, `costs.moe_group_phase_bytes`), exact.
@@ -414,7 +476,10 @@ def check_bytes(
     m = microbatches or default_microbatches(grid.pp)
     measured = [measured_bytes(recs, grid, rank) for rank, recs in enumerate(records)]
     if send_counts is None:
-        formula = [group_phase_bytes(grid, rank, CONFIG, m) for rank in range(grid.world)]
+        formula = [
+            group_phase_bytes(grid, rank, CONFIG, m, reshard_after_forward=reshard_after_forward)
+            for rank in range(grid.world)
+        ]
     else:
         formula = [
             moe_group_phase_bytes(
