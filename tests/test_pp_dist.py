@@ -179,3 +179,13 @@ def test_looped_bfs_runs_backwards_last_first_so_its_sums_are_equal_only_to_roun
     assert _failed(compare(dict(sorted(got.items())), want))
     assert not _failed(compare(dict(sorted(got.items())), want, atol=1e-15))
     assert _names(per_rank[0][0]["order"])[8:12] == ["B2.3", "B2.2", "B2.1", "B2.0"]
+
+
+def test_gradient_norm_across_stages_is_one_processs_with_one_scalar_all_reduce():
+    """Each rank's sum of squares, all-reduced over the pipeline: the global norm, 12 B a rank."""
+    from paralab.pp.runs import grad_norm_worker, reference_grad_norm
+
+    per_rank = run(grad_norm_worker, 4, "1f1b", 8, timeout=60)
+    assert len({r["norm"] for r in per_rank}) == 1
+    assert per_rank[0]["norm"] == pytest.approx(reference_grad_norm(8), abs=1e-15)
+    assert [r["bytes"] for r in per_rank] == [2 * 3 * 8 // 4] * 4

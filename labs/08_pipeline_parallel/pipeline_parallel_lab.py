@@ -223,6 +223,44 @@ print(verdict_table(training_rows, "pipeline training = one process"))
 # scaling is what makes them the same number.
 
 # %% [markdown]
+# **The collectives a pipeline does have.** The schedule exchanges only point-to-point
+# messages, but the step around it needs the whole model once: clipping by the global
+# gradient norm. A stage holds only its parameters, so each rank sums its own squares and
+# the sums are all-reduced over the pipeline, as Megatron's `get_grad_norm_fp32` does
+# (`pp_runs.grad_norm_worker`). One scalar per step, against every activation per micro-batch.
+
+# %%
+norms = run(pp_runs.grad_norm_worker, 4, "1f1b", 8, timeout=60)
+want_norm = pp_runs.reference_grad_norm(8)
+print("per-rank sums of squares:", " ".join(f"{r['local']:.6g}" for r in norms))
+print(f"global norm on every rank {norms[0]['norm']:.6g}, one process {want_norm:.6g}")
+norm_verdicts = [
+    claim(
+        "every rank has the same norm",
+        len({r["norm"] for r in norms}) == 1,
+        f"{norms[0]['norm']:.6g}",
+    ),
+    claim(
+        "= one process's, to 1e-15",
+        abs(norms[0]["norm"] - want_norm) < 1e-15,
+        f"{abs(norms[0]['norm'] - want_norm):.1e}",
+    ),
+    claim(
+        "bytes: one float64 all-reduce",
+        [r["bytes"] for r in norms] == [12] * 4,
+        f"{norms[0]['bytes']} B a rank",
+    ),
+]
+print(verdict_table(norm_verdicts, "gradient norm across stages"))
+
+# %% [markdown]
+# The check allows rounding: the squares are summed per stage, then across stages, a grouping
+# one process need not share (here the two agree to the last bit). A ring all-reduce of 8 bytes over 4 ranks sends
+# `2(p-1)/p · 8 = 12` B a rank. A model whose input embedding and LM head share one matrix
+# adds one more: that matrix lives on the first and the last stage, and its two gradients are
+# all-reduced between just those two ranks before the optimizer step (this model has none).
+
+# %% [markdown]
 # ## 5. The bubble, measured
 #
 # The bubble's closed forms, idle rank-time over all rank-time (`m >= p`). That is one of two

@@ -77,6 +77,26 @@ def pp_worker(
     return {"params": params, "grads": grads, "step0": records[0], "records": ledger_records}
 
 
+def grad_norm_worker(schedule: str = "1f1b", microbatches: int = 4, seed: int = 0) -> dict:
+    """On every rank: one step, then the global gradient norm as Megatron's
+    `get_grad_norm_fp32` forms it: each rank's sum of squares, all-reduced over the pipeline
+    (a stage holds only its own parameters), then the square root."""
+    rank, pp = dist.get_rank(), dist.get_world_size()
+    plan = build_schedule(schedule, pp, microbatches)
+    _, grads, _, _ = _steps(plan, rank, 1, seed, ledger_first=False)
+    local = sum((g * g).sum() for g in grads[0].values())
+    total = local.clone()
+    with Ledger() as led:
+        dist.all_reduce(total)
+    return {"local": local.item(), "norm": total.sqrt().item(), "bytes": sent(led.records)}
+
+
+def reference_grad_norm(microbatches: int = 4, seed: int = 0) -> float:
+    """One process: the norm of every step-0 gradient of the whole model."""
+    grads = reference_run(microbatches, 1, seed)[1][0]
+    return torch.sqrt(sum((g * g).sum() for g in grads.values())).item()
+
+
 SWEEP = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)]
 """Every hand-written schedule with its stages per rank."""
 
