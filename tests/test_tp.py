@@ -191,3 +191,23 @@ def test_shard_and_unshard_are_inverse(split):
     full = full.T.contiguous() if split == Split(1) else full
     for tp in (2, 3):
         assert torch.equal(unshard([shard(full, split, r, tp) for r in range(tp)], split), full)
+
+
+@pytest.mark.parametrize("tp, sequence_parallel", [(2, False), (4, True)])
+def test_grad_norm_counts_replicated_gradients_once_and_equals_one_process(tp, sequence_parallel):
+    """Megatron's clip_grads.py: a replicated gradient counted on one tp rank only; counted on
+    every rank, the norm is larger (by less than sqrt(tp): only the replicated part repeats)."""
+    from paralab.tp.runs import grad_norm_job, one_process_grad_norm
+
+    want = one_process_grad_norm()
+    for norms in run(grad_norm_job, tp, sequence_parallel):
+        assert abs(norms["counted once"] - want) <= 1e-12 * want
+        assert want < norms["counted on every rank"] < tp**0.5 * want
+
+
+def test_training_clipped_across_tp_equals_one_process_with_clip_grad_norm():
+    per_rank = run(train, 2, 2, sequence_parallel=True, max_norm=1.0)
+    assert not _failed(check_train(per_rank, 2, 1, True, max_norm=1.0))
+    unclipped = reference(samples=1, steps=2)
+    clipped = reference(samples=1, steps=2, max_norm=1.0)
+    assert not torch.equal(clipped["blocks.0.mlp.up.weight"], unclipped["blocks.0.mlp.up.weight"])

@@ -61,9 +61,11 @@ from paralab.tp.runs import (
     check_lm,
     check_memory,
     check_train,
+    grad_norm_job,
     lm_job,
     measured_bytes,
     memory_job,
+    one_process_grad_norm,
     one_process_saved_bytes,
 )
 from paralab.viz import plot_diff_heatmap, show
@@ -448,6 +450,9 @@ print(
 # show: paralab.tp.runs.train
 
 # %% jupyter={"source_hidden": true}
+# show: paralab.tp.runs.fsdp_over_dp
+
+# %% jupyter={"source_hidden": true}
 # show: paralab.tp.runs.reference
 
 # %%
@@ -470,6 +475,75 @@ train_claims.append(
     )
 )
 print(verdict_table(train_claims, "training (relative bound 1e-12; every rank bitwise the same)"))
+
+# %% [markdown]
+# **Clipping the gradient norm across TP.** Clipping scales every gradient by
+# `max_norm / norm` when the whole model's norm is larger. No rank holds the whole
+# gradient: each adds the squares of what it holds, and one all-reduce sums them. But a
+# replicated gradient (norms, row biases, positions) is held whole by every rank, so
+# only one rank may add it; Megatron counts a parameter if it is sharded or this is tp
+# rank 0 (NVIDIA/Megatron-LM@d98e8a64:megatron/core/optimizer/clip_grads.py,
+# `get_grad_norm_fp32`). Under SP, clip after the replicated gradients are summed.
+
+# %%
+# show: paralab.tp.clip.tp_grad_norm paralab.tp.clip.clip_tp_grads_
+
+# %% [markdown]
+# **Predict before you run.** Counted on every rank instead, is the norm too large by a
+# factor of tp?
+#
+# <details><summary>Answer</summary>
+#
+# No: only the replicated part counts tp times, `sqrt(sharded² + tp·replicated²)`. Here
+# the replicated parameters are small and the error is a few per cent, which a loss curve
+# would never show: only a check against one process catches it.
+# </details>
+
+# %%
+norms = {(tp, sp): run(grad_norm_job, tp, sp)[0] for tp, sp in ((2, False), (4, True))}
+one_norm = one_process_grad_norm()
+print(
+    text_table(
+        ("tp", "mode", "counted once", "counted on every rank", "one process"),
+        [
+            (
+                tp,
+                "TP+SP" if sp else "TP",
+                f"{n['counted once']:.6f}",
+                f"{n['counted on every rank']:.6f}",
+                f"{one_norm:.6f}",
+            )
+            for (tp, sp), n in norms.items()
+        ],
+    )
+)
+# %%
+clipped = run(train, 2, 2, sequence_parallel=True, max_norm=1.0)
+clip_claims = [
+    claim(
+        f"tp={tp}{' +SP' if sp else ''}: the norm, replicated counted once = one process",
+        abs(n["counted once"] - one_norm) <= 1e-12 * one_norm,
+        f"{n['counted once']:.6f}",
+    )
+    for (tp, sp), n in norms.items()
+]
+clip_claims.append(
+    summary(
+        "tp=2 +SP, clipped at 1.0: params after 2 steps = one process with clip_grad_norm_",
+        check_train(clipped, 2, 1, True, max_norm=1.0),
+    )
+)
+clip_claims.append(
+    claim(
+        "the clipping is not vacuous: the norm exceeds 1.0, the clipped run differs",
+        one_norm > 1.0
+        and not torch.equal(
+            clipped[0]["blocks.0.mlp.up.weight"], trained[(2, 1, True)][0]["blocks.0.mlp.up.weight"]
+        ),
+        f"one-process norm {one_norm:.6f}",
+    )
+)
+print(verdict_table(clip_claims, "\ngradient-norm clipping across tp (relative bound 1e-12)"))
 
 # %% [markdown]
 # ## 8. The same model under torch's DTensor tensor parallelism
@@ -768,6 +842,7 @@ print(
             "5 · the whole model": [v for f in lm_verdicts.values() for v in f],
             "6 · bytes = formula": [v for f in byte_verdicts.values() for v in f],
             "7 · training, alone and in FSDP2": [v for f in train_verdicts.values() for v in f],
+            "7 · clipping across tp": clip_claims,
             "8 · DTensor parity": dtensor_claims,
             "9 · activation memory": memory_claims + torch_sp_claims,
             "10 · bug clinic": clinic,

@@ -1,4 +1,4 @@
-"""Lab 07 exercises: f and g's backwards, the column and row splits, the vocab-parallel loss; and the bugs they catch.
+"""Lab 07 exercises: f and g's backwards, the splits, the vocab-parallel loss, the clipped norm; and their bugs.
 
 The lab's bug clinic and tests/test_tp.py import the clinic's bug from here, so it is
 written once; `tp_clinic_change()` hands it over as a patch set under a name that does
@@ -155,6 +155,61 @@ def loss_target_not_masked(logits, target, group):
     return sum_exp.log() - picked, _lse_from(sum_exp, shift)
 
 
+# --------------------------------------------------------------------------- tp_grad_norm
+def _norm_case(seed: int, rank: int, world: int, shapes, replicated, scale: float = 1.0) -> tuple:
+    """This rank's pieces of gradients drawn from `seed`: a row shard of each sharded one
+    (rows = a multiple of world), the whole of each replicated one."""
+    pieces = []
+    for k, (shape, whole) in enumerate(zip(shapes, replicated)):
+        full = scale * _draw(seed + k, shape)
+        if whole:
+            pieces.append(full)
+        else:
+            start, end = owned_range(full.shape[0], rank, world)
+            pieces.append(full[start:end].clone())
+    return pieces, list(replicated), None
+
+
+def _norm_cases(rank: int, world: int) -> list[tuple]:
+    """Sharded and replicated gradients together; replicated only; a large scale."""
+    return [
+        _norm_case(
+            0, rank, world, [(2 * world, 3), (4,), (world, 5), (3,)], [False, True, False, True]
+        ),
+        _norm_case(10, rank, world, [(6,), (2, 2)], [True, True]),
+        _norm_case(20, rank, world, [(world, 2), (5,)], [False, True], scale=1e3),
+    ]
+
+
+def _hidden_norm_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    draw = random.Random(seed)
+    count = draw.randint(2, 6)
+    replicated = [draw.random() < 0.5 for _ in range(count)]
+    replicated[0], replicated[1] = False, True
+    shapes = [
+        (draw.randint(1, 4) * (1 if whole else world), draw.randint(1, 4)) for whole in replicated
+    ]
+    return [_norm_case(seed, rank, world, shapes, replicated, scale=draw.uniform(0.1, 10))]
+
+
+def norm_counting_replicas(grads, replicated, group):
+    """Bug: every rank adds the replicated gradients' squares, so each counts tp times."""
+    square = sum(g.double().pow(2).sum() for g in grads)
+    dist.all_reduce(square, group=group)
+    return square.sqrt()
+
+
+def norm_summing_rank_norms(grads, replicated, group):
+    """Bug: each rank's own norm all-reduced, a sum of norms instead of a norm of the sum of squares."""
+    first = dist.get_rank(group) == 0
+    square = sum(
+        g.double().pow(2).sum() for g, whole in zip(grads, replicated) if first or not whole
+    )
+    norm = torch.as_tensor(square, dtype=torch.float64).sqrt()
+    dist.all_reduce(norm, group=group)
+    return norm
+
+
 EXERCISES = [
     Exercise(
         name="f_backward",
@@ -238,6 +293,31 @@ EXERCISES = [
         bugs=[
             ("each rank shifts by its own max", loss_with_local_max, "case 1"),
             ("the target logit taken on every rank", loss_target_not_masked, "case 0"),
+        ],
+    ),
+    Exercise(
+        name="tp_grad_norm",
+        lab=LAB,
+        target="paralab.tp.clip.tp_grad_norm",
+        prompt=(
+            "Gradient clipping needs the L2 norm of the whole model's gradient, as one vector. `grads[i]` "
+            "is this rank's piece of gradient i: a shard of it, or, when `replicated[i]`, the whole of it "
+            "(every rank holds the same one). Return the norm, a float64 0-d tensor, the same on every "
+            "rank of `group` (`None`: the whole world), with one all-reduce."
+        ),
+        hint="sum squares, not norms; a gradient every rank holds must enter the sum once (Megatron: "
+        "only tp rank 0 counts it)",
+        cases=_norm_cases,
+        hidden=_hidden_norm_cases,
+        world_sizes=(2, 4),
+        hidden_world_sizes=(3,),
+        points=2,
+        minutes=10,
+        atol=0.0,
+        rtol=1e-12,
+        bugs=[
+            ("replicated gradients counted on every rank", norm_counting_replicas, "case 0"),
+            ("the ranks' norms summed", norm_summing_rank_norms, "case 0"),
         ],
     ),
 ]

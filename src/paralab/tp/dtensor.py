@@ -32,7 +32,7 @@ from paralab.tp.layout import Split, owned_range, shard, unshard
 from paralab.tp.mappings import SEQ_DIM
 from paralab.tp.memory import SavedBytes
 from paralab.tp.model import TinyLM, build_model
-from paralab.tp.runs import LR, block_inputs, build_mesh, global_batch, sample_rows
+from paralab.tp.runs import LR, block_inputs, build_mesh, fsdp_over_dp, global_batch, sample_rows
 
 QKV = Split(0, parts=3)
 
@@ -97,13 +97,7 @@ def dtensor_model(
         block.attn.heads //= tp
     if sequence_parallel:
         model.pos_offset = owned_range(model.sizes.seq, tp_mesh.get_local_rank(), tp)[0]
-    if mesh["dp_shard"].size() > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh["dp_shard"])
-        fully_shard(model, mesh=mesh["dp_shard"])
-    return model
+    return fsdp_over_dp(model, mesh)
 
 
 def dtensor_train(

@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from paralab.check import Verdict, compare
 from paralab.ledger import Ledger, summarize
+from paralab.tp.clip import clip_tp_grads_, tp_grad_norm
 from paralab.tp.costs import block_step_bytes, step_bytes
 from paralab.tp.layout import Split, owned_range, unshard
 from paralab.tp.mappings import SEQ_DIM
@@ -74,24 +75,41 @@ def full_params(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> dict[str
     return out
 
 
-def train(
-    tp: int, dp_shard: int = 1, *, sequence_parallel: bool = False, steps: int = 2, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """On every rank (world = dp_shard × tp): `steps` SGD steps of the tensor-parallel model.
-
-    Each dp rank trains on its sample of the global batch; with dp_shard > 1 the
-    tensor-parallel model is wrapped in FSDP2 over the dp mesh (TP inside each dp
-    replica, as torchtitan composes them). Returns the full parameters, the same on every rank.
-    """
-    mesh = build_mesh(tp, dp_shard)
-    tp_group = mesh.get_group("tp")
-    model = tensor_parallel(build_model(seed), tp_group, sequence_parallel)
-    if dp_shard > 1:
+def fsdp_over_dp(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """FSDP2 over the mesh's dp_shard axis, each block a unit, when it has more than one rank."""
+    if mesh["dp_shard"].size() > 1:
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
             fully_shard(block, mesh=mesh["dp_shard"])
         fully_shard(model, mesh=mesh["dp_shard"])
+    return model
+
+
+def train(
+    tp: int,
+    dp_shard: int = 1,
+    *,
+    sequence_parallel: bool = False,
+    steps: int = 2,
+    seed: int = 0,
+    max_norm: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """On every rank (world = dp_shard × tp): `steps` SGD steps of the tensor-parallel model.
+
+    Each dp rank trains on its sample of the global batch; with dp_shard > 1 the
+    tensor-parallel model is wrapped in FSDP2 over the dp mesh (TP inside each dp
+    replica, as torchtitan composes them). `max_norm`: clip the whole model's gradient
+    norm across tp first (`clip.clip_tp_grads_`; tp alone, dp_shard = 1). Returns the full
+    parameters, the same on every rank.
+    """
+    if max_norm is not None and dp_shard > 1:
+        raise ValueError(
+            f"max_norm={max_norm}: clipping here spans tp only, got dp_shard={dp_shard}"
+        )
+    mesh = build_mesh(tp, dp_shard)
+    tp_group = mesh.get_group("tp")
+    model = fsdp_over_dp(tensor_parallel(build_model(seed), tp_group, sequence_parallel), mesh)
     ids, targets = global_batch(dp_shard, seed)
     rows = sample_rows(mesh.get_local_rank("dp_shard"))
     ids, targets = ids[rows], targets[rows]
@@ -101,20 +119,30 @@ def train(
         model.loss(ids, targets).backward()
         if sequence_parallel:
             sync_replicated_grads(model, tp_group)
+        if max_norm is not None:
+            clip_tp_grads_(model, max_norm, tp_group)
         optimizer.step()
     return full_params(model, tp_group)
 
 
 def reference(
-    *, samples: int, steps: int = 2, seed: int = 0, config: LMConfig = CONFIG
+    *,
+    samples: int,
+    steps: int = 2,
+    seed: int = 0,
+    config: LMConfig = CONFIG,
+    max_norm: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One process: the same model and global batch (`samples` = dp_shard), `steps` SGD steps."""
+    """One process: the same model and global batch (`samples` = dp_shard), `steps` SGD steps,
+    clipped by torch's `clip_grad_norm_` when `max_norm` is given."""
     model = build_model(seed, config)
     ids, targets = global_batch(samples, seed, config)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for _ in range(steps):
         optimizer.zero_grad()
         model.loss(ids, targets).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
@@ -158,6 +186,32 @@ def lm_reference(seed: int = 0) -> dict:
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     return {"loss": loss.detach(), "logits": logits["logits"], "grads": grads}
+
+
+def grad_norm_job(sequence_parallel: bool = False, seed: int = 0) -> dict[str, float]:
+    """On every rank (tp = world): one backward, then the whole model's gradient norm, with each
+    replicated gradient counted once (`clip.tp_grad_norm`) and, for contrast, on every rank."""
+    tp_group = build_mesh(dist.get_world_size()).get_group("tp")
+    model = tensor_parallel(build_model(seed), tp_group, sequence_parallel)
+    ids, targets = global_batch(1, seed)
+    model.loss(ids, targets).backward()
+    if sequence_parallel:
+        sync_replicated_grads(model, tp_group)
+    splits = param_splits(model)
+    grads = [model.get_parameter(name).grad for name in splits]
+    once = [split is None for split in splits.values()]
+    return {
+        "counted once": tp_grad_norm(grads, once, tp_group).item(),
+        "counted on every rank": tp_grad_norm(grads, [False] * len(grads), tp_group).item(),
+    }
+
+
+def one_process_grad_norm(seed: int = 0) -> float:
+    """The same norm in one process, as `torch.nn.utils.clip_grad_norm_` computes it."""
+    model = build_model(seed)
+    ids, targets = global_batch(1, seed)
+    model.loss(ids, targets).backward()
+    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
 
 
 def block_inputs(seed: int = 0, config: LMConfig = CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,11 +367,18 @@ def check_lm(per_rank: list[dict], sequence_parallel: bool, seed: int = 0) -> li
 
 
 def check_train(
-    per_rank: list[dict], tp: int, dp_shard: int, sequence_parallel: bool, steps: int = 2
+    per_rank: list[dict],
+    tp: int,
+    dp_shard: int,
+    sequence_parallel: bool,
+    steps: int = 2,
+    max_norm: float | None = None,
 ) -> list[Verdict]:
     """Parameters after `steps` vs one process on the global batch, and bitwise the same on every rank."""
     tag = f"dp={dp_shard} x tp={tp}{' +SP' if sequence_parallel else ''}, {steps} steps"
-    want = reference(samples=dp_shard, steps=steps)
+    if max_norm is not None:
+        tag += f", clipped at {max_norm}"
+    want = reference(samples=dp_shard, steps=steps, max_norm=max_norm)
     verdicts = _relative(per_rank[0], want, f"{tag} params")
     verdicts += compare(
         per_rank[1:], [per_rank[0]] * (len(per_rank) - 1), name=f"{tag} every rank the same"
