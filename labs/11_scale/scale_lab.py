@@ -35,7 +35,13 @@ from time import monotonic
 from paralab.check import claim, closing_table, verdict_table
 from paralab.collectives.costs import all_gather_bytes
 from paralab.exercises import EXERCISES
-from paralab.exercises.lab11 import base_row_all_denoiser, edge_table_clinic, forwards_as_steps
+from paralab.exercises.lab11 import (
+    base_row_all_denoiser,
+    edge_table_clinic,
+    everything_over_tp,
+    forwards_as_steps,
+    sp_ignored,
+)
 from paralab.grade import grade, report
 from paralab.patches import patched
 from paralab.pp import bubble_formula, simulate
@@ -533,7 +539,7 @@ exercise_claims = [
 ]
 print(verdict_table(exercise_claims, "the graded exercise"))
 
-# %%
+# %% jupyter={"source_hidden": true}
 missed = {r["name"] for r in held if abs(r["relative_error"]) > 0.25}
 
 
@@ -654,7 +660,36 @@ show(plot_prediction_scatter(check, held_out=held))
 # on cp, or cfgp 2 × cp 4?
 
 # %%
-# show: paralab.scale.memory.stage_memory paralab.scale.memory.per_token_layer_bytes
+# show: paralab.scale.memory.stage_memory
+
+# %% [markdown]
+# The activations are the item a layout changes most, and one function holds their arithmetic:
+# the bytes a layer keeps per token, from `layer_tensors` (elements per token outside and
+# inside the TP regions, per AC mode). **The exercise.** `per_token_layer_bytes` is this lab's
+# second graded exercise: outside the TP regions the tensors are cut over tp only under SP.
+# The grader runs it on four Llama layers and, hidden, on three shapes drawn from a seed; the
+# cell after it grades the two wrong readings: SP ignored, and every tensor cut over tp.
+
+# %%
+# show: paralab.scale.memory.per_token_layer_bytes
+
+# %%
+layer_exercise = EXERCISES["per_token_layer_bytes"]
+print(f"exercise {layer_exercise.name} ({layer_exercise.points} point): {layer_exercise.prompt}\n")
+layer_graded = {
+    bug.__name__: grade(layer_exercise, bug) for bug in (sp_ignored, everything_over_tp)
+}
+for outcome in layer_graded.values():
+    print(report(layer_exercise, outcome))
+layer_claims = [
+    claim(
+        f"the per_token_layer_bytes grader withholds points from {name}",
+        outcome.points < layer_exercise.points,
+        f"{outcome.points:g}/{layer_exercise.points} points",
+    )
+    for name, outcome in layer_graded.items()
+]
+print(verdict_table(layer_claims, "the second graded exercise"))
 
 # %%
 train_rows = plan_train(seventy_b, H100, 64, 8192, 64, "full", "bf16")
@@ -838,7 +873,7 @@ print(
             "2 · every lab at a real size": axis_claims,
             "3 · slower than one GPU": slow_claims,
             "4 · predicted vs measured": case_claims + held_claims + exercise_claims,
-            "5 · the planner": plan_claims,
+            "5 · the planner": plan_claims + layer_claims,
             "6 · bug clinic": clinic_claims,
         }
     )

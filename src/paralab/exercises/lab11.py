@@ -1,4 +1,5 @@
-"""Lab 11 exercise: the seconds outside the denoiser, from two rows on the same GPUs.
+"""Lab 11 exercises: the seconds outside the denoiser, from two rows on the same GPUs; and the
+activation bytes a layer keeps per token, under an AC mode, tp and SP.
 
 `paralab.scale.heldout.fixed_seconds` reads a base row (35 steps of two branches) against a
 distilled row (4 steps of one) and solves the two equations `measured = fixed + forwards *
@@ -22,6 +23,8 @@ from paralab.patches import Patches
 from paralab.scale.cases import SHIPPED, Case
 from paralab.scale.cases import load_cases as package_load_cases
 from paralab.scale.heldout import GENERALIZATION
+from paralab.scale.memory import ACT, layer_tensors
+from paralab.scale.models import ModelShape, llama_ffn, model
 
 LAB = "11_scale"
 COSMOS = "cosmos-transfer2.5-2b edge"
@@ -102,6 +105,57 @@ def base_row_all_denoiser(base: Case, distilled: Case) -> tuple[float, float]:
     )
 
 
+# ------------------------------------------------------------------ exercise: layer bytes
+LAYER_CASES = [
+    ("llama3.1-8b", "selective", 1, False),
+    ("llama3.1-70b", "full", 8, True),
+    ("llama3.1-70b", "none", 8, False),
+    ("llama3.1-405b", "selective", 8, True),
+]
+
+
+def _layer_cases(rank: int, world: int) -> list[tuple]:
+    return [(model(name), ac, tp, sp) for name, ac, tp, sp in LAYER_CASES]
+
+
+def _hidden_layer_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    """Llama-shaped models drawn from the seed, under every AC mode, tp and SP drawn."""
+    draw = random.Random(seed)
+    cases = []
+    for ac in ("none", "selective", "full"):
+        heads = draw.choice([16, 32, 48, 64])
+        hidden = heads * draw.choice([64, 128])
+        shape = ModelShape(
+            f"drawn-{ac}",
+            "lm",
+            draw.randint(2, 40),
+            hidden,
+            heads,
+            hidden // heads,
+            kv_heads=draw.choice([4, 8, 16]),
+            ffn=llama_ffn(hidden, draw.choice([1.0, 1.3]), 256),
+            vocab=32000,
+        )
+        cases.append((shape, ac, draw.choice([2, 4, 8]), draw.random() < 0.5))
+    return cases
+
+
+def _as_layer_bytes(result: float) -> dict[str, torch.Tensor]:
+    return {"bytes a token a layer": torch.tensor(float(result), dtype=torch.float64)}
+
+
+def sp_ignored(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
+    """Bug: the tensors outside the TP regions kept whole on every rank, SP or not."""
+    outside, inside = layer_tensors(m)[ac]
+    return ACT * (outside + inside / tp)
+
+
+def everything_over_tp(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
+    """Bug: every tensor cut over tp, as if SP were always on."""
+    outside, inside = layer_tensors(m)[ac]
+    return ACT * (outside + inside) / tp
+
+
 # ------------------------------------------------------------------ the bug clinic
 def load_cases_first_edge_table(path=SHIPPED) -> list[Case]:
     """The clinic's variant: the Cosmos base and distilled rows on the same GPUs swap their
@@ -163,6 +217,47 @@ EXERCISES = [
                 "the base row taken as denoiser time only",
                 base_row_all_denoiser,
                 "case 0, seconds a forward",
+            ),
+        ],
+    ),
+    Exercise(
+        name="per_token_layer_bytes",
+        lab=LAB,
+        target="paralab.scale.memory.per_token_layer_bytes",
+        prompt=(
+            "The bytes of activations one layer of model `m` keeps per token on one GPU under "
+            'AC mode `ac` ("none", "selective", "full"), tensor parallel degree `tp` '
+            "and sequence parallelism `sp`. `layer_tensors(m)[ac]` gives the bf16 elements per "
+            "token as (outside the TP regions, inside them): inside are cut over tp; outside "
+            "are cut over tp only under SP and kept whole on every tp rank without it. "
+            "Return the bytes (bf16: `ACT` = 2 bytes an element)."
+        ),
+        hint="ACT x (outside / (tp under SP, else 1) + inside / tp)",
+        cases=_layer_cases,
+        kinds=lambda world: [
+            f"{name}, AC {ac}, tp {tp}, {'SP' if sp else 'no SP'}"
+            for name, ac, tp, sp in LAYER_CASES
+        ],
+        hidden=_hidden_layer_cases,
+        hidden_kinds=lambda world: [
+            f"a drawn Llama shape, AC {ac}" for ac in ("none", "selective", "full")
+        ],
+        world_sizes=(0,),
+        points=1,
+        minutes=10,
+        atol=1e-9,
+        rtol=1e-12,
+        normalize=_as_layer_bytes,
+        bugs=[
+            (
+                "the tensors outside the TP regions kept whole under SP",
+                sp_ignored,
+                "case 1, bytes a token a layer",
+            ),
+            (
+                "every tensor cut over tp without SP",
+                everything_over_tp,
+                "case 2, bytes a token a layer",
             ),
         ],
     ),

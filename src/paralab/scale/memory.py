@@ -62,8 +62,10 @@ def layer_tensors(m: ModelShape) -> dict[str, tuple[int, int]]:
 def per_token_layer_bytes(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
     """Saved bytes per token per layer: inside the TP regions cut over tp; outside, cut over tp
     only under sequence parallelism, replicated on every tp rank without it."""
+    ### BEGIN SOLUTION
     outside, inside = layer_tensors(m)[ac]
     return ACT * (outside / (tp if sp else 1) + inside / tp)
+    ### END SOLUTION
 
 
 def stage_memory(
