@@ -211,3 +211,10 @@ def test_training_clipped_across_tp_equals_one_process_with_clip_grad_norm():
     unclipped = reference(samples=1, steps=2)
     clipped = reference(samples=1, steps=2, max_norm=1.0)
     assert not torch.equal(clipped["blocks.0.mlp.up.weight"], unclipped["blocks.0.mlp.up.weight"])
+
+
+def test_sp_sums_the_replicated_gradients_in_one_flattened_all_reduce():
+    """As Megatron's finalize_model_grads: one collective for all norm and bias gradients."""
+    for r in run(lm_job, 2, True):
+        sync = [x for x in r["records"] if x.phase == "grad sync"]
+        assert [x.op for x in sync] == ["all_reduce"]

@@ -433,8 +433,9 @@ print(
 # `A` in the backward (2 per block and the head's: `(tp-1)/tp·A` each, 5 in this model).
 # That is the price of saving `1/tp` of their input (section 9): SP buys memory with a
 # quarter more activation bytes per block, `10(tp-1)/tp·A` against `8(tp-1)/tp·A`. SP also
-# adds the small all-reduce of the replicated parameters' gradients (`grad sync`). The loss's three reductions send `3·2(tp-1)/tp` numbers
-# per position against `(tp-1)·V/tp` for gathering the logits: with a real vocabulary
+# adds one small all-reduce (`grad sync`): the replicated parameters' gradients flattened
+# into one buffer, as Megatron's `finalize_model_grads` does, one collective instead of one
+# per parameter. The loss's three reductions send `3·2(tp-1)/tp` numbers per position against `(tp-1)·V/tp` for gathering the logits: with a real vocabulary
 # (`V` = 131072, `b·s` = 8·4096 positions, float32, tp = 8) that is 672 KiB against 14 GiB
 # per micro-batch.
 #

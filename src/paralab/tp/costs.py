@@ -10,7 +10,7 @@ shard A/tp sends (tp-1)/tp·A and a reduce-scatter of A sends (tp-1)/tp·A.
 | embedding | 1 all-reduce (g) | - | 1 RS | 1 AG |
 | head | - | 1 all-reduce (f) | 1 AG | 1 RS, + 1 AG (re-gather) |
 | vocab-parallel loss | 3 all-reduces of b·s numbers | - | the same | - |
-| replicated gradients | - | - | - | grad sync: 1 all-reduce each |
+| replicated gradients | - | - | - | grad sync: 1 all-reduce of them all, flattened |
 
 g: after attention and after the MLP; f: before q/k/v and before the MLP. The loss
 reduces the max, the sum of exp and the target logit. Replicated: norm weights and
@@ -82,12 +82,13 @@ def block_step_bytes(
     config: LMConfig, tp: int, sequence_parallel: bool, samples: int = 1
 ) -> dict[tuple[str, str], tuple[int, int]]:
     """One block alone, as `runs.block_job` runs it: `block_bytes`, plus under SP the sum of its
-    6 replicated gradients (2 norms' weight and bias, 2 row biases, `hidden` numbers each)."""
+    6 replicated gradients (2 norms' weight and bias, 2 row biases, `hidden` numbers each), in
+    one all-reduce of them flattened."""
     out = block_bytes(activation_bytes(config, samples), tp, sequence_parallel)
     if sequence_parallel:
         out[("grad sync", OPS["all_reduce"])] = (
-            6,
-            6 * all_reduce_bytes(config.hidden * ITEMSIZE, tp),
+            1,
+            all_reduce_bytes(6 * config.hidden * ITEMSIZE, tp),
         )
     return out
 
@@ -121,8 +122,8 @@ def step_bytes(
         add(("forward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))  # head
         add(("backward", OPS["all_gather"]), 1, all_gather_bytes(a, tp))  # its re-gather
         add(("backward", OPS["reduce_scatter"]), 1, reduce_scatter_bytes(a, tp))
-        for nbytes in replicated_param_sizes(config):
-            add(("grad sync", OPS["all_reduce"]), 1, all_reduce_bytes(nbytes, tp))
+        replicated = sum(replicated_param_sizes(config))
+        add(("grad sync", OPS["all_reduce"]), 1, all_reduce_bytes(replicated, tp))  # flattened
     else:
         add(("forward", OPS["all_reduce"]), 1, all_reduce_bytes(a, tp))  # embedding's g
         add(("backward", OPS["all_reduce"]), 1, all_reduce_bytes(a, tp))  # head's f

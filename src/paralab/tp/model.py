@@ -200,9 +200,18 @@ def sync_replicated_grads(model: nn.Module, group: ProcessGroup) -> None:
 
     Under sequence parallelism a norm or a bias sees only this rank's tokens, so its
     gradient is a partial sum over tokens; without SP every rank computed the full sum.
+    All of them go in one flat buffer and one all-reduce, as Megatron's
+    `_allreduce_non_tensor_model_parallel_grads` does: one collective's latency, not one
+    per parameter.
     """
+    grads = []
     for name, split in param_splits(model).items():
         p = model.get_parameter(name)
         if split is None and p.grad is not None:
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            dist.all_reduce(grad, group=group)
+            grads.append(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    for grad, summed in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(summed.view_as(grad))
