@@ -189,3 +189,19 @@ def test_gradient_norm_across_stages_is_one_processs_with_one_scalar_all_reduce(
     assert len({r["norm"] for r in per_rank}) == 1
     assert per_rank[0]["norm"] == pytest.approx(reference_grad_norm(8), abs=1e-15)
     assert [r["bytes"] for r in per_rank] == [2 * 3 * 8 // 4] * 4
+
+
+def test_tied_ends_need_their_all_reduce_and_then_equal_one_process():
+    """First and last stage share a matrix; each holds half its gradient until the 2-rank all-reduce."""
+    from paralab.pp.runs import reference_tied, tied_worker
+
+    per_rank = run(tied_worker, 4, "1f1b", 8, timeout=60)
+    want = reference_tied(8)
+    blocks = {k: g for r in per_rank for k, g in r["grads"].items() if k != "tied"}
+    assert not _failed(
+        compare(dict(sorted(blocks.items())), {k: g for k, g in want.items() if k != "tied"})
+    )
+    assert (per_rank[0]["partial"] - want["tied"]).abs().max() > 0.1
+    for r in (per_rank[0], per_rank[3]):
+        assert not _failed(compare([r["grads"]["tied"]], [want["tied"]], atol=1e-15))
+    assert [r["bytes"] for r in per_rank] == [4 * 4 * 8, 0, 0, 4 * 4 * 8]

@@ -257,8 +257,47 @@ print(verdict_table(norm_verdicts, "gradient norm across stages"))
 # The check allows rounding: the squares are summed per stage, then across stages, a grouping
 # one process need not share (here the two agree to the last bit). A ring all-reduce of 8 bytes over 4 ranks sends
 # `2(p-1)/p · 8 = 12` B a rank. A model whose input embedding and LM head share one matrix
-# adds one more: that matrix lives on the first and the last stage, and its two gradients are
-# all-reduced between just those two ranks before the optimizer step (this model has none).
+# adds one more: that matrix lives on the first and the last stage, each accumulates only its
+# own use's gradient, and the two are all-reduced between just those two ranks before the
+# optimizer step. `pp_runs.tied_worker` runs it on a variant of this model whose first stage
+# multiplies by an `h × h` matrix and whose last multiplies by its transpose:
+
+# %%
+tied_runs = run(pp_runs.tied_worker, 4, "1f1b", 8, timeout=60)
+tied_want = pp_runs.reference_tied(8)
+tied_got = {k: g for r in tied_runs for k, g in r["grads"].items() if k != "tied"}
+tied_verdicts = [
+    summary(
+        "blocks: = one process",
+        compare(
+            dict(sorted(tied_got.items())), {k: g for k, g in tied_want.items() if k != "tied"}
+        ),
+    ),
+    claim(
+        "first stage's partial alone is not the gradient",
+        (tied_runs[0]["partial"] - tied_want["tied"]).abs().max().item() > 0.1,
+        f"off by up to {(tied_runs[0]['partial'] - tied_want['tied']).abs().max().item():.3g}",
+    ),
+    summary(
+        "tied, after the all-reduce of ranks 0 and 3: = one process to 1e-15",
+        compare(
+            [tied_runs[0]["grads"]["tied"], tied_runs[3]["grads"]["tied"]],
+            [tied_want["tied"]] * 2,
+            atol=1e-15,
+        ),
+    ),
+    claim(
+        "bytes: h·h·8 on ranks 0 and 3 only",
+        [r["bytes"] for r in tied_runs] == [128, 0, 0, 128],
+        str([r["bytes"] for r in tied_runs]),
+    ),
+]
+print(verdict_table(tied_verdicts, "tied ends"))
+
+# %% [markdown]
+# Without the all-reduce each end would step with half the gradient. With it the tied matrix
+# agrees with one process to rounding, not bitwise: each end sums its own use over the
+# micro-batches first, where one process adds the two uses micro-batch by micro-batch.
 
 # %% [markdown]
 # ## 5. The bubble, measured

@@ -25,7 +25,14 @@ from paralab.pp.costs import (
     step_bytes_sent,
 )
 from paralab.pp.executor import StepRecord, run_actions
-from paralab.pp.model import LEARNING_RATE, Stage, global_batch, make_blocks, microbatch_loss
+from paralab.pp.model import (
+    HIDDEN,
+    LEARNING_RATE,
+    Stage,
+    global_batch,
+    make_blocks,
+    microbatch_loss,
+)
 from paralab.pp.schedules import Schedule, build_schedule
 
 Params = dict[str, torch.Tensor]
@@ -95,6 +102,73 @@ def reference_grad_norm(microbatches: int = 4, seed: int = 0) -> float:
     """One process: the norm of every step-0 gradient of the whole model."""
     grads = reference_run(microbatches, 1, seed)[1][0]
     return torch.sqrt(sum((g * g).sum() for g in grads.values())).item()
+
+
+class TiedEnds(torch.nn.Module):
+    """A stage of a model whose input projection and output head share one h × h matrix
+    (as a tied embedding and LM head do): the first stage multiplies by it, the last by its
+    transpose, a middle stage does not hold it."""
+
+    def __init__(self, stage: Stage, tied: torch.nn.Parameter | None, first: bool, last: bool):
+        super().__init__()
+        self.stage, self.tied, self.first, self.last = stage, tied, first, last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x @ self.tied if self.first else x
+        y = self.stage(x)
+        return y @ self.tied.T if self.last else y
+
+
+def tied_matrix(seed: int = 0) -> torch.nn.Parameter:
+    g = torch.Generator().manual_seed(seed + 7)
+    return torch.nn.Parameter(torch.randn(HIDDEN, HIDDEN, dtype=torch.float64, generator=g) / 2)
+
+
+def tied_worker(schedule: str = "1f1b", microbatches: int = 4, seed: int = 0) -> dict:
+    """On every rank: one step of a pipeline whose first and last stages share `tied_matrix`.
+
+    Each end accumulates only its own use's gradient; before the optimizer step they are
+    all-reduced between the first and the last rank alone (Megatron's embedding group)."""
+    rank, pp = dist.get_rank(), dist.get_world_size()
+    plan = build_schedule(schedule, pp, microbatches)
+    blocks, ends = make_blocks(seed), (0, plan.n_stages - 1)
+    tied = tied_matrix(seed) if rank in ends else None
+    stages = {
+        s: TiedEnds(Stage(blocks, s, plan.n_stages), tied, s == 0, s == ends[1])
+        for s in plan.stages_of(rank)
+    }
+    x, y = global_batch(microbatches, 0, seed)
+    run_actions(plan, rank, stages, x.chunk(microbatches), y.chunk(microbatches))
+    group = dist.new_group(list(ends))  # every rank takes part in creating it
+    grads = {
+        k: p.grad.clone()
+        for st in stages.values()
+        for k, p in st.stage.named_model_parameters().items()
+    }
+    partial = None
+    if tied is not None:
+        partial = tied.grad.clone()
+        with Ledger() as led:
+            dist.all_reduce(tied.grad, group=group)
+        grads["tied"] = tied.grad.clone()
+    return {
+        "grads": grads,
+        "partial": partial,
+        "bytes": sent(led.records) if tied is not None else 0,
+    }
+
+
+def reference_tied(microbatches: int = 4, seed: int = 0) -> Params:
+    """One process: the same tied model, the micro-batches' losses backward one by one."""
+    blocks, tied = make_blocks(seed), tied_matrix(seed)
+    x, y = global_batch(microbatches, 0, seed)
+    for xi, yi in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        out = xi @ tied
+        for block in blocks:
+            out = block(out)
+        microbatch_loss(out @ tied.T, yi, microbatches).backward()
+    grads = {f"blocks.{k}": p.grad.clone() for k, p in blocks.named_parameters()}
+    return grads | {"tied": tied.grad.clone()}
 
 
 SWEEP = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)]
