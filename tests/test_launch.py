@@ -343,15 +343,16 @@ def test_patches_reach_a_package_worker(start_method):
     """The package's own worker, imported by the ranks, runs the replacement on every rank."""
     from paralab.collectives import runs
 
-    plain = run(runs.forward_job, 2, start_method=start_method)
     edited = run(
         runs.forward_job,
         2,
         start_method=start_method,
         patches={"paralab.collectives.runs": {"op_input": _ones_input}},
     )
-    assert [r["all_reduce"].tolist() for r in plain] == [[10.0, 12.0], [10.0, 12.0]]
     assert [r["all_reduce"].tolist() for r in edited] == [[2.0], [2.0]]
+    if start_method == "forkserver":  # the unpatched result, once: spawn ranks cost an import each
+        plain = run(runs.forward_job, 2, start_method=start_method)
+        assert [r["all_reduce"].tolist() for r in plain] == [[10.0, 12.0], [10.0, 12.0]]
     assert runs.op_input is not _ones_input  # the caller's process was never patched
 
 
