@@ -12,6 +12,7 @@ context and NCCL's buffers (outside the allocator) are counted here.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 
 import tomllib
@@ -100,9 +101,13 @@ def stage_memory(
     return items
 
 
+@functools.cache
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
     """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
-    logits and the loss): the GPU that runs out first."""
+    logits and the loss): the GPU that runs out first. Async TP changes no tensor: a layout
+    that differs only there shares the answer (the planner asks both)."""
+    if lo.async_tp:
+        return train_memory(m, replace(lo, async_tp=False), w, local_batch)
     first = stage_memory(m, lo, w, local_batch, 0)
     if lo.pp == 1:
         return first
