@@ -695,3 +695,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.train and all(r.oom for r in rows):
         print(f"What would fit: {what_would_fit(q)}.")
     return 0
+
+
+def published_rank(case, hw: Hardware | None = None) -> tuple[int | None, list[Row]]:
+    """Where a published training row's degrees (dp, cp, tp, pp) rank among the distinct degree
+    tuples the planner puts first, asked the row's question (model, GPUs, sequence, global
+    batch, dtype) on `hw` (default the row's hardware); None if they do not fit or never come.
+    Returns the rank (1 = first) and the fitting rows."""
+    lo = case.layout
+    dp = lo.dp_shard * lo.dp_replicate
+    rows = plan_train(
+        case.model,
+        hw or case.hardware,
+        case.gpus,
+        case.workload.seq,
+        case.workload.micro_batch * dp,
+        None,
+        case.workload.dtype,
+    )
+    fitting = [r for r in rows if not r.oom]
+    tuples = list(
+        dict.fromkeys(
+            (r.layout.dp_shard * r.layout.dp_replicate, r.layout.cp, r.layout.tp, r.layout.pp)
+            for r in fitting
+        )
+    )
+    published = (dp, lo.cp, lo.tp, lo.pp)
+    return (tuples.index(published) + 1 if published in tuples else None), fitting
