@@ -218,3 +218,24 @@ def test_sp_sums_the_replicated_gradients_in_one_flattened_all_reduce():
     for r in run(lm_job, 2, True):
         sync = [x for x in r["records"] if x.phase == "grad sync"]
         assert [x.op for x in sync] == ["all_reduce"]
+
+
+@pytest.mark.parametrize("tp, sequence_parallel", [(2, False), (4, True)])
+def test_dropout_with_the_rng_tracker_equals_the_reference_masks(tp, sequence_parallel):
+    """Megatron's tracker: head masks differ across ranks; the residual's agree under TP
+    (every rank holds it whole) and differ under SP (each rank's tokens)."""
+    from paralab.tp.dropout import dropout_job, dropout_reference
+
+    per_rank = run(dropout_job, tp, sequence_parallel)
+    want = dropout_reference(tp, sequence_parallel)
+    assert torch.equal(torch.cat([r["probs"] for r in per_rank], dim=1), want["probs"])
+    if sequence_parallel:
+        residual = torch.cat([r["residual"] for r in per_rank], dim=1)
+    else:
+        residual = per_rank[0]["residual"]
+        assert all(torch.equal(r["residual"], residual) for r in per_rank)
+    assert torch.equal(residual, want["residual"])
+    heads = [r["probs"] == 0 for r in per_rank]
+    assert not any(torch.equal(heads[0], m) for m in heads[1:])
+    untracked = [r["probs"] == 0 for r in run(dropout_job, tp, sequence_parallel, tracked=False)]
+    assert all(torch.equal(untracked[0], m) for m in untracked[1:])

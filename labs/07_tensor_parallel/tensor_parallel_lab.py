@@ -48,6 +48,7 @@ from paralab.ledger import format_table
 from paralab.tables import text_table
 from paralab.tp import reference, train
 from paralab.tp.costs import activation_bytes, block_bytes, gathered_logits_bytes, step_bytes
+from paralab.tp.dropout import dropout_job, dropout_reference
 from paralab.tp.dtensor import dtensor_memory_job, dtensor_train, fsdp_rows
 from paralab.tp.layout import Split, shard
 from paralab.tp.memory import block_saved_bytes
@@ -326,6 +327,73 @@ print(format_table([r["records"] for r in blocks[(2, True)]]))
 # The rows `tp=… +SP` of section 3's claims table are these runs: out and dx are
 # reassembled from the ranks' sequence shards, and every gradient equals one process.
 #
+# **Dropout: which ranks must draw the same mask.** This model has no dropout; a real one
+# drops attention probabilities and the residual branch. Attention's probabilities are
+# cut by head: if every rank drew from one seed, head j of every rank would be dropped
+# alike. The residual stream under TP is held whole by every rank: if the ranks drew
+# different masks, their copies would drift apart. Megatron keeps two generators per
+# rank, one seeded alike on every tp rank and one per rank, and forks to the second where
+# the activation is split (attention; under SP the whole block, whose residual holds this
+# rank's tokens):
+
+# %%
+# show: paralab.tp.dropout.RNGTracker paralab.tp.dropout.dropout_job
+
+# %% [markdown]
+# **Predict before you run.** At tp = 2, with the tracker and without it (everything from
+# the seed every rank shares), which masks agree across the two ranks?
+#
+# <details><summary>Answer</summary>
+#
+# With it: the residual masks under TP agree, the head masks differ, and under SP the
+# residual masks differ too (different tokens). Without it: the head masks agree, so head
+# 0 of rank 0 and head 0 of rank 1 (head 6 of the model) lose the same positions.
+# </details>
+
+# %%
+dropped = {sp: run(dropout_job, 2, sp) for sp in (False, True)}
+untracked = run(dropout_job, 2, False, tracked=False)
+
+
+def masks_agree(per_rank, name):
+    """Whether both ranks zeroed the same positions of their part of `name`."""
+    return torch.equal(per_rank[0][name] == 0, per_rank[1][name] == 0)
+
+
+dropout_claims = []
+for sp, per_rank in dropped.items():
+    want = dropout_reference(2, sp)
+    got = {
+        "probs": torch.cat([r["probs"] for r in per_rank], dim=1),
+        "residual": torch.cat([r["residual"] for r in per_rank], dim=1)
+        if sp
+        else per_rank[0]["residual"],
+    }
+    mode = "TP+SP" if sp else "TP"
+    for name in ("probs", "residual"):
+        dropout_claims.append(
+            summary(
+                f"{mode}: {name} after dropout = one process, same masks",
+                compare(got[name], want[name]),
+            )
+        )
+    dropout_claims.append(
+        claim(
+            f"{mode}: residual masks {'differ' if sp else 'agree'} across ranks, head masks differ",
+            masks_agree(per_rank, "residual") != sp and not masks_agree(per_rank, "probs"),
+            f"residual agree: {masks_agree(per_rank, 'residual')}, heads agree: {masks_agree(per_rank, 'probs')}",
+        )
+    )
+dropout_claims.append(
+    claim(
+        "no tracker: every rank drops its heads alike",
+        masks_agree(untracked, "probs"),
+        "rank 0's head j and rank 1's head j lose the same positions",
+    )
+)
+print(verdict_table(dropout_claims, "dropout at tp = 2 with Megatron's RNG tracker (exact)"))
+
+# %% [markdown]
 # ## 5. The whole model: vocab-parallel embedding and loss
 #
 # The embedding table is cut by token: rank `r` holds rows `[r·V/tp, (r+1)·V/tp)`, looks up
@@ -840,6 +908,7 @@ print(
             "3 · the symmetry": symmetry,
             "3-4 · one block, TP and SP": [v for f in block_verdicts.values() for v in f]
             + block_bytes_verdicts,
+            "4 · dropout and the RNG tracker": dropout_claims,
             "5 · the whole model": [v for f in lm_verdicts.values() for v in f],
             "6 · bytes = formula": [v for f in byte_verdicts.values() for v in f],
             "7 · training, alone and in FSDP2": [v for f in train_verdicts.values() for v in f],
