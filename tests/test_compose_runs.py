@@ -51,6 +51,10 @@ def test_dp_tp_pp_bytes_per_group_and_phase_equal_the_closed_form(pipelined):
     stage0 = group_phase_bytes(grid, 0, CONFIG, 4)
     assert {g for g, _ in stage0} == {"tp", "pp", "dp_shard_cp", "dp_cp"}  # no cp, no replicas
     assert stage0[("dp_cp", "token count")] == 8  # one int64 all-reduced over 2 ranks
+    shard = CONFIG.batch // 4 * CONFIG.seq // 2 * CONFIG.hidden * 8  # SP: seq / tp tokens
+    assert measured_bytes(out[0][1], grid, 0)[("pp", "forward")] == 4 * shard
+    without_sp = group_phase_bytes(grid, 0, CONFIG, 4, sequence_parallel=False)
+    assert without_sp[("pp", "forward")] == 2 * 4 * shard  # tp times what Megatron sends
 
 
 def test_tp_outermost_gives_the_same_bits(pipelined):
@@ -82,7 +86,8 @@ def test_the_clinic_hsdp_run_as_fsdp_passes_the_params_and_fails_the_bytes():
     changed = run(compose_worker, 8, grid, timeout=120, patches=replica_setup())
     all_pass(check_params([p for p, _ in changed], grid))
     assert not all(v.passed for v in check_bytes([r for _, r in changed], grid))
-    used = {r.group_ranks for r in changed[0][1] if r.phase == "grad sync"}
+    tp = grid.group(0, "tp")  # SP's replicated gradients, summed over tp in the same phase
+    used = {r.group_ranks for r in changed[0][1] if r.phase == "grad sync" and r.group_ranks != tp}
     assert used == {grid.group(0, "dp_cp")} == {(0, 2, 4, 6)}
     assert cross_node_bytes(changed[0][1], grid, 0, gpus_per_node=4)
 

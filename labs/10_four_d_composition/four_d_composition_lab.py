@@ -25,7 +25,7 @@
 # |---|---|---|---|
 # | tp | different columns of every weight | all-reduces of every activation | 4 per block per micro-batch, on the critical path |
 # | cp | the same weights, other tokens | the other ranks' K/V: all-gathered by torch's and torchtitan's default (`context_parallel_rotate_method = "allgather"`), passed round lab 02's ring here | per attention |
-# | pp | different layers | one activation per boundary | per micro-batch, point to point |
+# | pp | different layers | one activation per boundary, cut by tp under SP | per micro-batch, point to point |
 # | dp (dp_shard × dp_replicate) | the same weights (sharded), other samples | gradients; FSDP's parameter all-gathers | gradients once per step; FSDP gathers per micro-batch unless the parameters stay gathered (torchtitan's choice under PP) |
 
 # %%
@@ -234,9 +234,12 @@ show(viz.plot_rank_places(GRID16))
 # ## 3. One step, every axis from its own package
 #
 # The model is lab 07's `TinyLM` (float64, 2 blocks, 4 heads, hidden 16, 8 tokens, 4
-# sequences per sample), cut three ways: `tp.model.tensor_parallel` over tp; each attention's
-# `attend` swapped for lab 02's `ring_attention` on zigzag shards over cp; by depth into
-# `LMStage`s over pp. The step counts the tokens every data-parallel rank holds (one
+# sequences per sample), cut three ways: `tp.model.tensor_parallel` over tp **with sequence
+# parallelism** (SP, as Megatron composes TP with PP: between the tp regions each tp rank holds
+# 1/tp of the tokens, so a pipeline boundary sends that shard); each attention's `attend`
+# swapped for lab 02's `ring_attention` on zigzag shards over cp; by depth into `LMStage`s over
+# pp. Under SP a norm's or a row bias's gradient saw only this rank's tokens: after the
+# pipeline they are summed over tp in one flattened all-reduce. The step counts the tokens every data-parallel rank holds (one
 # all-reduce of one int64 over `dp_cp`), runs lab 08's 1F1B executor (m = 2·pp), its messages
 # addressed to the global ranks of the pp group, then reduce-scatters the gradient **sum** over
 # `dp_shard_cp` and all-reduces it over `dp_replicate` (HSDP), takes the SGD step on the 1/N
@@ -364,8 +367,16 @@ bytes_verdicts.append(
         check_bytes([r for _, r, _ in MOE], MOE_GRID, send_counts=[c for _, _, c in MOE]),
     )
 )
-print(verdict_table(bytes_verdicts, "bytes per group and phase"))
 per_phase = measured_bytes(RESULTS["dp 2 x cp 2 x tp 2 x pp 2"][0][1], GRID16, 0)
+shard = CONFIG.batch // 4 * CONFIG.seq // (GRID16.cp * GRID16.tp) * CONFIG.hidden * 8
+bytes_verdicts.append(
+    claim(
+        "16 ranks: rank 0's pipeline sends are m sequence shards, 1/tp of the activation (SP)",
+        per_phase[("pp", "forward")] == 4 * shard,
+        f"{per_phase[('pp', 'forward')]} B = 4 x {shard} B",
+    )
+)
+print(verdict_table(bytes_verdicts, "bytes per group and phase"))
 print(
     text_table(
         ["group", "phase", "rank 0 sent (B)"],
@@ -410,10 +421,13 @@ heaviest = {label: max(t, key=t.get) for label, t in TABLES.items()}
 print("heaviest group:", heaviest)
 
 # %% [markdown]
-# At toy size the parameters dominate (16-wide layers, 8 tokens): the FSDP group is the
-# heaviest. At a real size the activations dominate, and tp, which reduces every block's
-# activation four times per micro-batch, is the heaviest by far, and on the critical path:
-# the argument for putting TP on NVLink.
+# tp is the heaviest group in every column. At toy size the FSDP group comes close (16-wide
+# layers, 8 tokens: the parameters weigh as much as the activations). At a real size the
+# activations dominate: tp, which gathers and reduce-scatters every block's activation per
+# micro-batch (under SP the same bytes as four all-reduces, plus the column linears'
+# re-gathers), is the heaviest by far, and on the critical path: the argument for putting TP
+# on NVLink. pp, sending only the sequence shard at each boundary, is the lightest but the
+# token count.
 #
 # **FSDP under PP: keep the parameters gathered.** FSDP frees a layer's gathered parameters
 # after its forward and gathers them again for its backward (`reshard_after_forward=True`). On
@@ -498,7 +512,7 @@ print(
 tp_total = sum(
     group_phase_bytes(WRONG, r, CONFIG, 4).get(("tp", p), 0)
     for r in range(16)
-    for p in ("forward", "backward")
+    for p in ("forward", "backward", "grad sync")
 )
 wrong_verdicts = [
     claim(
@@ -540,7 +554,8 @@ print(verdict_table(wrong_verdicts, "the wrong layout"))
 
 # %%
 changed = run(compose_worker, 16, GRID16, timeout=120, patches=replica_setup())
-used = sorted({r.group_ranks for r in changed[0][1] if r.phase == "grad sync"})
+dp_records = [r for r in changed[0][1] if r.group_ranks != GRID16.group(0, "tp")]
+used = sorted({r.group_ranks for r in dp_records if r.phase == "grad sync"})
 clinic_verdicts = [
     summary(
         "clinic: the parameters still equal one process",

@@ -31,7 +31,12 @@ from paralab.ep.costs import layer_bytes, split_matrix
 from paralab.ep.model import MoEConfig
 from paralab.fsdp.costs import ITEMSIZE, traffic_formula
 from paralab.pp.costs import step_bytes_sent
-from paralab.tp.costs import all_reduce_bytes, block_bytes
+from paralab.tp.costs import (
+    all_gather_bytes,
+    all_reduce_bytes,
+    block_bytes,
+    reduce_scatter_bytes,
+)
 from paralab.tp.model import LMConfig
 
 PHASE_ORDER = ("token count", "forward", "backward", "grad sync", "param gather")
@@ -65,38 +70,69 @@ def group_phase_bytes(
     microbatches: int,
     itemsize: int = ITEMSIZE,
     reshard_after_forward: bool = False,
+    sequence_parallel: bool = True,
 ) -> dict[tuple[str, str], int]:
     """(group, phase) -> bytes this rank sends in one step (0-byte entries dropped); the stage
-    gathered once (kept: FSDP under PP) or 2m times (`reshard_after_forward`)."""
-    c = grid.coords(rank)
-    stage, m, tp, cp, pp = c["pp"], microbatches, grid.tp, grid.cp, grid.pp
-    rows, tokens = config.batch // m, config.seq // cp
+    gathered once (kept: FSDP under PP) or 2m times (`reshard_after_forward`); SP at tp > 1."""
+    stage, m, tp, cp, pp = grid.coords(rank)["pp"], microbatches, grid.tp, grid.cp, grid.pp
+    sequence_parallel = sequence_parallel and tp > 1
+    rows, tokens, blocks = config.batch // m, config.seq // cp, config.blocks // pp
     a = rows * tokens * config.hidden * itemsize
-    blocks = config.blocks // pp
     out: dict[tuple[str, str], int] = {}
 
     def add(group: str, phase: str, nbytes: int) -> None:
         if nbytes:
             out[(group, phase)] = out.get((group, phase), 0) + nbytes
 
-    per_block = block_bytes(a, tp, sequence_parallel=False)
-    for phase in ("forward", "backward"):
-        add("tp", phase, m * blocks * per_block[(phase, "all_reduce")][1])
-    if stage == 0:
-        add("tp", "forward", m * all_reduce_bytes(a, tp))  # the embedding's g
-    if stage == pp - 1:
-        add("tp", "backward", m * all_reduce_bytes(a, tp))  # the head's f
-        add("tp", "forward", m * 3 * all_reduce_bytes(rows * tokens * itemsize, tp))  # the loss
+    for (phase, _), (_, nbytes) in block_bytes(a, tp, sequence_parallel).items():
+        add("tp", phase, m * blocks * nbytes)
+    for phase, nbytes in ends_bytes(a, tp, stage, pp, sequence_parallel, config.hidden).items():
+        add("tp", phase, m * nbytes)
+    if sequence_parallel:  # one flattened all-reduce of the replicated gradients
+        replicated = replicated_numel(config, stage, pp) * itemsize
+        add("tp", "grad sync", all_reduce_bytes(replicated, tp))
     s = rows * (config.heads // tp) * tokens * config.head_dim * itemsize
     for phase, nbytes in ring_bytes(s, cp).items():
         add("cp", phase, m * blocks * nbytes)
-    for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, a)[stage].items():
+    boundary = a // tp if sequence_parallel else a  # SP: the sequence shard
+    for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, boundary)[stage].items():
         add("pp", phase, nbytes)
     add("dp_cp", "token count", all_reduce_bytes(TOKEN_COUNT_BYTES, grid.size("dp_cp")))
     gathers, numel = 2 * m if reshard_after_forward else 1, stage_numel(config, tp, stage, pp)
     for key, nbytes in data_parallel_bytes(grid, numel, itemsize, gathers).items():
         add(*key, nbytes)
     return out
+
+
+def ends_bytes(
+    a: int, tp: int, stage: int, pp: int, sequence_parallel: bool, hidden: int
+) -> dict[str, int]:
+    """phase -> bytes of the embedding's (first stage) and the head's (last) tp crossings per
+    micro-batch: g and f without SP; with SP the embedding's reduce-scatter and its mirror, the
+    head's all-gather, its mirror, and its re-gather of the saved shard (`tp.costs.step_bytes`);
+    and the vocab-parallel loss's 3 all-reduces of one number per token (last stage)."""
+    out = {"forward": 0, "backward": 0}
+    if stage == pp - 1:
+        out["forward"] += 3 * all_reduce_bytes(a // hidden, tp)
+    if not sequence_parallel:
+        out["forward"] += all_reduce_bytes(a, tp) if stage == 0 else 0
+        out["backward"] += all_reduce_bytes(a, tp) if stage == pp - 1 else 0
+        return out
+    if stage == 0:
+        out["forward"] += reduce_scatter_bytes(a, tp)
+        out["backward"] += all_gather_bytes(a, tp)
+    if stage == pp - 1:
+        out["forward"] += all_gather_bytes(a, tp)
+        out["backward"] += all_gather_bytes(a, tp) + reduce_scatter_bytes(a, tp)
+    return out
+
+
+def replicated_numel(config: LMConfig, stage: int, pp: int) -> int:
+    """The numbers of a stage every tp rank holds whole: per block two norms and two row biases
+    (6·hidden), the position table on the first stage, the final norm on the last."""
+    n = config.blocks // pp * 6 * config.hidden
+    n += config.seq * config.hidden if stage == 0 else 0
+    return n + (2 * config.hidden if stage == pp - 1 else 0)
 
 
 def data_parallel_bytes(
@@ -132,7 +168,7 @@ def moe_group_phase_bytes(
     if grid.pp > 1 or grid.cp > 1:
         raise ValueError("the MoE formula covers pp = cp = 1")
     tp, ep, experts, h = grid.tp, grid.ep, moe.experts, config.hidden
-    out = group_phase_bytes(grid, rank, config, 1, itemsize)
+    out = group_phase_bytes(grid, rank, config, 1, itemsize, sequence_parallel=False)
     a = config.batch * config.seq * h * itemsize
     me = grid.group(rank, "ep").index(rank)
     local = experts // ep

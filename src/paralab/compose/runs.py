@@ -45,7 +45,8 @@ from paralab.fsdp.zero import unflatten as unflatten_unit
 from paralab.ledger import Ledger, Record, in_phase
 from paralab.pp.executor import run_actions
 from paralab.pp.schedules import Schedule, build_schedule
-from paralab.tp.model import build_model, tensor_parallel
+from paralab.tp.layout import owned_range
+from paralab.tp.model import build_model, param_splits, tensor_parallel
 from paralab.tp.runs import LR, RELATIVE_BOUND, full_params, global_batch, sample_rows
 
 GROUPS = ("tp", "cp", "pp", "dp_shard_cp", "dp_replicate", "dp_cp")
@@ -55,7 +56,7 @@ PHASES = {
     "token count": ("dp_cp",),
     "forward": ("tp", "cp", "pp", "ep"),
     "backward": ("tp", "cp", "pp", "ep"),
-    "grad sync": ("dp_shard_cp", "dp_replicate", "dp_shard_mod_ep"),
+    "grad sync": ("tp", "dp_shard_cp", "dp_replicate", "dp_shard_mod_ep"),
     "param gather": ("dp_shard_cp", "dp_shard_mod_ep"),
 }
 """Which groups each phase talks over: the ledger's records are named by their ranks."""
@@ -162,6 +163,7 @@ class RankState:
     units: list[ShardedUnit]
     local_tokens: int
     reshard_after_forward: bool = False
+    sequence_parallel: bool = False
 
 
 def sharded_unit(
@@ -234,11 +236,15 @@ def setup(
     groups = ProcessGroups(grid, GROUPS + (EXPERT_GROUPS if moe else ()))
     tp_group, cp_group = groups.group["tp"], groups.group["cp"]
     cp_rank, pp_rank = groups.index("cp"), groups.index("pp")
-    lm = tensor_parallel(build_model(seed, CONFIG), tp_group)
+    sp = uses_sequence_parallel(grid, moe)
+    lm = tensor_parallel(build_model(seed, CONFIG), tp_group, sequence_parallel=sp)
     if moe:
         expert_parallel(with_experts(lm, seed), tp_group, groups.group["ep"])
     context_parallel(lm, cp_group)
-    stage = LMStage(lm, pp_rank, grid.pp, positions_of(cp_rank, grid.cp, CONFIG.seq))
+    positions = positions_of(cp_rank, grid.cp, CONFIG.seq)
+    if sp:  # this tp rank's run of the cp rank's tokens
+        positions = positions[slice(*owned_range(len(positions), groups.index("tp"), grid.tp))]
+    stage = LMStage(lm, pp_rank, grid.pp, positions)
     m = microbatches or default_microbatches(grid.pp)
     if CONFIG.batch % m:
         raise ValueError(f"microbatches = {m} must divide the {CONFIG.batch} sequences per sample")
@@ -262,10 +268,32 @@ def setup(
     state = RankState(
         grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units, tokens
     )
+    state.sequence_parallel = sp
     if reshard_after_forward:
         state.reshard_after_forward = True
         reshard_hooks(state)
     return state
+
+
+def uses_sequence_parallel(grid: Grid, moe: bool) -> bool:
+    """TP runs with SP (Megatron's `sequence_parallel`) whenever tp > 1 in the dense model; the
+    MoE model's experts need every tp rank to hold the same tokens, so it runs without."""
+    return grid.tp > 1 and not moe
+
+
+def sync_sequence_parallel_grads(stage: torch.nn.Module, group: dist.ProcessGroup) -> None:
+    """Under SP a replicated parameter (a norm, a row bias, the position table) saw only this tp
+    rank's tokens: its gradients summed over tp in ONE flattened all-reduce, as Megatron's
+    `finalize_model_grads` does."""
+    grads = [
+        stage.get_parameter(name).grad
+        for name, split in param_splits(stage).items()
+        if split is None and stage.get_parameter(name).grad is not None
+    ]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(summed.view_as(g))
 
 
 def one_step(state: RankState, ledger: Ledger | None = None) -> None:
@@ -282,8 +310,11 @@ def one_step(state: RankState, ledger: Ledger | None = None) -> None:
         state.inputs,
         state.targets,
         loss=microbatch_lm_loss(g.group["tp"], tokens, list(state.stage.modules()), aux_scale),
-        boundary_shape=state.inputs[0].shape + (CONFIG.hidden,),
+        boundary_shape=boundary_shape(state),
     )
+    if state.sequence_parallel:
+        with ledger.phase("grad sync") if ledger else contextlib.nullcontext():
+            sync_sequence_parallel_grads(state.stage, g.group["tp"])
     for unit in state.units:
         flat = torch.cat([p.grad.reshape(-1) for p in unit.params])
         padded = unit.flat.shard.numel() * dist.get_world_size(unit.shard)
@@ -292,16 +323,17 @@ def one_step(state: RankState, ledger: Ledger | None = None) -> None:
             shard_grad = sum_scatter_grads(flat, unit.shard, unit.replicate)
         with torch.no_grad():
             unit.flat.shard.add_(shard_grad, alpha=-LR)
-        if state.reshard_after_forward:  # the next forward gathers
-            for p in unit.params:
-                p.grad = None
-            continue
+        for p in unit.params:
+            p.grad = None
+    if not state.reshard_after_forward:  # whole between steps; else each forward gathers
         with ledger.phase("param gather") if ledger else contextlib.nullcontext():
-            full = gather_unit_params(unit.flat, unit.shard)
-        with torch.no_grad():
-            for p, view in zip(unit.params, unflatten_unit(unit.flat, full).values()):
-                p.copy_(view)
-                p.grad = None
+            load_params(state)
+
+
+def boundary_shape(state: RankState) -> tuple[int, ...]:
+    """What one pipeline boundary sends: (rows, tokens, hidden), the tokens cut by tp under SP."""
+    rows, tokens = state.inputs[0].shape
+    return rows, tokens // (state.grid.tp if state.sequence_parallel else 1), CONFIG.hidden
 
 
 def gathered(state: RankState) -> dict[str, torch.Tensor]:
