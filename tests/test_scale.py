@@ -873,3 +873,20 @@ def test_published_layouts_rank_below_layouts_that_skip_recompute():
             for k, v in rows[0].prediction.breakdown.items()
         }
         assert max(gap, key=gap.get) == "compute: GEMM"
+
+
+def test_a_layers_matmuls_take_the_slower_of_flops_and_bytes():
+    from paralab.scale.predict import BACKWARD_GEMM, gemm_pass_bytes
+
+    seventy, lo = model("llama3.1-70b"), Layout(tp=8)
+    eff = FITTED["h100-sxm"]
+    for seq, bound in ((16, "bytes"), (8192, "flops")):
+        p = predict(seventy, H100, lo, Workload("train", seq=seq), eff)
+        passes = 1 + BACKWARD_GEMM
+        moved = 80 * gemm_pass_bytes(seventy, lo, seq) * passes / H100.hbm_bandwidth
+        flops = 80 * 2 * seventy.matmul_per_layer * seq / 8 * passes / (989e12 * eff["gemm"])
+        head = p.breakdown["compute: GEMM"] - (moved if bound == "bytes" else flops)
+        # the output head is timed by its FLOPs alone
+        head_flops = 2 * seventy.vocab * seventy.hidden * seq / 8 * passes / (989e12 * eff["gemm"])
+        assert head == pytest.approx(head_flops)
+        assert (moved > flops) == (bound == "bytes")

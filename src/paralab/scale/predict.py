@@ -1,7 +1,9 @@
 """Seconds from FLOPs and bytes: a roofline for compute, alpha-beta for every collective.
 
-Compute: FLOPs / (peak x efficiency), with one fitted efficiency per hardware and kernel class
-(GEMM, attention: `fit.FITTED`). Communication: the bytes one rank sends come from the labs'
+Compute: a roofline per operation, the slower of FLOPs / (peak x efficiency), with one fitted
+efficiency per hardware and kernel class (GEMM, attention: `fit.FITTED`), and the bytes it moves
+over HBM bandwidth (`compute_time`; a training layer's matmuls: `gemm_pass_bytes`; the
+optimizer step: bytes alone). Communication: the bytes one rank sends come from the labs'
 own `costs.py` (evaluated here at real sizes and dtypes), the time of a collective is
 alpha x steps + bytes / busbw on the link its group crosses. Overlap, as the engines do it:
 
@@ -212,8 +214,21 @@ def flops_per_token(m: ModelShape, seq: int) -> float:
     return 6 * (m.params - m.vocab * m.hidden) + 12 * m.layers * m.attention_width * seq
 
 
-def compute_time(flops: float, hw: Hardware, dtype: str, efficiency: float) -> float:
-    return flops / (hw.peak(dtype) * efficiency)
+def compute_time(
+    flops: float, hw: Hardware, dtype: str, efficiency: float, bytes_moved: float = 0.0
+) -> float:
+    """The roofline of one operation: its FLOPs at the fitted share of peak, or the bytes it
+    moves through HBM at the datasheet bandwidth, whichever is slower."""
+    return max(flops / (hw.peak(dtype) * efficiency), bytes_moved / hw.hbm_bandwidth)
+
+
+def gemm_pass_bytes(m: ModelShape, lo: Layout, tokens: float) -> float:
+    """HBM bytes one pass of a layer's matmuls moves on one rank (bf16): its weight shard read
+    once, and each matmul's input read and output written once: per token q, k, v and o, the
+    SwiGLU's w1, w3 and w2, elements 4 h + 2 attn + 2 kv + 3 ffn, cut over tp."""
+    kv = m.kv_heads * m.head_dim
+    per_token = 4 * m.hidden + 2 * m.attention_width + 2 * kv + 3 * m.ffn
+    return ACT_BYTES * (m.matmul_per_layer + tokens * per_token) / lo.tp
 
 
 def _scaled(ledger_bytes: int, itemsize: int) -> float:
@@ -296,7 +311,9 @@ def predict_train(
     head_fwd = 2 * m.vocab * m.hidden * seq * b / split / lo.pp
     gemm_layer = gemm_fwd_layer * (1 + BACKWARD_GEMM + re_gemm)
     attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
-    t_gemm = layers * compute_time(gemm_layer, hw, w.dtype, eff["gemm"])
+    passes = 1 + BACKWARD_GEMM + re_gemm
+    gemm_bytes = gemm_pass_bytes(m, lo, b * seq / lo.cp) * passes
+    t_gemm = layers * compute_time(gemm_layer, hw, w.dtype, eff["gemm"], gemm_bytes)
     t_gemm += compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
     t_attn = layers * compute_time(attn_layer, hw, "bf16", eff["attention"])
     s = fsdp_shard(lo)
