@@ -890,3 +890,17 @@ def test_a_layers_matmuls_take_the_slower_of_flops_and_bytes():
         head_flops = 2 * seventy.vocab * seventy.hidden * seq / 8 * passes / (989e12 * eff["gemm"])
         assert head == pytest.approx(head_flops)
         assert (moved > flops) == (bound == "bytes")
+
+
+def test_mixtral_counts_every_expert_stored_and_two_a_token():
+    from paralab.scale.predict import flops_per_token
+
+    mixtral = model("mixtral-8x7b")
+    # "47B parameters, 13B active" (Mixtral of Experts): 46.7B stored, 12.9B used by a token
+    assert round(mixtral.params / 1e9, 1) == 46.7
+    idle = mixtral.layers * 6 * 3 * mixtral.hidden * mixtral.ffn  # 6 of 8 experts unused
+    assert round((mixtral.params - idle) / 1e9, 1) == 12.9
+    embedding = mixtral.vocab * mixtral.hidden
+    assert flops_per_token(mixtral, 0) == 6 * (mixtral.params - idle - embedding)
+    rows = plan_train(mixtral, hardware("h100-96gb-500w"), 16, 4096, 32)
+    assert rows and not rows[0].oom and all(r.layout.world == 16 for r in rows)

@@ -48,13 +48,15 @@ and gradients accumulate unsharded in fp32 (4) until the last micro-batch's redu
 def layer_tensors(m: ModelShape) -> dict[str, tuple[int, int]]:
     """Elements per token a Llama block's backward needs, as (outside TP regions, inside them):
     outside, the block's input and the two norms' inputs and outputs (full hidden); inside,
-    q and k after RoPE, v, the attention output, and the SwiGLU's w1, w3, silu and product."""
+    q and k after RoPE, v, the attention output, and the SwiGLU's w1, w3, silu and product
+    (per routed expert in a mixture of experts)."""
     h, attn, kv = m.hidden, m.attention_width, m.kv_heads * m.head_dim
+    ffn = m.ffn * (m.top_k or 1)  # a token's SwiGLU tensors, once per expert it is routed to
     return {
-        "none": (4 * h, 2 * attn + 2 * kv + 4 * m.ffn),
+        "none": (4 * h, 2 * attn + 2 * kv + 4 * ffn),
         # torchtitan's op-level selective AC saves SDPA's output and every other matmul's
         # output (half of wq, wk, wv, w1, w3 inside; half of wo, w2 outside) and the input.
-        "selective": (h + h, attn + (attn + 2 * kv + 2 * m.ffn) // 2),
+        "selective": (h + h, attn + (attn + 2 * kv + 2 * ffn) // 2),
         "full": (h, 0),
     }
 

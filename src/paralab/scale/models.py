@@ -37,6 +37,9 @@ SOURCES = {
     "text tokens, the Reason1 embeddings padded or truncated to NUM_EMBEDDING_PADDING_TOKENS = "
     "512 (nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/predict2/"
     "text_encoders/text_encoder.py)",
+    "mixtral-8x7b": "Jiang et al., Mixtral of Experts (arxiv.org/abs/2401.04088), Table 1: dim "
+    "4096, n_layers 32, head_dim 128, hidden_dim 14336, n_heads 32, n_kv_heads 8, vocab_size "
+    "32000, num_experts 8, top_k_experts 2 (46.7B parameters, 12.9B active a token)",
     "flux.1-dev": "black-forest-labs/flux@802fb47:src/flux/util.py flux-dev: 19 double + 38 single "
     "blocks, hidden 3072, 24 heads, mlp x4, 512 text tokens; guidance-distilled (one forward)",
     "cosmos-14b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/"
@@ -68,6 +71,10 @@ class ModelShape:
     """Temporal and spatial compression of the VAE."""
     branches: int = 1
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
+    experts: int = 0
+    """A mixture of experts: SwiGLU experts of width `ffn` a layer (0: one dense MLP)."""
+    top_k: int = 0
+    """Experts each token passes through, when `experts` > 0."""
     source: str = ""
     notes: dict = field(default_factory=dict, compare=False)
 
@@ -106,18 +113,27 @@ def llama_ffn(hidden: int, multiplier: float, multiple_of: int) -> int:
     return multiple_of * math.ceil(width / multiple_of)
 
 
+def attention_matmul(m: ModelShape) -> int:
+    """q and o (h x heads.d), k and v (h x kv_heads.d)."""
+    return 2 * m.hidden * m.attention_width + 2 * m.hidden * m.kv_heads * m.head_dim
+
+
 def lm_layer_matmul(m: ModelShape) -> int:
-    """q and o (h x heads.d), k and v (h x kv_heads.d), the MLP's three h x ffn matrices."""
-    return (
-        2 * m.hidden * m.attention_width
-        + 2 * m.hidden * m.kv_heads * m.head_dim
-        + (3 * m.hidden * m.ffn)
-    )
+    """The weights a token multiplies by in a layer: attention, then the MLP's three h x ffn
+    matrices, once, or once per routed expert (top_k) plus the router (h x experts)."""
+    mlp = 3 * m.hidden * m.ffn
+    if m.experts:
+        return attention_matmul(m) + m.top_k * mlp + m.hidden * m.experts
+    return attention_matmul(m) + mlp
 
 
 def lm_params(m: ModelShape) -> int:
-    """Blocks (matmuls + 2 norms) + embedding + head + final norm."""
-    return m.layers * (lm_layer_matmul(m) + 2 * m.hidden) + 2 * m.vocab * m.hidden + m.hidden
+    """Blocks (attention, every expert's MLP and the router, 2 norms) + embedding + head +
+    final norm."""
+    mlp = 3 * m.hidden * m.ffn
+    stored = mlp * m.experts + m.hidden * m.experts if m.experts else mlp
+    block = attention_matmul(m) + stored + 2 * m.hidden
+    return m.layers * block + 2 * m.vocab * m.hidden + m.hidden
 
 
 def _llama(
@@ -162,6 +178,20 @@ MODELS: dict[str, ModelShape] = {
         _llama("llama3.1-8b", 4096, 32, 32, 1.3, 1024),
         _llama("llama3.1-70b", 8192, 80, 64, 1.3, 4096),
         _llama("llama3.1-405b", 16384, 126, 128, 1.2, 4096),
+        ModelShape(
+            "mixtral-8x7b",
+            "lm",
+            32,
+            4096,
+            32,
+            128,
+            kv_heads=8,
+            ffn=14336,
+            vocab=32000,
+            experts=8,
+            top_k=2,
+            source=SOURCES["mixtral-8x7b"],
+        ),
         ModelShape(
             "llama3-8b-attention",
             "attention",

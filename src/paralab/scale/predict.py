@@ -210,8 +210,10 @@ class Prediction:
 
 def flops_per_token(m: ModelShape, seq: int) -> float:
     """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
-    outside the embedding, plus 12 x layers x heads x head_dim x seq for attention."""
-    return 6 * (m.params - m.vocab * m.hidden) + 12 * m.layers * m.attention_width * seq
+    outside the embedding, plus 12 x layers x heads x head_dim x seq for attention. For a
+    mixture of experts, only the experts a token is routed to count."""
+    idle = m.layers * (m.experts - m.top_k) * 3 * m.hidden * m.ffn if m.experts else 0
+    return 6 * (m.params - m.vocab * m.hidden - idle) + 12 * m.layers * m.attention_width * seq
 
 
 def compute_time(
