@@ -239,3 +239,13 @@ def test_dropout_with_the_rng_tracker_equals_the_reference_masks(tp, sequence_pa
     assert not any(torch.equal(heads[0], m) for m in heads[1:])
     untracked = [r["probs"] == 0 for r in run(dropout_job, tp, sequence_parallel, tracked=False)]
     assert all(torch.equal(untracked[0], m) for m in untracked[1:])
+
+
+@pytest.mark.parametrize("groups, tp", [(4, 2), (2, 2), (2, 4), (1, 4)])
+def test_gqa_with_megatrons_layout_equals_one_process_even_with_fewer_kv_heads_than_tp(groups, tp):
+    """Megatron's per-group fused q/k/v: a contiguous cut when kv heads divide by tp; else the
+    q/k/v output all-gathered and this rank's group sliced out. Forward and backward."""
+    from paralab.tp.gqa import check_gqa, gqa_job
+
+    verdicts = check_gqa(run(gqa_job, tp, groups), groups)
+    assert len(verdicts) == 4 and not _failed(verdicts), _failed(verdicts)

@@ -708,6 +708,39 @@ print(verdict_table([strided], "\nwhere FSDP's shards lie"))
 # show: paralab.tp.dtensor.gather_dp_then_tp
 
 # %% [markdown]
+# **Megatron's answer to the q/k/v permutation, and fewer kv heads than tp.** This
+# lab's fused weight is `q | k | v`, so torch's contiguous cut needs `head_aligned_qkv`.
+# Megatron lays it out per query group, `q1 q2 k1 v1 | q3 q4 k2 v2 | ...`: a contiguous
+# cut then hands each rank whole groups. With grouped-query attention (8 query heads
+# sharing `groups` kv heads here, head dim 6), a rank holds `groups/tp` groups, until
+# there are fewer groups than ranks: then a piece holds part of a group, and Megatron
+# all-gathers the q/k/v output, slices out group `rank // (tp/groups)` and keeps its
+# `8/tp` query heads; the group's kv head is computed on `tp/groups` ranks.
+
+# %%
+# show: paralab.tp.gqa.interleaved_qkv
+
+# %%
+# show: paralab.tp.gqa.gqa_job
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.tp.gqa.grouped_attention paralab.tp.gqa.GatherLastDim
+
+# %%
+from paralab.tp.gqa import check_gqa
+
+gqa_claims = [
+    summary(
+        f"GQA, {groups} kv heads at tp={tp}{' (fewer kv heads than tp)' if groups < tp else ''}: "
+        "out, dx, both weights' grads = one process",
+        check_gqa(run(gqa_job, tp, groups), groups),
+    )
+    for groups, tp in ((4, 2), (2, 4), (1, 4))
+]
+dtensor_claims += gqa_claims
+print(verdict_table(gqa_claims, "Megatron's per-group q/k/v layout (relative bound 1e-12)"))
+
+# %% [markdown]
 # ## 9. Activation memory per rank: what SP divides
 #
 # Saved-tensor hooks see every tensor autograd keeps for the backward; counting each
