@@ -904,3 +904,21 @@ def test_mixtral_counts_every_expert_stored_and_two_a_token():
     assert flops_per_token(mixtral, 0) == 6 * (mixtral.params - idle - embedding)
     rows = plan_train(mixtral, hardware("h100-96gb-500w"), 16, 4096, 32)
     assert rows and not rows[0].oom and all(r.layout.world == 16 for r in rows)
+
+
+def test_expert_parallel_trades_fsdp_gathers_for_all_to_alls():
+    mixtral, part = model("mixtral-8x7b"), hardware("h100-96gb-500w")
+    rows = plan_train(mixtral, part, 16, 4096, 32)
+    assert {r.layout.ep for r in rows} == {1, 2, 4, 8}
+    w, eff = Workload("train", seq=4096, micro_batch=2, ac="selective"), FITTED["h100-sxm"]
+    plain = predict(mixtral, part, Layout(dp_shard=16), w, eff)
+    ep8 = predict(mixtral, part, Layout(dp_shard=16, ep=8), w, eff)
+    assert ep8.breakdown["exposed: dp (FSDP)"] < plain.breakdown["exposed: dp (FSDP)"]
+    assert "exposed: ep" in ep8.breakdown and "exposed: ep" not in plain.breakdown
+    # a dense model gets no ep, and --layout refuses one
+    assert {r.layout.ep for r in plan_train(EIGHT_B, H100, 8, 8192, 16)} == {1}
+
+
+def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
+    line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8,ep=2"])
+    assert "ep=2 must divide llama3.1-8b's 0 experts" in line

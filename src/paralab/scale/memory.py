@@ -20,7 +20,7 @@ import tomllib
 from paralab.pp.costs import in_flight_formula
 from paralab.scale.hardware import GiB
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Workload, fsdp_shard
+from paralab.scale.predict import Layout, Workload, fsdp_block_params, fsdp_shard
 
 ACT = 2
 """bf16 activations."""
@@ -98,7 +98,7 @@ def stage_memory(
         if lo.pp > 1:
             items["FSDP buffers"] = STAGE_KEPT_BYTES * m.params / (lo.pp * lo.tp)
         else:
-            unit = GATHERED_UNIT_BYTES * m.block_params() / lo.tp
+            unit = GATHERED_UNIT_BYTES * fsdp_block_params(m, lo) / lo.tp
             items["FSDP buffers"] = unit + 2 * m.root_params() / lo.tp  # the root stays gathered
     return items
 

@@ -164,7 +164,7 @@ def train_layouts(q: TrainQuestion):
                         for sp, async_tp in ((False, False), (True, False), (True, True)):
                             if tp == 1 and (sp or async_tp):
                                 continue
-                            base = Layout(
+                            layout = Layout(
                                 dp_shard=dp,
                                 cp=cp,
                                 cp_kind=kind,
@@ -176,7 +176,16 @@ def train_layouts(q: TrainQuestion):
                                 sp=sp,
                                 async_tp=async_tp,
                             )
-                            yield base
+                            for ep in expert_degrees(m, dp * cp):
+                                yield replace(layout, ep=ep)
+
+
+def expert_degrees(m: ModelShape, carved_from: int) -> list[int]:
+    """ep degrees for a mixture of experts: dividing both the experts and the dp_shard x cp
+    ranks they are carved from; 1 for a dense model."""
+    if not m.experts:
+        return [1]
+    return [e for e in divisors(carved_from) if m.experts % e == 0]
 
 
 def least_recompute_that_fits(q: TrainQuestion, layout: Layout) -> str | None:
@@ -372,7 +381,7 @@ def describe(layout: Layout, ac: str = "") -> str:
     """A layout in one line: its degrees above 1, then the training knobs that were chosen."""
     parts = [
         f"{k} {getattr(layout, k)}"
-        for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp")
+        for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp", "ep")
         if getattr(layout, k) > 1 and (ac or k != "dp_replicate")
     ]
     if layout.cp > 1:
@@ -492,7 +501,7 @@ def row_json(r: Row) -> dict:
     lo, p = r.layout, r.prediction
     layout = {k: getattr(lo, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
     layout |= {
-        "ep": 1,
+        "ep": lo.ep,
         "cfgp": lo.cfgp,
         "lb": lo.lb,
         "cp_kind": lo.cp_kind if lo.cp > 1 else None,
@@ -553,8 +562,6 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
             fields[key] = int(value)
         else:
             fields[key] = value
-    if fields.pop("ep", 1) != 1:
-        raise ValueError("ep must be 1: no preset model has experts")
     ac = fields.pop("ac", "selective")
     if ac not in AC_MODES:
         raise ValueError(f"ac={ac!r}; AC modes: {', '.join(AC_MODES)}")
@@ -579,6 +586,8 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
 def check_layout(q: TrainQuestion, layout: Layout) -> str:
     """Why `layout` cannot run `q` (divisibility), or ''."""
     m, dp = q.model, layout.dp_shard * layout.dp_replicate
+    if layout.ep not in expert_degrees(m, layout.dp_shard * layout.cp):
+        return f"ep={layout.ep} must divide {m.name}'s {m.experts} experts and dp_shard x cp"
     if m.heads % layout.tp or m.kv_heads % layout.tp:
         return f"tp={layout.tp} must divide {m.heads} heads and {m.kv_heads} kv heads"
     if q.seq % (2 * layout.cp):

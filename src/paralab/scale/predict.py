@@ -82,6 +82,10 @@ class Layout:
     microbatches: int = 0
     virtual: int = 1
     async_tp: bool = False
+    ep: int = 1
+    """Expert parallel: a mixture of experts' experts split over ep ranks carved from dp_shard x
+    cp (as torchtitan carves them), tokens sent to their experts' ranks by all-to-alls; it uses
+    no ranks of its own."""
     sp: bool = False
     """Sequence parallel beside tp: the block's all-reduces become all-gathers and
     reduce-scatters (`paralab.tp.costs.block_bytes`), and activations outside the TP regions
@@ -175,6 +179,13 @@ def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
         stride *= size
     out["dp_shard_cp"] = link_for(hw, layout.tp, layout.dp_shard * layout.cp)
     return out
+
+
+def fsdp_block_params(m: ModelShape, layout: Layout) -> int:
+    """A block's parameters one FSDP all-gather assembles on a rank: under ep, the rank's 1/ep
+    of the experts (each expert group shards over the rest of dp_shard x cp), the rest whole."""
+    experts = m.experts * 3 * m.hidden * m.ffn  # 0 for a dense model
+    return m.block_params() - experts + experts // layout.ep
 
 
 def fsdp_shard(layout: Layout) -> int:
@@ -327,7 +338,7 @@ def predict_train(
     out = {"compute: GEMM": t_gemm, "compute: attention": t_attn, "optimizer (HBM)": t_optim}
     if s * lo.dp_replicate > 1:
         link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
-        unit = fsdp_unit_bytes(m.block_params() // lo.tp, lo)
+        unit = fsdp_unit_bytes(fsdp_block_params(m, lo) // lo.tp, lo)
         root = fsdp_unit_bytes(m.root_params() // lo.tp, lo)
         ag = link.time(unit["all_gather"], s - 1)
         rs = link.time(unit["reduce_scatter"], s - 1)
@@ -339,6 +350,11 @@ def predict_train(
         out["exposed: dp (FSDP)"] = fwd + bwd + root_t
     if lo.cp > 1:
         out["exposed: cp"] = layers * b * _train_cp(m, hw, lo, w, links["cp"], eff)
+    if lo.ep > 1:
+        tokens = b * seq / lo.cp / (lo.tp if lo.sp else 1)
+        sent = tokens * m.top_k * m.hidden * ACT_BYTES * (lo.ep - 1) / lo.ep
+        calls = 2 * (2 + re_gemm)  # dispatch and combine: forward, backward, recompute
+        out["exposed: ep"] = layers * calls * link_for(hw, lo.tp, lo.ep).time(sent, lo.ep - 1)
     if lo.tp > 1 and not lo.async_tp:
         act = b * (seq // lo.cp) * m.hidden * ACT_BYTES
         per_block = block_bytes(act, lo.tp, sequence_parallel=lo.sp)
