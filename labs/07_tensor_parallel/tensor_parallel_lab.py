@@ -9,7 +9,9 @@
 # vocabulary split over ranks needs three small all-reduces instead of the logits. Every
 # output, gradient and parameter is checked element by element against one process, every
 # byte against a closed form, and the same model runs under torch's own DTensor tensor
-# parallelism and inside FSDP2. **Prerequisites:** the collectives primer (all-reduce,
+# parallelism and inside FSDP2. Around it, what a real run needs: the gradient norm
+# across tp for clipping, dropout masks from an RNG tracker, grouped-query attention with
+# fewer kv heads than ranks, and what torch's SP saves against Megatron's. **Prerequisites:** the collectives primer (all-reduce,
 # all-gather, reduce-scatter and their backwards), lab 01 (FSDP2, for section 7).
 # **Time:** about 45 minutes to read; the last cell prints this notebook's run time.
 #
