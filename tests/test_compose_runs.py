@@ -159,3 +159,35 @@ def test_fsdp_resharding_after_forward_under_pp_gathers_2m_times_and_stays_exact
     for rank in range(8):
         once = measured_bytes(kept[rank][1], grid, rank)[gather]
         assert measured_bytes(out[rank][1], grid, rank)[gather] == 8 * once > 0
+
+
+def test_interleaved_pp_row_equals_one_process_and_its_bytes_the_formula():
+    """pp 2 with 2 virtual stages per rank on the 2-block model: the embedding and the head each
+    count as a layer, so the 4 stages run [embed], [block 0], [block 1], [norm, head]; rank 0
+    holds stages 0 and 2 and sends forward from both (stage 3 is its peer's)."""
+    grid = Grid(8, dp_shard=2, tp=2, pp=2)
+    out = run(compose_worker, 8, grid, virtual=2, timeout=120)
+    all_pass(check_params([o[0] for o in out], grid))
+    all_pass(check_bytes([o[1] for o in out], grid, virtual=2))
+    once = group_phase_bytes(grid, 0, CONFIG, 4)[("pp", "forward")]
+    assert measured_bytes(out[0][1], grid, 0)[("pp", "forward")] == 2 * once
+
+
+def test_moe_with_pp_carries_the_aux_loss_from_stage_0_and_a_missing_1_over_m_fails():
+    """The MoE row on a pipeline (dp_shard 2 x tp 2 x pp 2, ep 2, m = 4): stage 0's aux losses
+    reach the loss through `AuxLossAutoScaler`, exact against one process routing each
+    micro-batch; the ledger equals the formula from the routed counts. Known-wrong: the aux
+    gradient not divided by the micro-batches."""
+    grid = Grid(8, dp_shard=2, tp=2, pp=2, ep=2, etp=2)
+    out = run(moe_worker, 8, grid, timeout=120)
+    all_pass(check_params([p for p, _, _ in out], grid, moe=True))
+    all_pass(check_bytes([r for _, r, _ in out], grid, send_counts=[c for _, _, c in out]))
+    assert len(out[0][2]) == 1 and len(out[0][2][0]) == 4  # one block per stage, 4 micro-batches
+    wrong = run(
+        moe_worker,
+        8,
+        grid,
+        timeout=120,
+        patches={"paralab.compose.runs": {"aux_loss_grad": lambda coef, m, ranks: coef / ranks}},
+    )
+    assert not all(v.passed for v in check_params([p for p, _, _ in wrong], grid, moe=True))

@@ -40,7 +40,7 @@ from paralab.compose import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, Gri
 from paralab.compose.bridge import from_overlay, to_overlay
 from paralab.compose.costs import group_phase_bytes, per_group
 from paralab.compose.grid import pipeline_neighbours, rank_coordinates
-from paralab.compose.model import CONFIG
+from paralab.compose.model import CONFIG, stage_blocks
 from paralab.compose.runs import (
     check_bytes,
     check_params,
@@ -339,6 +339,46 @@ print(
 # over `dp_shard_mod_ep` and nothing is divided. `tests/test_compose_runs.py` reduces the
 # experts like the dense weights instead, and the check fails.
 #
+# **Two more rows: interleaved PP, and MoE on a pipeline.** Interleaved 1F1B (lab 08) gives
+# each pipeline rank v = 2 stages. Four stages of this 2-block model count the embedding and the
+# head as one layer each (Megatron's `account_for_embedding_in_pipeline_split` and
+# `account_for_loss_in_pipeline_split`): stages [embedding], [block 0], [block 1], [norm, head],
+# pipeline rank 0 holding stages 0 and 2. On a pipeline an MoE layer of stage 0 has an aux loss
+# the last stage's loss never sees. Megatron's `MoEAuxLossAutoScaler`
+# (NVIDIA/Megatron-LM@d98e8a64:megatron/core/transformer/moe/moe_utils.py) passes the layer's
+# output through unchanged and, in the backward, hands the aux loss its gradient: a scale its
+# schedule sets to `loss_scale * cp_size_for_scaling / num_microbatches`
+# (NVIDIA/Megatron-LM@d98e8a64:megatron/core/pipeline_parallel/schedules.py; with
+# `calculate_per_token_loss` it keeps `loss_scale`). Here the scale is aux_coef / (m · |dp_cp|),
+# the gradients being summed over dp_cp. **Predict:** does either row still equal one process?
+
+# %%
+# show: paralab.compose.moe.AuxLossAutoScaler
+
+# %%
+# show: paralab.compose.runs.aux_loss_grad
+
+# %%
+MOE_PP_GRID = Grid(8, dp_shard=2, tp=2, pp=2, ep=2, etp=2)
+INTERLEAVED = run(compose_worker, 8, ROWS["dp 2 x tp 2 x pp 2"], virtual=2, timeout=120)
+MOE_PP = run(moe_worker, 8, MOE_PP_GRID, timeout=120)
+more = [
+    summary(
+        "8 ranks: interleaved 1F1B, dp 2 x tp 2 x pp 2, v = 2: parameters after 2 steps",
+        check_params([p for p, _ in INTERLEAVED], ROWS["dp 2 x tp 2 x pp 2"]),
+    ),
+    summary(
+        "8 ranks: MoE dp_shard 2 x tp 2 x pp 2, ep 2, m = 4: parameters after 2 steps",
+        check_params([p for p, _, _ in MOE_PP], MOE_PP_GRID, moe=True),
+    ),
+]
+print(verdict_table(more, "interleaved PP and MoE on a pipeline"))
+print("blocks of stages 0-3:", [list(stage_blocks(s, 4, CONFIG.blocks)) for s in range(4)])
+
+# %% [markdown]
+# `tests/test_compose_runs.py` drops the 1/m from the aux gradient and the check fails; the
+# bytes of both rows equal the closed form on every rank (next section).
+#
 # ## 5. Bytes per group and phase = the closed form
 #
 # **Predict:** in the 16-rank row, which group does the heaviest rank send the most bytes
@@ -351,7 +391,7 @@ print(
 # show: paralab.compose.costs.group_phase_bytes
 
 # %%
-# show: paralab.compose.costs.data_parallel_bytes
+# show: paralab.compose.costs.tp_bytes paralab.compose.costs.data_parallel_bytes
 
 # %%
 bytes_verdicts = [
@@ -376,6 +416,16 @@ bytes_verdicts.append(
         f"{per_phase[('pp', 'forward')]} B = 4 x {shard} B",
     )
 )
+bytes_verdicts += [
+    summary(
+        "8 ranks: interleaved, v = 2: ledger = formula, every rank",
+        check_bytes([r for _, r in INTERLEAVED], ROWS["dp 2 x tp 2 x pp 2"], virtual=2),
+    ),
+    summary(
+        "8 ranks: MoE on a pipeline: ledger = formula from the routed counts, every rank",
+        check_bytes([r for _, r, _ in MOE_PP], MOE_PP_GRID, send_counts=[c for _, _, c in MOE_PP]),
+    ),
+]
 print(verdict_table(bytes_verdicts, "bytes per group and phase"))
 print(
     text_table(

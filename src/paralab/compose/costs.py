@@ -23,9 +23,12 @@ all-reduce 2(n-1)/n, ...), not what a backend moves on a wire.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from paralab.compose.grid import Grid
+from paralab.compose.model import stage_blocks
 from paralab.cp.costs import ring_bytes
 from paralab.ep.costs import layer_bytes, split_matrix
 from paralab.ep.model import MoEConfig
@@ -53,12 +56,30 @@ def block_numel(config: LMConfig, tp: int) -> int:
     return qkv + proj + mlp + 4 * h
 
 
-def stage_numel(config: LMConfig, tp: int, stage: int, pp: int) -> int:
-    """The parameters of pipeline stage `stage` on one tp rank."""
-    n = config.blocks // pp * block_numel(config, tp)
-    if stage == 0:
+@dataclasses.dataclass(frozen=True)
+class RankLayers:
+    """What one pipeline rank runs: its blocks, and whether it holds the first stage (the
+    embedding) and the last (the norm, the head, the loss)."""
+
+    blocks: int
+    first: bool
+    last: bool
+
+
+def rank_layers(config: LMConfig, pp_rank: int, pp: int, virtual: int = 1) -> RankLayers:
+    """The layers of pipeline rank `pp_rank`, which runs stages pp_rank + k·pp (k < virtual)."""
+    n = pp * virtual
+    stages = [pp_rank + k * pp for k in range(virtual)]
+    blocks = sum(len(stage_blocks(s, n, config.blocks)) for s in stages)
+    return RankLayers(blocks, 0 in stages, n - 1 in stages)
+
+
+def stage_numel(config: LMConfig, tp: int, layers: RankLayers) -> int:
+    """The parameters one pipeline rank's stages hold on one tp rank."""
+    n = layers.blocks * block_numel(config, tp)
+    if layers.first:
         n += config.vocab // tp * config.hidden + config.seq * config.hidden
-    if stage == pp - 1:
+    if layers.last:
         n += 2 * config.hidden + config.vocab // tp * config.hidden
     return n
 
@@ -71,12 +92,16 @@ def group_phase_bytes(
     itemsize: int = ITEMSIZE,
     reshard_after_forward: bool = False,
     sequence_parallel: bool = True,
+    virtual: int = 1,
 ) -> dict[tuple[str, str], int]:
-    """(group, phase) -> bytes this rank sends in one step (0-byte entries dropped); the stage
+    """(group, phase) -> bytes this rank sends in one step (0-byte entries dropped); the stages
     gathered once (kept: FSDP under PP) or 2m times (`reshard_after_forward`); SP at tp > 1."""
     stage, m, tp, cp, pp = grid.coords(rank)["pp"], microbatches, grid.tp, grid.cp, grid.pp
-    sequence_parallel = sequence_parallel and tp > 1
-    rows, tokens, blocks = config.batch // m, config.seq // cp, config.blocks // pp
+    sequence_parallel, layers = (
+        sequence_parallel and tp > 1,
+        rank_layers(config, stage, pp, virtual),
+    )
+    rows, tokens, blocks = config.batch // m, config.seq // cp, layers.blocks
     a = rows * tokens * config.hidden * itemsize
     out: dict[tuple[str, str], int] = {}
 
@@ -84,55 +109,72 @@ def group_phase_bytes(
         if nbytes:
             out[(group, phase)] = out.get((group, phase), 0) + nbytes
 
-    for (phase, _), (_, nbytes) in block_bytes(a, tp, sequence_parallel).items():
-        add("tp", phase, m * blocks * nbytes)
-    for phase, nbytes in ends_bytes(a, tp, stage, pp, sequence_parallel, config.hidden).items():
-        add("tp", phase, m * nbytes)
-    if sequence_parallel:  # one flattened all-reduce of the replicated gradients
-        replicated = replicated_numel(config, stage, pp) * itemsize
-        add("tp", "grad sync", all_reduce_bytes(replicated, tp))
+    for phase, nbytes in tp_bytes(a, tp, m, layers, sequence_parallel, config, itemsize).items():
+        add("tp", phase, nbytes)
     s = rows * (config.heads // tp) * tokens * config.head_dim * itemsize
     for phase, nbytes in ring_bytes(s, cp).items():
         add("cp", phase, m * blocks * nbytes)
     boundary = a // tp if sequence_parallel else a  # SP: the sequence shard
-    for phase, nbytes in step_bytes_sent(tuple(range(pp)), m, boundary)[stage].items():
+    owner = tuple(s % pp for s in range(pp * virtual))  # interleaved: stage s on rank s mod pp
+    for phase, nbytes in step_bytes_sent(owner, m, boundary)[stage].items():
         add("pp", phase, nbytes)
     add("dp_cp", "token count", all_reduce_bytes(TOKEN_COUNT_BYTES, grid.size("dp_cp")))
-    gathers, numel = 2 * m if reshard_after_forward else 1, stage_numel(config, tp, stage, pp)
+    gathers, numel = 2 * m if reshard_after_forward else 1, stage_numel(config, tp, layers)
     for key, nbytes in data_parallel_bytes(grid, numel, itemsize, gathers).items():
         add(*key, nbytes)
     return out
 
 
+def tp_bytes(
+    a: int,
+    tp: int,
+    m: int,
+    layers: RankLayers,
+    sequence_parallel: bool,
+    config: LMConfig,
+    itemsize: int,
+) -> dict[str, int]:
+    """phase -> bytes over tp per step: m times each block's crossings (`tp.costs.block_bytes`)
+    and the ends' (`ends_bytes`); under SP one flattened all-reduce of the replicated gradients."""
+    out = {"forward": 0, "backward": 0}
+    for (phase, _), (_, nbytes) in block_bytes(a, tp, sequence_parallel).items():
+        out[phase] += m * layers.blocks * nbytes
+    for phase, nbytes in ends_bytes(a, tp, layers, sequence_parallel, config.hidden).items():
+        out[phase] += m * nbytes
+    if sequence_parallel:
+        out["grad sync"] = all_reduce_bytes(replicated_numel(config, layers) * itemsize, tp)
+    return out
+
+
 def ends_bytes(
-    a: int, tp: int, stage: int, pp: int, sequence_parallel: bool, hidden: int
+    a: int, tp: int, layers: RankLayers, sequence_parallel: bool, hidden: int
 ) -> dict[str, int]:
     """phase -> bytes of the embedding's (first stage) and the head's (last) tp crossings per
     micro-batch: g and f without SP; with SP the embedding's reduce-scatter and its mirror, the
     head's all-gather, its mirror, and its re-gather of the saved shard (`tp.costs.step_bytes`);
     and the vocab-parallel loss's 3 all-reduces of one number per token (last stage)."""
     out = {"forward": 0, "backward": 0}
-    if stage == pp - 1:
+    if layers.last:
         out["forward"] += 3 * all_reduce_bytes(a // hidden, tp)
     if not sequence_parallel:
-        out["forward"] += all_reduce_bytes(a, tp) if stage == 0 else 0
-        out["backward"] += all_reduce_bytes(a, tp) if stage == pp - 1 else 0
+        out["forward"] += all_reduce_bytes(a, tp) if layers.first else 0
+        out["backward"] += all_reduce_bytes(a, tp) if layers.last else 0
         return out
-    if stage == 0:
+    if layers.first:
         out["forward"] += reduce_scatter_bytes(a, tp)
         out["backward"] += all_gather_bytes(a, tp)
-    if stage == pp - 1:
+    if layers.last:
         out["forward"] += all_gather_bytes(a, tp)
         out["backward"] += all_gather_bytes(a, tp) + reduce_scatter_bytes(a, tp)
     return out
 
 
-def replicated_numel(config: LMConfig, stage: int, pp: int) -> int:
-    """The numbers of a stage every tp rank holds whole: per block two norms and two row biases
-    (6·hidden), the position table on the first stage, the final norm on the last."""
-    n = config.blocks // pp * 6 * config.hidden
-    n += config.seq * config.hidden if stage == 0 else 0
-    return n + (2 * config.hidden if stage == pp - 1 else 0)
+def replicated_numel(config: LMConfig, layers: RankLayers) -> int:
+    """The numbers of a rank's stages every tp rank holds whole: per block two norms and two row
+    biases (6·hidden), the position table on the first stage, the final norm on the last."""
+    n = layers.blocks * 6 * config.hidden
+    n += config.seq * config.hidden if layers.first else 0
+    return n + (2 * config.hidden if layers.last else 0)
 
 
 def data_parallel_bytes(
@@ -155,25 +197,27 @@ def moe_group_phase_bytes(
     rank: int,
     config: LMConfig,
     moe: MoEConfig,
-    group_send_counts: list[list[torch.Tensor]],
+    group_send_counts: list[list[list[torch.Tensor]]],
     itemsize: int = ITEMSIZE,
 ) -> dict[tuple[str, str], int]:
-    """The MoE model's bytes (pp = cp = 1, one micro-batch), from the routed counts.
+    """The MoE model's bytes (cp = 1, no SP, m = `default` micro-batches), from routed counts.
 
-    `group_send_counts[i][b]`: the (E,) rows rank i of this rank's ep group sends each expert in
-    block b. The dense formula, less each block's MLP f and g on tp; per block, the ep layer's
-    count exchange, dispatch and combine (`ep.costs.layer_bytes`) and, for each local expert,
-    the f and g of its R rows over tp (R·h numbers); the dense parameters over dp_shard_cp,
-    the local experts' over dp_shard_mod_ep."""
-    if grid.pp > 1 or grid.cp > 1:
-        raise ValueError("the MoE formula covers pp = cp = 1")
-    tp, ep, experts, h = grid.tp, grid.ep, moe.experts, config.hidden
-    out = group_phase_bytes(grid, rank, config, 1, itemsize, sequence_parallel=False)
-    a = config.batch * config.seq * h * itemsize
+    `group_send_counts[i][b][k]`: the (E,) rows rank i of this rank's ep group sends each expert
+    in block b of its stage, micro-batch k. The dense formula, less each block's MLP f and g on
+    tp; per block and micro-batch, the ep layer's count exchange, dispatch and combine
+    (`ep.costs.layer_bytes`) and, for each local expert, the f and g of its R rows over tp (R·h
+    numbers); the dense parameters over dp_shard_cp, the local experts' over dp_shard_mod_ep."""
+    if grid.cp > 1:
+        raise ValueError("the MoE formula covers cp = 1")
+    tp, ep, experts, h, pp = grid.tp, grid.ep, moe.experts, config.hidden, grid.pp
+    m = 2 * pp if pp > 1 else 1
+    out = group_phase_bytes(grid, rank, config, m, itemsize, sequence_parallel=False)
+    a = config.batch // m * config.seq * h * itemsize
     me = grid.group(rank, "ep").index(rank)
     local = experts // ep
+    layers = rank_layers(config, grid.coords(rank)["pp"], pp)
     for phase in ("forward", "backward"):
-        out[("tp", phase)] -= config.blocks * all_reduce_bytes(a, tp)  # the dense MLP's g, f
+        out[("tp", phase)] -= m * layers.blocks * all_reduce_bytes(a, tp)  # the MLP's g, f
     for key in [k for k in out if k[0] in ("dp_shard_cp", "dp_replicate")]:
         del out[key]
 
@@ -181,21 +225,22 @@ def moe_group_phase_bytes(
         if nbytes:
             out[(group, phase)] = out.get((group, phase), 0) + nbytes
 
-    for block in range(config.blocks):
-        counts = [sent[block] for sent in group_send_counts]
-        calls = layer_bytes(split_matrix(counts, ep), me, h, experts)
-        for call, nbytes in calls.items():
-            add("ep", "backward" if "backward" in call else "forward", nbytes)
-        for j in range(local):
-            rows = sum(int(c[me * local + j]) for c in counts)
-            for phase in ("forward", "backward"):
-                add("tp", phase, all_reduce_bytes(rows * h * itemsize, tp))
+    for block in range(layers.blocks):
+        for k in range(m):
+            counts = [sent[block][k] for sent in group_send_counts]
+            calls = layer_bytes(split_matrix(counts, ep), me, h, experts)
+            for call, nbytes in calls.items():
+                add("ep", "backward" if "backward" in call else "forward", nbytes)
+            for j in range(local):
+                rows = sum(int(c[me * local + j]) for c in counts)
+                for phase in ("forward", "backward"):
+                    add("tp", phase, all_reduce_bytes(rows * h * itemsize, tp))
     mlp = config.ffn * h // tp + config.ffn // tp + h * config.ffn // tp + h
     expert = moe.hidden * h // tp + moe.hidden // tp + h * moe.hidden // tp + h
-    dense = stage_numel(config, tp, 0, 1) - config.blocks * (mlp - experts * h)  # + the gate
+    dense = stage_numel(config, tp, layers) - layers.blocks * (mlp - experts * h)  # + the gate
     units = (
         ("dp_shard_cp", dense, grid.size("dp_shard_cp")),
-        ("dp_shard_mod_ep", config.blocks * local * expert, grid.size("dp_shard_mod_ep")),
+        ("dp_shard_mod_ep", layers.blocks * local * expert, grid.size("dp_shard_mod_ep")),
     )
     replicas = grid.dp_replicate
     for group, numel, shard in units:

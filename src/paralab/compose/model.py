@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from paralab.compose.moe import aux_loss
 from paralab.cp.layout import shard_sequence
 from paralab.cp.ring import ring_attention
 from paralab.tp.cross_entropy import vocab_parallel_cross_entropy
@@ -32,11 +31,17 @@ sample (pp 2, m = 4: one sequence per micro-batch), 2 blocks (pp 2: one per stag
 
 
 def stage_blocks(stage: int, n_stages: int, blocks: int) -> range:
-    """The blocks pipeline stage `stage` runs: an even cut of the model's blocks."""
-    if blocks % n_stages:
-        raise ValueError(f"pp = {n_stages} must divide the model's {blocks} blocks")
-    per = blocks // n_stages
-    return range(stage * per, (stage + 1) * per)
+    """The blocks pipeline stage `stage` runs: an even cut of the model's blocks; or, where the
+    stages divide blocks + 2 but not the blocks, the embedding and the head each counted as one
+    layer (Megatron's `account_for_embedding_in_pipeline_split` and `..._loss_...`): the first
+    and last stages run one block fewer (none, on 4 stages of 2 blocks)."""
+    if blocks % n_stages == 0:
+        per = blocks // n_stages
+        return range(stage * per, (stage + 1) * per)
+    if (blocks + 2) % n_stages:
+        raise ValueError(f"{n_stages} stages divide neither the {blocks} blocks nor blocks + 2")
+    per = (blocks + 2) // n_stages
+    return range(max(stage * per - 1, 0), min((stage + 1) * per - 1, blocks))
 
 
 class LMStage(nn.Module):
@@ -90,18 +95,12 @@ def lm_loss_sum(
     return (vocab_parallel_cross_entropy(logits, targets, group) * counted).sum()
 
 
-def microbatch_lm_loss(
-    group: dist.ProcessGroup,
-    global_tokens: int,
-    modules: list[nn.Module] | None = None,
-    aux_scale: float = 1.0,
-):
+def microbatch_lm_loss(group: dist.ProcessGroup, global_tokens: int):
     """The executor's loss(output, target, m): one micro-batch's summed cross-entropy over the
-    tokens every data-parallel rank counts together (torchtitan's `global_valid_tokens`), plus
-    `aux_scale` times the aux losses the MoE layers among `modules` kept from this forward."""
+    tokens every data-parallel rank counts together (torchtitan's `global_valid_tokens`). An MoE
+    layer's aux loss joins the backward on its own stage (`moe.AuxLossAutoScaler`)."""
 
     def loss(logits: torch.Tensor, targets: torch.Tensor, microbatches: int) -> torch.Tensor:
-        aux = aux_loss(modules or [])
-        return lm_loss_sum(logits, targets, group) / global_tokens + aux_scale * aux
+        return lm_loss_sum(logits, targets, group) / global_tokens
 
     return loss

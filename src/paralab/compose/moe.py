@@ -29,6 +29,23 @@ def moe_config(config: LMConfig) -> MoEConfig:
     return MoEConfig(experts=4, top_k=2, dim=config.hidden, hidden=2 * config.hidden)
 
 
+class AuxLossAutoScaler(torch.autograd.Function):
+    """Megatron's `MoEAuxLossAutoScaler`: the output passes unchanged, and its backward hands the
+    aux loss the gradient `scale`. So the aux loss of a layer on any pipeline stage joins the
+    backward there, with no term in the last stage's loss."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (aux,) = ctx.saved_tensors
+        return grad_output, torch.ones_like(aux) * ctx.scale, None
+
+
 class MoEMLP(nn.Module):
     """An MoE layer where a block's MLP was: (batch, seq, hidden) in and out; keeps its aux loss."""
 
@@ -36,12 +53,17 @@ class MoEMLP(nn.Module):
         super().__init__()
         self.moe, self.config = layer, layer.config
         self.aux: torch.Tensor | None = None
-        self.routing: Routing | None = None
-        """The last forward's routing: the counts the bytes formula reads."""
+        self.routings: list[Routing] = []
+        """Every forward's routing, in order: the counts the bytes formula reads."""
+        self.aux_grad: float | None = None
+        """On the ranks: d(loss)/d(aux) per micro-batch, carried by `AuxLossAutoScaler`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, routing = self.moe(x.reshape(-1, x.shape[-1]))
-        self.aux, self.routing = routing.aux, routing
+        self.aux = routing.aux
+        self.routings.append(routing)
+        if self.aux_grad is not None:
+            y = AuxLossAutoScaler.apply(y, routing.aux, self.aux_grad)
         return y.reshape(x.shape)
 
 

@@ -38,7 +38,14 @@ from paralab.compose.model import (
     microbatch_lm_loss,
     positions_of,
 )
-from paralab.compose.moe import aux_loss, expert_parallel, is_expert, moe_config, with_experts
+from paralab.compose.moe import (
+    MoEMLP,
+    aux_loss,
+    expert_parallel,
+    is_expert,
+    moe_config,
+    with_experts,
+)
 from paralab.cp.layout import shard_sequence
 from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params
 from paralab.fsdp.zero import unflatten as unflatten_unit
@@ -156,7 +163,8 @@ class RankState:
 
     grid: Grid
     groups: ProcessGroups
-    stage: LMStage
+    stage: torch.nn.Module
+    """This rank's stages as one module, parameters named as in the whole model."""
     plan: Schedule
     inputs: list[torch.Tensor]
     targets: list[torch.Tensor]
@@ -164,6 +172,8 @@ class RankState:
     local_tokens: int
     reshard_after_forward: bool = False
     sequence_parallel: bool = False
+    stages: dict[int, LMStage] = dataclasses.field(default_factory=dict)
+    """stage index -> the stage the executor runs (several under interleaving)."""
 
 
 def sharded_unit(
@@ -229,10 +239,14 @@ def setup(
     seed: int,
     moe: bool = False,
     reshard_after_forward: bool = False,
+    virtual: int = 1,
 ) -> RankState:
-    """Build this rank's stage, micro-batches, schedule and shards."""
-    if moe and (grid.pp > 1 or grid.etp != grid.tp):
-        raise NotImplementedError("the MoE model composes with pp = 1 and etp = tp only")
+    """Build this rank's stages, micro-batches, schedule (1F1B; interleaved 1F1B with `virtual`
+    stages per rank) and shards."""
+    if reshard_after_forward and virtual > 1:
+        raise NotImplementedError("reshard_after_forward composes with virtual = 1 only")
+    if moe and grid.etp != grid.tp:
+        raise NotImplementedError("the MoE model composes with etp = tp only")
     groups = ProcessGroups(grid, GROUPS + (EXPERT_GROUPS if moe else ()))
     tp_group, cp_group = groups.group["tp"], groups.group["cp"]
     cp_rank, pp_rank = groups.index("cp"), groups.index("pp")
@@ -244,7 +258,9 @@ def setup(
     positions = positions_of(cp_rank, grid.cp, CONFIG.seq)
     if sp:  # this tp rank's run of the cp rank's tokens
         positions = positions[slice(*owned_range(len(positions), groups.index("tp"), grid.tp))]
-    stage = LMStage(lm, pp_rank, grid.pp, positions)
+    n_stages = grid.pp * virtual
+    stages = {s: LMStage(lm, s, n_stages, positions) for s in range(pp_rank, n_stages, grid.pp)}
+    stage = stages[pp_rank] if virtual == 1 else merged(list(stages.values()))
     m = microbatches or default_microbatches(grid.pp)
     if CONFIG.batch % m:
         raise ValueError(f"microbatches = {m} must divide the {CONFIG.batch} sequences per sample")
@@ -254,7 +270,8 @@ def setup(
     ids, targets = (
         shard_sequence(t[rows], cp_rank, grid.cp, dim=1, zigzag=grid.cp > 1) for t in (ids, targets)
     )
-    plan = addressed(build_schedule("1f1b", grid.pp, m), groups.ranks["pp"])
+    name = "interleaved" if virtual > 1 else "1f1b"
+    plan = addressed(build_schedule(name, grid.pp, m, virtual), groups.ranks["pp"])
     shard_name, replicate_name = fsdp_groups(grid)
     replicate = groups.group[replicate_name] if replicate_name else None
     named = list(stage.named_parameters())
@@ -268,11 +285,35 @@ def setup(
     state = RankState(
         grid, groups, stage, plan, list(ids.chunk(m)), list(targets.chunk(m)), units, tokens
     )
-    state.sequence_parallel = sp
+    state.sequence_parallel, state.stages = sp, stages
+    for layer in (x for x in state.stage.modules() if isinstance(x, MoEMLP)):
+        layer.aux_grad = aux_loss_grad(layer.config.aux_coef, m, grid.size("dp_cp"))
     if reshard_after_forward:
         state.reshard_after_forward = True
         reshard_hooks(state)
     return state
+
+
+def aux_loss_grad(aux_coef: float, microbatches: int, ranks: int) -> float:
+    """d(loss)/d(aux) of one layer's aux loss in one micro-batch on one rank: the loss holds the
+    mean over the samples (ranks) and micro-batches of aux_coef·aux, and the gradients are summed
+    over dp_cp. Megatron's scale is loss_scale·cp / num_microbatches (its gradients averaged)."""
+    return aux_coef / (microbatches * ranks)
+
+
+def merged(stages: list[LMStage]) -> torch.nn.Module:
+    """One module holding several stages' layers under the whole model's names."""
+    out = torch.nn.Module()
+    out.blocks = torch.nn.ModuleDict()
+    for stage in stages:
+        for name, child in stage.named_children():
+            if name == "blocks":
+                out.blocks.update(child)
+            else:
+                setattr(out, name, child)
+        if stage.first:
+            out.pos = stage.pos
+    return out
 
 
 def uses_sequence_parallel(grid: Grid, moe: bool) -> bool:
@@ -302,14 +343,13 @@ def one_step(state: RankState, ledger: Ledger | None = None) -> None:
     g = state.groups
     with ledger.phase("token count") if ledger else contextlib.nullcontext():
         tokens = global_token_count(state.local_tokens, g.group["dp_cp"])
-    aux_scale = 1 / (len(state.inputs) * state.grid.size("dp_cp"))
     run_actions(
         state.plan,
         g.index("pp"),
-        {g.index("pp"): state.stage},
+        state.stages,
         state.inputs,
         state.targets,
-        loss=microbatch_lm_loss(g.group["tp"], tokens, list(state.stage.modules()), aux_scale),
+        loss=microbatch_lm_loss(g.group["tp"], tokens),
         boundary_shape=boundary_shape(state),
     )
     if state.sequence_parallel:
@@ -386,12 +426,14 @@ def compose_worker(
     seed: int = 0,
     moe: bool = False,
     reshard_after_forward: bool = False,
+    virtual: int = 1,
 ):
     """On every rank: `train`'s steps on `grid` (any order), step 0 under the ledger; with
-    `reshard_after_forward`, FSDP's per-micro-batch gathers (`reshard_hooks`).
+    `reshard_after_forward`, FSDP's per-micro-batch gathers (`reshard_hooks`); with `virtual`,
+    interleaved 1F1B over pp·virtual stages.
 
     Returns (full parameters, step 0's ledger records)."""
-    state = setup(grid, microbatches, seed, moe, reshard_after_forward)
+    state = setup(grid, microbatches, seed, moe, reshard_after_forward, virtual)
     records: list[Record] = []
     for step in range(steps):
         if step == 0:
@@ -406,9 +448,10 @@ def compose_worker(
 
 
 def moe_worker(grid: Grid, steps: int = 2, seed: int = 0):
-    """On every rank: the MoE model's steps on `grid`, step 0 under the ledger.
+    """On every rank: the MoE model's steps on `grid` (1F1B when pp > 1), step 0 under the ledger.
 
-    Returns (full parameters, step 0's ledger records, step 0's (E,) send counts per block)."""
+    Returns (full parameters, step 0's ledger records, step 0's (E,) send counts per block of
+    this rank's stage, per micro-batch)."""
     state = setup(grid, None, seed, moe=True)
     records: list[Record] = []
     counts: list[torch.Tensor] = []
@@ -417,20 +460,21 @@ def moe_worker(grid: Grid, steps: int = 2, seed: int = 0):
             with Ledger() as led:
                 one_step(state, led)
             records = led.records
-            counts = [m.routing.send_counts for m in state.stage.modules() if hasattr(m, "routing")]
+            layers = [x for x in state.stage.modules() if isinstance(x, MoEMLP)]
+            counts = [[r.send_counts for r in x.routings] for x in layers]
         else:
             one_step(state)
     return gathered(state), records, counts
 
 
 def reference(
-    *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False
+    *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False, microbatches: int = 1
 ) -> dict[str, torch.Tensor]:
     """One process: the same model on the global batch of `samples` samples (`padded_batch`),
     `steps` SGD steps; the loss is the cross-entropy's mean over every counted token.
 
-    With `moe`, each sample is routed on its own (as one dp rank routes its tokens) and the
-    mean over samples of aux_coef · aux is added."""
+    With `moe`, each micro-batch of each sample is routed on its own (as one dp rank routes it)
+    and the mean over samples and micro-batches of aux_coef · aux is added."""
     model = build_model(seed, CONFIG)
     if moe:
         model = with_experts(model, seed)
@@ -442,11 +486,10 @@ def reference(
         loss = torch.zeros((), dtype=torch.float64)
         for d in range(samples):
             rows = sample_rows(d, CONFIG)
-            logits = model(ids[rows]).flatten(0, 1)
-            loss = (
-                loss + F.cross_entropy(logits, targets[rows].flatten(), reduction="sum") / counted
-            )
-            loss = loss + aux_loss(list(model.modules())) / samples
+            for x, y in zip(ids[rows].chunk(microbatches), targets[rows].chunk(microbatches)):
+                logits = model(x).flatten(0, 1)
+                loss = loss + F.cross_entropy(logits, y.flatten(), reduction="sum") / counted
+                loss = loss + aux_loss(list(model.modules())) / (samples * microbatches)
         loss.backward()
         optimizer.step()
     return {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -458,7 +501,8 @@ def check_params(
 ) -> list[Verdict]:
     """Parameters after `steps` vs one process (each tensor to 1e-12 of its scale), and
     bitwise the same on every rank."""
-    want = reference(samples=grid.size("dp"), steps=steps, moe=moe)
+    m = default_microbatches(grid.pp) if moe else 1  # the dense loss does not depend on m
+    want = reference(samples=grid.size("dp"), steps=steps, moe=moe, microbatches=m)
     tag = describe(grid)
     verdicts = []
     for name, ref in want.items():
@@ -501,6 +545,7 @@ def check_bytes(
     microbatches: int | None = None,
     send_counts: list[list[torch.Tensor]] | None = None,
     reshard_after_forward: bool = False,
+    virtual: int = 1,
 ) -> list[Verdict]:
     """Every rank's bytes per (group, phase) from the ledger vs `costs.group_phase_bytes` (or,
     given every rank's routed `send_counts` per block, `costs.moe_group_phase_bytes`), exact.
@@ -509,7 +554,9 @@ def check_bytes(
     measured = [measured_bytes(recs, grid, rank) for rank, recs in enumerate(records)]
     if send_counts is None:
         formula = [
-            group_phase_bytes(grid, rank, CONFIG, m, reshard_after_forward=reshard_after_forward)
+            group_phase_bytes(
+                grid, rank, CONFIG, m, reshard_after_forward=reshard_after_forward, virtual=virtual
+            )
             for rank in range(grid.world)
         ]
     else:
