@@ -48,12 +48,15 @@ from paralab.compose.runs import (
     cross_node_bytes,
     describe,
     measured_bytes,
-    moe_worker,
     padded_batch,
+    rows_worker,
 )
 from paralab.exercises.lab10 import replica_setup
 from paralab.launch import run
 from paralab.parallel_dims import ParallelDims, predict_groups
+from paralab.scale.hardware import hardware
+from paralab.scale.plan import MODELS, plan_train
+from paralab.scale.plan import describe as describe_layout
 from paralab.tables import text_table
 from paralab.tp.model import LMConfig, build_model
 from paralab.tp.runs import sample_rows
@@ -304,11 +307,24 @@ ROWS = {
     "dp_shard 2 x cp 2 x tp 2": Grid(8, dp_shard=2, cp=2, tp=2),
     "dp 2 x cp 2 x tp 2 x pp 2": GRID16,
 }
-RESULTS = {
-    label: run(compose_worker, grid.world, grid, timeout=120) for label, grid in ROWS.items()
-}
 MOE_GRID = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
-MOE = run(moe_worker, 8, MOE_GRID, timeout=120)
+MOE_PP_GRID = Grid(8, dp_shard=2, tp=2, pp=2, ep=2, etp=2)
+PP8 = ROWS["dp 2 x tp 2 x pp 2"]
+EIGHT = [  # every 8-rank row of this lab in one launch; sections 4 and 5 read the later ones
+    ("compose", PP8, {}),
+    ("compose", ROWS["dp_shard 2 x cp 2 x tp 2"], {}),
+    ("moe", MOE_GRID, {}),
+    ("compose", PP8, {"virtual": 2}),
+    ("moe", MOE_PP_GRID, {}),
+    ("compose", PP8, {"reshard_after_forward": True}),
+]
+per_rank = run(rows_worker, 8, EIGHT, timeout=240)
+PP_ROW, CP_ROW, MOE, INTERLEAVED, MOE_PP, RESHARD = (list(r) for r in zip(*per_rank))
+RESULTS = {
+    "dp 2 x tp 2 x pp 2": PP_ROW,
+    "dp_shard 2 x cp 2 x tp 2": CP_ROW,
+    "dp 2 x cp 2 x tp 2 x pp 2": run(compose_worker, 16, GRID16, timeout=120),
+}
 row_verdicts = [
     summary(
         f"{describe(grid)}: parameters after 2 steps",
@@ -359,9 +375,6 @@ print(
 # show: paralab.compose.runs.aux_loss_grad
 
 # %%
-MOE_PP_GRID = Grid(8, dp_shard=2, tp=2, pp=2, ep=2, etp=2)
-INTERLEAVED = run(compose_worker, 8, ROWS["dp 2 x tp 2 x pp 2"], virtual=2, timeout=120)
-MOE_PP = run(moe_worker, 8, MOE_PP_GRID, timeout=120)
 more = [
     summary(
         "8 ranks: interleaved 1F1B, dp 2 x tp 2 x pp 2, v = 2: parameters after 2 steps",
@@ -496,8 +509,6 @@ print("heaviest group:", heaviest)
 # show: paralab.compose.runs.reshard_hooks
 
 # %%
-PP8 = ROWS["dp 2 x tp 2 x pp 2"]
-RESHARD = run(compose_worker, 8, PP8, reshard_after_forward=True, timeout=120)
 gather = ("dp_shard_cp", "param gather")
 kept = measured_bytes(RESULTS["dp 2 x tp 2 x pp 2"][0][1], PP8, 0)[gather]
 resharded = measured_bytes(RESHARD[0][1], PP8, 0)[gather]
@@ -648,6 +659,77 @@ print(
 # </details>
 
 # %% [markdown]
+# ## 8. Choosing the degrees
+#
+# The heaviest-group table of [section 5](#5-bytes-per-group-and-phase-the-closed-form) gives each
+# group's bytes per step at Llama-3-8B's shapes on 128 GPUs. A link's bus bandwidth turns them
+# into seconds (`paralab.scale.hardware`'s H100 SXM preset: NVLink inside a node of 8, the network
+# between nodes). **Predict:** which group could least afford the network?
+
+# %%
+H100 = hardware("h100-sxm")
+REAL = TABLES["Llama-3-8B shapes, 128 GPUs, tp 8 (bf16)"]
+print(
+    text_table(
+        ["group", "GB per step", "s over NVLink", "s over the network"],
+        [
+            [g, f"{b / 1e9:.4g}", f"{b / H100.intra_busbw:.3g}", f"{b / H100.inter_busbw:.3g}"]
+            for g, b in REAL.items()
+        ],
+    )
+)
+
+# %% [markdown]
+# tp's bytes are the largest by far and sit on the critical path of every block of every
+# micro-batch: on the network they would cost many times what they cost on NVLink, and nothing
+# overlaps them. So TP goes inside a node. pp sends the least (a sequence shard per boundary and
+# micro-batch, point to point) and waits only at the pipeline's ends: it can cross nodes. dp
+# moves the parameters and gradients once per step (kept gathered under PP), overlapped with the
+# backward: it goes outermost.
+#
+# The planner (`python -m paralab.plan`, `paralab.scale.plan.plan_train`) asks the same question
+# of every layout of torchtitan's descriptor, with memory and compute as well as links. It offers
+# tp only up to a node (8 GPUs) and lays pp outermost, as torchtitan does. Below: its fastest
+# layout for three jobs on 128 H100s, and the fastest step it finds at each degree of each axis.
+# **Predict:** which axis grows at 128k tokens, and does Mixtral-8x7B's fastest layout use EP?
+
+
+# %%
+def best_by(rows, axis: str) -> dict[int, str]:
+    """degree -> the fastest step (s) among the layouts that fit with that degree."""
+    best: dict[int, float] = {}
+    for r in (r for r in rows if not r.oom):
+        d = getattr(r.layout, axis)
+        best[d] = min(best.get(d, float("inf")), r.score)
+    return {d: f"{best[d]:.4g}" for d in sorted(best)}
+
+
+JOBS = {
+    "Llama-3.1-70B, 8k tokens": ("llama3.1-70b", 8192, 512),
+    "Llama-3.1-70B, 128k tokens": ("llama3.1-70b", 131072, 32),
+    "Mixtral-8x7B, 8k tokens": ("mixtral-8x7b", 8192, 512),
+}
+for label, (model, seq, batch) in JOBS.items():
+    plans = plan_train(MODELS[model], H100, 128, seq, batch)
+    print(f"{label}: fastest {describe_layout(plans[0].layout, plans[0].ac)}")
+    print(
+        text_table(
+            ["axis", "fastest step (s) by degree"],
+            [[a, best_by(plans, a)] for a in ("tp", "pp", "cp", "ep")],
+        )
+    )
+
+# %% [markdown]
+# At 8k tokens the fastest layouts take tp 8, a whole node, and put pp across the nodes; the
+# degrees around them cost little more, because at this size compute dominates. At 128k tokens
+# the activations and the attention grow with the sequence: the planner's fastest layout takes a
+# much larger cp, and cp 1 is far slower: long sequences are what CP is for. For Mixtral-8x7B on
+# these 128 GPUs the fastest layout has no EP: the planner finds ep 2 to 8 slower here. EP is the
+# axis that shards the experts when they are what does not fit or what costs; read a layout's
+# breakdown (`python -m paralab.plan --model mixtral-8x7b --hardware h100-sxm --gpus 128 --train
+# --layout ...`) to see where its time goes.
+
+# %% [markdown]
 # ## Closing note
 
 # %%
@@ -669,9 +751,11 @@ display(
             + " |"
             for n in names
         )
-        + "\n\nFour rows matched one process element by element in float64 (8 ranks dp × tp × pp, "
-        "8 ranks dp_shard × cp × tp, 16 ranks dp × cp × tp × pp, the MoE row with ep carved from dp); "
-        "TP outermost gave the same bits and sent all of tp's bytes across the two nodes. "
+        + "\n\nSeven rows matched one process element by element in float64, TP with SP and the "
+        "loss over the global token count in each (8 ranks dp × tp × pp, kept and resharded; "
+        "8 ranks dp_shard × cp × tp; 16 ranks dp × cp × tp × pp; interleaved dp × tp × pp; the MoE "
+        "rows with ep carved from dp, without and with a pipeline); TP outermost gave the same bits "
+        "and sent all of tp's bytes across the two nodes. "
         "The last cell prints this run's time."
     )
 )

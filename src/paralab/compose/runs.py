@@ -467,6 +467,14 @@ def moe_worker(grid: Grid, steps: int = 2, seed: int = 0):
     return gathered(state), records, counts
 
 
+def rows_worker(rows: list[tuple[str, Grid, dict]]) -> list:
+    """On every rank: several rows on the same ranks in one launch, each `(worker, grid, kwargs)`
+    with worker "compose" (`compose_worker`) or "moe" (`moe_worker`); their results in order.
+    Each row builds its own groups and model, so the rows do not share state."""
+    workers = {"compose": compose_worker, "moe": moe_worker}
+    return [workers[name](grid, **kwargs) for name, grid, kwargs in rows]
+
+
 def reference(
     *, samples: int, steps: int = 2, seed: int = 0, moe: bool = False, microbatches: int = 1
 ) -> dict[str, torch.Tensor]:
