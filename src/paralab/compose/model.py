@@ -35,13 +35,15 @@ def stage_blocks(stage: int, n_stages: int, blocks: int) -> range:
     stages divide blocks + 2 but not the blocks, the embedding and the head each counted as one
     layer (Megatron's `account_for_embedding_in_pipeline_split` and `..._loss_...`): the first
     and last stages run one block fewer (none, on 4 stages of 2 blocks)."""
+    if blocks % n_stages and (blocks + 2) % n_stages:
+        raise ValueError(f"{n_stages} stages divide neither the {blocks} blocks nor blocks + 2")
+    ### BEGIN SOLUTION
     if blocks % n_stages == 0:
         per = blocks // n_stages
         return range(stage * per, (stage + 1) * per)
-    if (blocks + 2) % n_stages:
-        raise ValueError(f"{n_stages} stages divide neither the {blocks} blocks nor blocks + 2")
     per = (blocks + 2) // n_stages
     return range(max(stage * per - 1, 0), min((stage + 1) * per - 1, blocks))
+    ### END SOLUTION
 
 
 class LMStage(nn.Module):

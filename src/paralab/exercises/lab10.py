@@ -146,6 +146,54 @@ def neighbours_round_a_ring(
     return first + (stage - 1) % pp * stride, first + (stage + 1) % pp * stride
 
 
+# --------------------------------------------------------------------------- stage_blocks
+STAGE_CUTS = [(2, 2), (4, 2), (3, 4), (4, 6)]
+"""(n_stages, blocks): even cuts, and cuts that count the embedding and the head as layers."""
+
+
+def _stage_cases(rank: int, world: int) -> list[tuple]:
+    return [(s, n, b) for n, b in STAGE_CUTS for s in range(n)]
+
+
+def _stage_kinds(world: int) -> list[str]:
+    return [f"stage {s} of {n}, {b} blocks" for n, b in STAGE_CUTS for s in range(n)]
+
+
+def _stage_hidden(rank: int, world: int, seed: int) -> list[tuple]:
+    """Other cuts drawn from the seed: an even one and one with the ends counted."""
+    draw = random.Random(seed)
+    n = draw.randint(3, 6)
+    even, ends = n * draw.randint(1, 3), n * draw.randint(2, 3) - 2
+    return [(s, n, b) for b in (even, ends) for s in range(n)]
+
+
+def _stage_hidden_kinds(world: int) -> list[str]:
+    return [f"another cut, {what}" for what in ("even", "the ends counted") for _ in range(6)]
+
+
+def _blocks_as_tensor(blocks: range) -> dict[str, torch.Tensor]:
+    return {"blocks": torch.tensor(list(blocks), dtype=torch.int64)}
+
+
+def ends_get_a_full_share(stage: int, n_stages: int, blocks: int) -> range:
+    """Bug: the embedding and the head counted, but the last stage still given a full share."""
+    if blocks % n_stages == 0:
+        per = blocks // n_stages
+        return range(stage * per, (stage + 1) * per)
+    per = (blocks + 2) // n_stages
+    return range(max(stage * per - 1, 0), min((stage + 1) * per, blocks))
+
+
+def only_the_embedding_counted(stage: int, n_stages: int, blocks: int) -> range:
+    """Bug: only the embedding counted as a layer: every stage's run shifted by one, none shorter
+    at the end."""
+    if blocks % n_stages == 0:
+        per = blocks // n_stages
+        return range(stage * per, (stage + 1) * per)
+    per = (blocks + 2) // n_stages
+    return range(max(stage * per - 1, 0), max((stage + 1) * per - 1, 0))
+
+
 EXERCISES = [
     Exercise(
         name="rank_coordinates",
@@ -201,6 +249,31 @@ EXERCISES = [
                 "case 0, previous:",
             ),
             ("the stages closed into a ring", neighbours_round_a_ring, "case 1, previous:"),
+        ],
+    ),
+    Exercise(
+        name="stage_blocks",
+        lab=LAB,
+        target="paralab.compose.model.stage_blocks",
+        prompt=(
+            "Return the `range` of blocks pipeline stage `stage` of `n_stages` runs, of a model of "
+            "`blocks` blocks: an even cut when `n_stages` divides `blocks`; otherwise (it divides "
+            "`blocks + 2`) the embedding and the head each count as one layer, so the first and the "
+            "last stage run one block fewer (Megatron's `account_for_embedding_in_pipeline_split` "
+            "and `account_for_loss_in_pipeline_split`)."
+        ),
+        hint="with the ends counted, per = (blocks + 2) // n_stages layers a stage; layer i is "
+        "block i - 1; clip the run to [0, blocks)",
+        cases=_stage_cases,
+        kinds=_stage_kinds,
+        hidden=_stage_hidden,
+        hidden_kinds=_stage_hidden_kinds,
+        points=1,
+        minutes=10,
+        normalize=_blocks_as_tensor,
+        bugs=[
+            ("the last stage given a full share", ends_get_a_full_share, "stage 0 of 4, 2 blocks"),
+            ("only the embedding counted", only_the_embedding_counted, "stage 3 of 4, 2 blocks"),
         ],
     ),
 ]
