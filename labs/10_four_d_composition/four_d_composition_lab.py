@@ -276,8 +276,11 @@ show(viz.plot_rank_places(GRID16))
 ids2, targets2 = padded_batch(2, 0)
 one = build_model(0, CONFIG)
 counted = [int((targets2[sample_rows(d, CONFIG)] != -100).sum()) for d in range(2)]
-means = [one.loss(ids2[sample_rows(d, CONFIG)], targets2[sample_rows(d, CONFIG)]) for d in range(2)]
-global_mean = one.loss(ids2, targets2)
+with torch.no_grad():
+    means = [
+        one.loss(ids2[sample_rows(d, CONFIG)], targets2[sample_rows(d, CONFIG)]) for d in range(2)
+    ]
+    global_mean = one.loss(ids2, targets2)
 print("counted tokens per sample:", counted)
 print(f"mean of per-sample means {float(sum(means) / 2):.6f}, global mean {float(global_mean):.6f}")
 
