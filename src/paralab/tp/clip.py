@@ -31,6 +31,7 @@ def tp_grad_norm(
 
     `grads[i]` is this rank's piece of gradient i: a shard, or the whole gradient when
     `replicated[i]` (every rank holds the same one)."""
+    ### BEGIN SOLUTION
     first = dist.get_rank(group) == 0
     square = torch.zeros((), dtype=torch.float64)
     for grad, whole in zip(grads, replicated):
@@ -38,6 +39,7 @@ def tp_grad_norm(
             square += grad.double().pow(2).sum()
     dist.all_reduce(square, group=group)
     return square.sqrt()
+    ### END SOLUTION
 
 
 def clip_tp_grads_(model: nn.Module, max_norm: float, group: dist.ProcessGroup) -> torch.Tensor:
