@@ -119,14 +119,15 @@ def _layer_cases(rank: int, world: int) -> list[tuple]:
 
 
 def _hidden_layer_cases(rank: int, world: int, seed: int) -> list[tuple]:
-    """Llama-shaped models drawn from the seed, under every AC mode, tp and SP drawn."""
+    """Llama-shaped models drawn from the seed, under every AC mode with and without SP, tp drawn:
+    each known-wrong version differs from the answer on one side of SP, so both are drawn."""
     draw = random.Random(seed)
     cases = []
-    for ac in ("none", "selective", "full"):
+    for ac, sp in [(ac, sp) for ac in ("none", "selective", "full") for sp in (False, True)]:
         heads = draw.choice([16, 32, 48, 64])
         hidden = heads * draw.choice([64, 128])
         shape = ModelShape(
-            f"drawn-{ac}",
+            f"drawn-{ac}-{'sp' if sp else 'no-sp'}",
             "lm",
             draw.randint(2, 40),
             hidden,
@@ -136,7 +137,7 @@ def _hidden_layer_cases(rank: int, world: int, seed: int) -> list[tuple]:
             ffn=llama_ffn(hidden, draw.choice([1.0, 1.3]), 256),
             vocab=32000,
         )
-        cases.append((shape, ac, draw.choice([2, 4, 8]), draw.random() < 0.5))
+        cases.append((shape, ac, draw.choice([2, 4, 8]), sp))
     return cases
 
 
@@ -240,7 +241,9 @@ EXERCISES = [
         ],
         hidden=_hidden_layer_cases,
         hidden_kinds=lambda world: [
-            f"a drawn Llama shape, AC {ac}" for ac in ("none", "selective", "full")
+            f"a drawn Llama shape, AC {ac}, {'SP' if sp else 'no SP'}"
+            for ac in ("none", "selective", "full")
+            for sp in (False, True)
         ],
         world_sizes=(0,),
         points=1,
