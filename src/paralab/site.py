@@ -44,6 +44,9 @@ LAB_LINK = re.compile(r'href="\.\./(\d\d_\w+)/(\w+)\.ipynb(#[^"]*)?"')
 """A notebook's link to another lab's notebook, relative to the notebook's file (as JupyterLab
 follows it): on the site the page is a folder deeper (`labs/11_scale/scale_lab/`) and is a page,
 not the file."""
+CHAPTER_LINK = re.compile(r'href="(\d\d_\w+)\.md(#[^"]*)?"')
+"""A notebook's link to a chapter beside it (`03_why_pp_crosses_nodes.md`): on the site the
+chapter is a page one folder up from the notebook's page."""
 NOTEBOOK_MARKDOWN = re.compile(r'<div class="[^"]*jp-RenderedMarkdown[^"]*"[^>]*>.*?</div>', re.S)
 INLINE_MATH = re.compile(r"(?<![\\$])\$\$?[^$<>\n]+?\$\$?")
 SKIPPED_BY_MATHJAX = re.compile(
@@ -274,6 +277,7 @@ def on_page_content(html: str, page, config, files) -> str:
     if not page.file.src_uri.endswith(".ipynb"):
         return html
     html = LAB_LINK.sub(lambda m: f'href="../../{m[1]}/{m[2]}/{m[3] or ""}"', html)
+    html = CHAPTER_LINK.sub(lambda m: f'href="../{m[1]}/{m[2] or ""}"', html)
     root: list[dict] = []
     stack: list[dict] = []
     for level, anchor, inner in HEADING.findall(html):
