@@ -377,6 +377,14 @@ print(
 # %%
 # show: paralab.compose.runs.aux_loss_grad
 
+# %% [markdown]
+# **Predict** before the next run: the interleaved row cuts this model's 2 blocks into 4
+# stages. Which blocks does each stage run, once the embedding and the head each count as a
+# layer? `stage_blocks` decides it for every row of this lab.
+
+# %%
+# show: paralab.compose.model.stage_blocks
+
 # %%
 more = [
     summary(
