@@ -51,7 +51,7 @@ from paralab.fsdp.zero import FlatUnit, flat_shard, gather_unit_params
 from paralab.fsdp.zero import unflatten as unflatten_unit
 from paralab.ledger import Ledger, Record, in_phase
 from paralab.pp.executor import run_actions
-from paralab.pp.schedules import Schedule, build_schedule
+from paralab.pp.schedules import Schedule, addressed, build_schedule
 from paralab.tp.layout import owned_range
 from paralab.tp.model import build_model, param_splits, tensor_parallel
 from paralab.tp.runs import LR, RELATIVE_BOUND, full_params, global_batch, sample_rows
@@ -97,22 +97,6 @@ def fsdp_groups(grid: Grid) -> tuple[str, str | None]:
 def default_microbatches(pp: int) -> int:
     """1F1B's m = 2·pp on a pipeline; one micro-batch (the whole sample) without one."""
     return 2 * pp if pp > 1 else 1
-
-
-def addressed(plan: Schedule, pp_ranks: tuple[int, ...]) -> Schedule:
-    """The same schedule with every message's peer the global rank of that pipeline rank."""
-
-    def readdress(messages: tuple) -> tuple:
-        return tuple(dataclasses.replace(m, peer=pp_ranks[m.peer]) for m in messages)
-
-    actions = tuple(
-        tuple(
-            dataclasses.replace(a, recvs=readdress(a.recvs), sends=readdress(a.sends))
-            for a in rank_actions
-        )
-        for rank_actions in plan.actions
-    )
-    return dataclasses.replace(plan, actions=actions)
 
 
 def padded_batch(samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

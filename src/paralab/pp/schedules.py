@@ -17,6 +17,7 @@ send and receive from it and from which rank owns which stage, the same way for 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1")
@@ -239,3 +240,20 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual: int = 1) -> S
         orders = zbh1_order(pp, microbatches)
     owner = stage_owner(pp, virtual)
     return Schedule(name, pp, microbatches, virtual, owner, attach_messages(orders, owner))
+
+
+def addressed(plan: Schedule, pp_ranks: tuple[int, ...]) -> Schedule:
+    """The same schedule with every message's peer the global rank of that pipeline rank, for
+    a pipeline that is one of several (pp × dp, pp × tp ...): pp_ranks[r] runs pipeline rank r."""
+
+    def readdress(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        return tuple(dataclasses.replace(m, peer=pp_ranks[m.peer]) for m in messages)
+
+    actions = tuple(
+        tuple(
+            dataclasses.replace(a, recvs=readdress(a.recvs), sends=readdress(a.sends))
+            for a in rank_actions
+        )
+        for rank_actions in plan.actions
+    )
+    return dataclasses.replace(plan, actions=actions)
