@@ -184,7 +184,7 @@ def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
 def fsdp_block_params(m: ModelShape, layout: Layout) -> int:
     """A block's parameters one FSDP all-gather assembles on a rank: under ep, the rank's 1/ep
     of the experts (each expert group shards over the rest of dp_shard x cp), the rest whole."""
-    experts = m.experts * 3 * m.hidden * m.ffn  # 0 for a dense model
+    experts = m.routed_expert_params() // m.layers  # 0 for a dense model
     return m.block_params() - experts + experts // layout.ep
 
 
@@ -223,7 +223,7 @@ def flops_per_token(m: ModelShape, seq: int) -> float:
     """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
     outside the embedding, plus 12 x layers x heads x head_dim x seq for attention. For a
     mixture of experts, only the experts a token is routed to count."""
-    idle = m.layers * (m.experts - m.top_k) * 3 * m.hidden * m.ffn if m.experts else 0
+    idle = m.idle_expert_params()
     return 6 * (m.params - m.vocab * m.hidden - idle) + 12 * m.layers * m.attention_width * seq
 
 
