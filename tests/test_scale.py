@@ -906,6 +906,55 @@ def test_mixtral_counts_every_expert_stored_and_two_a_token():
     assert rows and not rows[0].oom and all(r.layout.world == 16 for r in rows)
 
 
+MEGATRON_TABLE = {  # NVIDIA/Megatron-LM's README model table: size -> heads, hidden, layers
+    "1.7b": (16, 2048, 24),
+    "7.1b": (32, 4096, 30),
+    "16b": (48, 6144, 32),
+    "32b": (56, 7168, 48),
+    "70b": (64, 8192, 84),
+    "119b": (80, 10240, 92),
+    "177b": (96, 12288, 96),
+    "314b": (128, 16384, 96),
+    "462b": (144, 18432, 112),
+}
+
+
+def test_megatron_gpt_presets_are_the_readme_table():
+    for size, (heads, hidden, layers) in MEGATRON_TABLE.items():
+        gpt = model(f"gpt-{size}")
+        shape = (gpt.heads, gpt.kv_heads, gpt.hidden, gpt.layers, gpt.ffn, gpt.vocab)
+        assert shape == (heads, heads, hidden, layers, 4 * hidden, 131072)
+        # 4 h^2 of attention and 8 h^2 of GELU MLP a layer, 2 norms; embedding and head untied
+        assert gpt.params == layers * (12 * hidden**2 + 2 * hidden) + 2 * 131072 * hidden + hidden
+        # the table's sizes are rounded: 1.745B is "1.7B", 31.5B "32B", 461.4B "462B"
+        assert gpt.params / 1e9 == pytest.approx(float(size[:-1]), rel=0.03)
+
+
+def test_deepseek_v3_counts_671b_stored_and_37b_a_token():
+    from paralab.scale.models import attention_matmul
+    from paralab.scale.predict import flops_per_token
+
+    ds = model("deepseek-v3")
+    # MLA: wq_a 7168 x 1536, wq_b 1536 x 128 (128 + 64), wkv_a 7168 x (512 + 64),
+    # wkv_b 512 x 128 (128 + 128), wo 128 x 128 x 7168
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert attention_matmul(ds) == mla == 187_105_280
+    expert = 3 * 7168 * 2048
+    dense = 3 * 7168 * 18432
+    moe = 257 * expert + 7168 * 256  # 256 routed + 1 shared, and the gate
+    blocks = 61 * (mla + 2 * 7168 + 1536 + 512) + 3 * dense + 58 * moe
+    assert ds.params == blocks + 2 * 129280 * 7168 + 7168
+    assert round(ds.params / 1e9) == 671  # "671B total parameters"
+    active = ds.params - ds.idle_expert_params()
+    assert ds.idle_expert_params() == 58 * 248 * expert
+    # "37B activated for each token" (README); README_WEIGHTS.md says 36.7B: this count is 37.6B
+    assert round(active / 1e9, 1) == 37.6
+    assert flops_per_token(ds, 0) == 6 * (active - 129280 * 7168)
+    # a token's MLP: 18432 wide in a dense layer, 8 routed + 1 shared x 2048 in a MoE layer
+    assert ds.mlp_width() == 18432 == 9 * 2048
+    assert ds.head_dim == 160  # (q.k 192 + v 128) / 2
+
+
 def test_expert_parallel_trades_fsdp_gathers_for_all_to_alls():
     mixtral, part = model("mixtral-8x7b"), hardware("h100-96gb-500w")
     rows = plan_train(mixtral, part, 16, 4096, 32)

@@ -49,14 +49,15 @@ def layer_tensors(m: ModelShape) -> dict[str, tuple[int, int]]:
     """Elements per token a Llama block's backward needs, as (outside TP regions, inside them):
     outside, the block's input and the two norms' inputs and outputs (full hidden); inside,
     q and k after RoPE, v, the attention output, and the SwiGLU's w1, w3, silu and product
-    (per routed expert in a mixture of experts)."""
+    (per expert a token passes through in a mixture of experts; a GELU MLP's fc1 and GELU
+    outputs)."""
     h, attn, kv = m.hidden, m.attention_width, m.kv_heads * m.head_dim
-    ffn = m.ffn * (m.top_k or 1)  # a token's SwiGLU tensors, once per expert it is routed to
+    up = (m.mlp_matrices - 1) * round(m.mlp_width())  # the MLP's matmul outputs inside
     return {
-        "none": (4 * h, 2 * attn + 2 * kv + 4 * ffn),
+        "none": (4 * h, 2 * attn + 2 * kv + 2 * up),
         # torchtitan's op-level selective AC saves SDPA's output and every other matmul's
         # output (half of wq, wk, wv, w1, w3 inside; half of wo, w2 outside) and the input.
-        "selective": (h + h, attn + (attn + 2 * kv + 2 * ffn) // 2),
+        "selective": (h + h, attn + (attn + 2 * kv + up) // 2),
         "full": (h, 0),
     }
 

@@ -1,7 +1,9 @@
 """Model presets: the shapes the FLOP, byte and memory counts need, each with its config's source.
 
-Two kinds. A language model (`lm`): Llama 3.1's blocks, grouped-query attention and SwiGLU,
-causal. A diffusion transformer (`dit`): full (non-causal) self-attention over the video
+Two kinds. A language model (`lm`), causal: Llama 3.1's blocks (grouped-query attention and
+SwiGLU), Megatron-LM's GPT (multi-head attention and a GELU MLP), Mixtral and DeepSeek-V3 (a
+mixture of experts; DeepSeek-V3's first layers dense and its attention latent). A diffusion
+transformer (`dit`): full (non-causal) self-attention over the video
 tokens plus the text tokens, one forward per branch and denoising step. `attention` is an
 attention layer alone (the ring-flash-attention benchmark's shape).
 
@@ -40,6 +42,20 @@ SOURCES = {
     "mixtral-8x7b": "Jiang et al., Mixtral of Experts (arxiv.org/abs/2401.04088), Table 1: dim "
     "4096, n_layers 32, head_dim 128, hidden_dim 14336, n_heads 32, n_kv_heads 8, vocab_size "
     "32000, num_experts 8, top_k_experts 2 (46.7B parameters, 12.9B active a token)",
+    "gpt-megatron": "NVIDIA/Megatron-LM@d98e8a6:images/model_table.png, the table of README.md's "
+    "Performance Benchmarking (attention heads, hidden size, number of layers of each model "
+    "size; vocabulary 131,072, sequence 4,096, as the README states under it). Megatron's GPT: "
+    "multi-head attention, a 4 h GELU MLP (fc1, fc2), untied embedding and output layer; its "
+    "biases and LayerNorm shifts (13 h a layer, under 0.01 %) are not counted",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3@9b4e978:inference/configs/config_671B.json (dim 7168, "
+    "n_layers 61, n_dense_layers 3, inter_dim 18432, moe_inter_dim 2048, n_heads 128, "
+    "n_routed_experts 256, n_shared_experts 1, n_activated_experts 8, q_lora_rank 1536, "
+    "kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, vocab_size "
+    "129280), the layers of deepseek-ai/DeepSeek-V3@9b4e978:inference/model.py (MLA's wq_a, "
+    "wq_b, wkv_a, wkv_b, wo and its two latent norms; the gate, no bias counted); 671B total, "
+    "37B activated (deepseek-ai/DeepSeek-V3@9b4e978:README.md). The multi-token prediction "
+    "module (one more MoE layer, 11.5B, deepseek-ai/DeepSeek-V3@9b4e978:README_WEIGHTS.md) is "
+    "not modelled",
     "flux.1-dev": "black-forest-labs/flux@802fb47:src/flux/util.py flux-dev: 19 double + 38 single "
     "blocks, hidden 3072, 24 heads, mlp x4, 512 text tokens; guidance-distilled (one forward)",
     "cosmos-14b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/interactive/"
@@ -47,6 +63,37 @@ SOURCES = {
     "model_channels 5120, num_heads 40, num_blocks 36); the matmul and parameter counts a block "
     "are this model's cross-attention DiT estimate (14 h^2 and 15 h^2), not the config's",
 }
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention (MLA): q from a `q_rank` latent, k and v from one
+    `kv_rank` latent shared by every head, plus one `rope_dim` rotary key shared by the heads.
+    A head's q and k are `nope_dim + rope_dim` wide, its v `v_dim`."""
+
+    q_rank: int
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+
+    def weights(self, hidden: int, heads: int) -> int:
+        """wq_a (h -> q latent), wq_b (latent -> heads x qk), wkv_a (h -> kv latent + rotary
+        key), wkv_b (latent -> heads x (nope k + v)) and wo (heads x v -> h)."""
+        qk = self.nope_dim + self.rope_dim
+        return (
+            hidden * self.q_rank
+            + self.q_rank * heads * qk
+            + hidden * (self.kv_rank + self.rope_dim)
+            + self.kv_rank * heads * (self.nope_dim + self.v_dim)
+            + heads * self.v_dim * hidden
+        )
+
+    @property
+    def head_dim(self) -> int:
+        """The mean of a head's q.k width and its v width: attention's FLOPs (q k^T, then p v),
+        the q, k, v and output tensors and the K/V bytes are all linear in their sum."""
+        return (self.nope_dim + self.rope_dim + self.v_dim) // 2
 
 
 @dataclass(frozen=True)
@@ -75,6 +122,15 @@ class ModelShape:
     """A mixture of experts: SwiGLU experts of width `ffn` a layer (0: one dense MLP)."""
     top_k: int = 0
     """Experts each token passes through, when `experts` > 0."""
+    shared_experts: int = 0
+    """Experts of width `ffn` every token passes through besides its top_k (DeepSeek's)."""
+    dense_layers: int = 0
+    """A mixture of experts' first layers whose MLP is one dense SwiGLU of width `dense_ffn`."""
+    dense_ffn: int = 0
+    mlp_matrices: int = 3
+    """Weight matrices of an MLP: 3 for SwiGLU (w1, w3, w2), 2 for GPT's GELU MLP (fc1, fc2)."""
+    latent: LatentAttention | None = None
+    """Multi-head latent attention (DeepSeek); None: q, k, v and o projections."""
     source: str = ""
     notes: dict = field(default_factory=dict, compare=False)
 
@@ -103,8 +159,32 @@ class ModelShape:
         return 2 * self.vocab * self.hidden + self.hidden if self.kind == "lm" else 0
 
     def block_params(self) -> int:
-        """Parameters of one FSDP unit (a block): what one all-gather moves."""
+        """Parameters of one FSDP unit (a block): what one all-gather moves (the mean block of
+        a model whose first layers are dense)."""
         return (self.params - self.root_params()) // self.layers
+
+    def mlp_weights(self, width: int) -> int:
+        return self.mlp_matrices * self.hidden * width
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
+
+    def routed_expert_params(self) -> int:
+        """Every routed expert's weights, all layers: what ep splits (0 for a dense model)."""
+        return self.moe_layers * self.experts * self.mlp_weights(self.ffn)
+
+    def idle_expert_params(self) -> int:
+        """Weights a token does not pass through: the routed experts it is not sent to."""
+        return self.moe_layers * (self.experts - self.top_k) * self.mlp_weights(self.ffn)
+
+    def mlp_width(self) -> float:
+        """The MLP width a token passes through, averaged over the layers: `ffn` for a dense
+        model; top_k + shared experts' in a MoE layer, `dense_ffn` in a dense one."""
+        if not self.experts:
+            return self.ffn
+        moe = (self.top_k + self.shared_experts) * self.ffn
+        return (self.dense_layers * self.dense_ffn + self.moe_layers * moe) / self.layers
 
 
 def llama_ffn(hidden: int, multiplier: float, multiple_of: int) -> int:
@@ -114,26 +194,34 @@ def llama_ffn(hidden: int, multiplier: float, multiple_of: int) -> int:
 
 
 def attention_matmul(m: ModelShape) -> int:
-    """q and o (h x heads.d), k and v (h x kv_heads.d)."""
+    """q and o (h x heads.d), k and v (h x kv_heads.d); or a latent attention's projections."""
+    if m.latent:
+        return m.latent.weights(m.hidden, m.heads)
     return 2 * m.hidden * m.attention_width + 2 * m.hidden * m.kv_heads * m.head_dim
 
 
 def lm_layer_matmul(m: ModelShape) -> int:
-    """The weights a token multiplies by in a layer: attention, then the MLP's three h x ffn
-    matrices, once, or once per routed expert (top_k) plus the router (h x experts)."""
-    mlp = 3 * m.hidden * m.ffn
-    if m.experts:
-        return attention_matmul(m) + m.top_k * mlp + m.hidden * m.experts
-    return attention_matmul(m) + mlp
+    """The weights a token multiplies by in a layer: attention, then the MLP's matrices, once,
+    or in a MoE layer once per routed expert (top_k) and shared expert, plus the router
+    (h x experts); averaged over the layers when the first ones are dense."""
+    if not m.experts:
+        return attention_matmul(m) + m.mlp_weights(m.ffn)
+    moe = (m.top_k + m.shared_experts) * m.mlp_weights(m.ffn) + m.hidden * m.experts
+    dense = m.dense_layers * m.mlp_weights(m.dense_ffn)
+    return attention_matmul(m) + (dense + m.moe_layers * moe) // m.layers
 
 
 def lm_params(m: ModelShape) -> int:
-    """Blocks (attention, every expert's MLP and the router, 2 norms) + embedding + head +
-    final norm."""
-    mlp = 3 * m.hidden * m.ffn
-    stored = mlp * m.experts + m.hidden * m.experts if m.experts else mlp
-    block = attention_matmul(m) + stored + 2 * m.hidden
-    return m.layers * block + 2 * m.vocab * m.hidden + m.hidden
+    """Blocks (attention, 2 norms and a latent attention's 2, the MLP: in a MoE layer every
+    routed and shared expert and the router) + embedding + head + final norm."""
+    norms = 2 * m.hidden + (m.latent.q_rank + m.latent.kv_rank if m.latent else 0)
+    if m.experts:
+        moe = (m.experts + m.shared_experts) * m.mlp_weights(m.ffn) + m.hidden * m.experts
+        mlps = m.dense_layers * m.mlp_weights(m.dense_ffn) + m.moe_layers * moe
+    else:
+        mlps = m.layers * m.mlp_weights(m.ffn)
+    blocks = m.layers * (attention_matmul(m) + norms) + mlps
+    return blocks + 2 * m.vocab * m.hidden + m.hidden
 
 
 def _llama(
@@ -162,6 +250,57 @@ def _two_stream(hidden: int, double: int, single: int) -> tuple[int, int]:
     h2 = hidden * hidden
     return 12 * h2, double * 2 * 18 * h2 + single * 15 * h2
 
+
+MEGATRON_GPT = {
+    "1.7b": (24, 2048, 16),
+    "7.1b": (30, 4096, 32),
+    "16b": (32, 6144, 48),
+    "32b": (48, 7168, 56),
+    "70b": (84, 8192, 64),
+    "119b": (92, 10240, 80),
+    "177b": (96, 12288, 96),
+    "314b": (96, 16384, 128),
+    "462b": (112, 18432, 144),
+}
+"""Megatron-LM's benchmark GPTs by model size: (layers, hidden, heads), its table's columns."""
+
+
+def _gpt(size: str) -> ModelShape:
+    layers, hidden, heads = MEGATRON_GPT[size]
+    return ModelShape(
+        f"gpt-{size}",
+        "lm",
+        layers,
+        hidden,
+        heads,
+        hidden // heads,
+        ffn=4 * hidden,
+        vocab=131072,
+        mlp_matrices=2,
+        source=SOURCES["gpt-megatron"],
+    )
+
+
+DEEPSEEK_V3_MLA = LatentAttention(q_rank=1536, kv_rank=512, nope_dim=128, rope_dim=64, v_dim=128)
+DEEPSEEK_V3 = ModelShape(
+    "deepseek-v3",
+    "lm",
+    61,
+    7168,
+    128,
+    DEEPSEEK_V3_MLA.head_dim,
+    ffn=2048,
+    vocab=129280,
+    experts=256,
+    top_k=8,
+    shared_experts=1,
+    dense_layers=3,
+    dense_ffn=18432,
+    latent=DEEPSEEK_V3_MLA,
+    source=SOURCES["deepseek-v3"],
+)
+"""Every head attends with its own k and v once the latent is expanded (kv_heads = heads), so
+tp and cp cut it as multi-head attention."""
 
 _HY = _two_stream(3072, 20, 40)
 _FLUX = _two_stream(3072, 19, 38)
@@ -192,6 +331,8 @@ MODELS: dict[str, ModelShape] = {
             top_k=2,
             source=SOURCES["mixtral-8x7b"],
         ),
+        DEEPSEEK_V3,
+        *(_gpt(size) for size in MEGATRON_GPT),
         ModelShape(
             "llama3-8b-attention",
             "attention",
