@@ -24,6 +24,7 @@ LAYERS = {
         "models",
         "tables",
         "notebook_format",
+        "lazy",
     ],
     "axes": ["collectives", "fsdp", "cp", "cfgp", "vae_lb", "tp", "pp", "ep", "scale", "plan"],
     "composition": ["train", "pipeline", "compose"],

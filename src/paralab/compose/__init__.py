@@ -9,7 +9,7 @@
 """
 
 from paralab.compose.grid import DOC_ORDER, TORCHTITAN_ORDER, TP_OUTERMOST, Grid, GridError
-from paralab.compose.runs import reference, train
+from paralab.lazy import entry_points
 
 __all__ = [
     "DOC_ORDER",
@@ -20,3 +20,4 @@ __all__ = [
     "reference",
     "train",
 ]
+__getattr__ = entry_points(__name__, {"reference": "runs", "train": "runs"})

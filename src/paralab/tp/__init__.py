@@ -12,6 +12,7 @@
   the per-rank jobs and the checks; `costs`: the closed-form bytes per phase.
 """
 
-from paralab.tp.runs import reference, train
+from paralab.lazy import entry_points
 
 __all__ = ["reference", "train"]
+__getattr__ = entry_points(__name__, dict.fromkeys(__all__, "runs"))

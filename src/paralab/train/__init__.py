@@ -7,15 +7,13 @@ Public entry points (stable: other code and checks call them):
 - `apply_cp`, `apply_ac`, `apply_compile`, `apply_fsdp`, and `parallelize` (all four in order).
 """
 
-from paralab.train.parallelism import apply_ac, apply_compile, apply_cp, apply_fsdp, parallelize
-from paralab.train.runs import reference, train
+from paralab.lazy import entry_points
 
-__all__ = [
-    "apply_ac",
-    "apply_compile",
-    "apply_cp",
-    "apply_fsdp",
-    "parallelize",
-    "reference",
-    "train",
-]
+_HOMES = {
+    **dict.fromkeys(
+        ("apply_ac", "apply_compile", "apply_cp", "apply_fsdp", "parallelize"), "parallelism"
+    ),
+    **dict.fromkeys(("reference", "train"), "runs"),
+}
+__all__ = sorted(_HOMES)
+__getattr__ = entry_points(__name__, _HOMES)
