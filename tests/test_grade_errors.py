@@ -73,6 +73,7 @@ def test_a_traceback_raised_on_a_rank_names_the_students_cell():
     )
     job = {
         "exercise": exercise.name,
+        "module": EXERCISES.module_of(exercise.name),
         "function": name,
         "statements": [[4, 1, source]],
         "plan": [(world, False)],

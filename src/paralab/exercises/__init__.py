@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,18 +77,53 @@ class Exercise:
         return getattr(__import__(module_name, fromlist=[attr]), attr)
 
 
-def _collect() -> dict[str, Exercise]:
-    found: dict[str, Exercise] = {}
+def _collect() -> dict[str, tuple[str, Exercise]]:
+    found: dict[str, tuple[str, Exercise]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         for exercise in getattr(module, "EXERCISES", []):
             if exercise.name in found:
                 raise ValueError(f"two exercises named {exercise.name!r}")
-            found[exercise.name] = exercise
+            found[exercise.name] = (module.__name__, exercise)
     return found
 
 
-EXERCISES: dict[str, Exercise] = _collect()
+class Registry(Mapping[str, Exercise]):
+    """Every lab's exercises by name, read from the lab modules when first used.
+
+    Lazy because a lab's module imports its axis (an exercise on FSDP imports torch's FSDP and
+    dynamo: a second of CPU), and a grading sandbox, started once per submission, needs only its
+    own lab's module: it asks `in_module`, which imports that one."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, tuple[str, Exercise]] | None = None
+
+    def _all(self) -> dict[str, tuple[str, Exercise]]:
+        if self._found is None:
+            self._found = _collect()
+        return self._found
+
+    def __getitem__(self, name: str) -> Exercise:
+        return self._all()[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def module_of(self, name: str) -> str:
+        """The module that declares exercise `name` (what `in_module` takes)."""
+        return self._all()[name][0]
+
+    @staticmethod
+    def in_module(module: str, name: str) -> Exercise:
+        """Exercise `name` from its own module, importing no other lab's."""
+        declared = importlib.import_module(module).EXERCISES
+        return next(e for e in declared if e.name == name)
+
+
+EXERCISES = Registry()
 
 
 def for_lab(lab: str) -> list[Exercise]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -83,7 +84,14 @@ COPY_MIN_NODES = 30
 """A body this small (a one-line formula) is written alike by everyone: equal to the solution is no proof of a paste."""
 MAX_NODES = 5000
 """Beyond this, a definition is refused rather than parsed further (a 10,000-term expression)."""
-TARGET_NAMES = {e.target.rsplit(".", 1)[1]: e for e in EXERCISES.values()}
+
+
+@functools.cache
+def target_names() -> frozenset[str]:
+    """The function names the exercises ask for (reading them imports every lab's exercises)."""
+    return frozenset(e.target.rsplit(".", 1)[1] for e in EXERCISES.values())
+
+
 RULE_LIST = (
     "it imports only torch, numpy, paralab and a few helpers of the standard library "
     "(math, itertools, functools, collections, dataclasses, typing, operator)",
@@ -379,7 +387,7 @@ def _refused_node(
                     f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}"
                 )
         for alias in taken:
-            if isinstance(node, ast.ImportFrom) and alias.name in TARGET_NAMES:
+            if isinstance(node, ast.ImportFrom) and alias.name in target_names():
                 return (
                     f"imports paralab's own `{alias.name}` ({where}), the solution of an exercise"
                 )
@@ -390,7 +398,7 @@ def _refused_node(
                     f"imports `{alias.name}` from `{node.module}` ({where}); exercise code may not"
                 )
     elif isinstance(node, ast.Attribute):
-        if node.attr in TARGET_NAMES and _root(node) in modules:
+        if node.attr in target_names() and _root(node) in modules:
             return f"uses paralab's own `{node.attr}` ({where}), the solution of an exercise"
         if node.attr.startswith("__") and node.attr.endswith("__"):
             return f"reaches into `{node.attr}` ({where}); exercise code may not"

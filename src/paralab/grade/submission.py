@@ -357,6 +357,7 @@ def grade_submission(
         jobs.append(
             {
                 "exercise": exercise.name,
+                "module": EXERCISES.module_of(exercise.name),
                 "function": name,
                 "statements": [[s.cell, s.start, s.text] for s in found],
                 "plan": plan_of(exercise),
@@ -536,6 +537,7 @@ class CellFunction:
     file name), and a traceback on a rank would no longer name the student's cell."""
 
     exercise: str
+    module: str
     function: str
     statements: tuple[tuple[int, int, str], ...]
 
@@ -551,12 +553,12 @@ def _defined(cells: CellFunction) -> Callable:
         for cell, start, text in cells.statements
         for s in cell_statements(cell, "\n" * (start - 1) + text)
     ]
-    return load(stmts, EXERCISES[cells.exercise])[cells.function]
+    return load(stmts, EXERCISES.in_module(cells.module, cells.exercise))[cells.function]
 
 
 def _run_job(job: dict) -> dict:
     """One exercise in the sandbox: define the student's function, run it on every planned world."""
-    exercise = EXERCISES[job["exercise"]]
+    exercise = EXERCISES.in_module(job["module"], job["exercise"])
     from paralab.grade.code import Statement
 
     stmts: list[Statement] = []
@@ -588,7 +590,9 @@ def _run_job(job: dict) -> dict:
                 {"world": world, "hidden": hidden, "actual": None, "failure": first, "verdict": ""}
             )
             continue
-        on_ranks = fn if world == 0 else CellFunction(exercise.name, job["function"], cells)
+        on_ranks = (
+            fn if world == 0 else CellFunction(exercise.name, job["module"], job["function"], cells)
+        )
         per_rank, why, verdict = launch_world(
             case_outputs,
             world,
