@@ -11,14 +11,13 @@ that runs this, until it is withheld.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import pkgutil
 import warnings
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from paralab.check import compare
 from paralab.exercises import EXERCISES, Exercise
@@ -107,12 +106,14 @@ def answering(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         functions = sorted(candidates().items())
+    drawn = exercise.cases(rank, world) if world == 0 else None
     for dotted, fn in functions:
         if dotted == exercise.target:
             continue
-        # Fresh cases (and so fresh process groups) for each: what one candidate left unreceived
-        # on a group never reaches the next.
-        cases = exercise.cases(rank, world)
+        # Fresh cases for each: on ranks, fresh process groups (what one candidate left
+        # unreceived on a group never reaches the next); in-process, one draw whose arguments
+        # `_answers` copies for each call (some exercises build a model to draw a case).
+        cases = drawn if drawn is not None else exercise.cases(rank, world)
         ok = bool(cases)
         for args, want in zip(cases, expected, strict=True):
             ok = ok and any(_answers(fn, prefix, want, exercise) for prefix in _prefixes(fn, args))
@@ -124,7 +125,7 @@ def answering(
 
 
 def _answers(fn: Callable, args: tuple, want: Any, exercise: Exercise) -> bool:
-    fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    fresh = copy.deepcopy(args)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
