@@ -328,3 +328,22 @@ def test_stage_saved_bytes_from_shapes_equal_what_autograd_saves():
                     microbatch_loss(y, torch.zeros_like(y), 4)
             assert sum(saved) == stage_saved_bytes(s, n_stages), (n_stages, s)
     assert stage_saved_bytes(0, 8) == 672
+
+
+def test_peak_bytes_from_the_list_are_the_count_times_a_stage_and_interleaved_differs():
+    """v = 1: the held count × one stage's bytes. Interleaved at pp = 4, m = 8: chunks of one
+    block (672 B); rank 0 holds 11 of them, more than 1F1B's 4 stages of two; the last rank
+    holds one last chunk (its F and B run back to back), the loss's 384 B on top of it."""
+    from paralab.pp.costs import peak_held_bytes, stage_saved_bytes
+
+    for name, virtual in CASES:
+        for pp, m in [(2, 1), (2, 4), (3, 6), (4, 4), (4, 8)]:
+            plan = build_schedule(name, pp, m, virtual)
+            for r in range(pp):
+                if virtual == 1:
+                    want = in_flight_formula(name, pp, m, r) * stage_saved_bytes(r, pp)
+                    assert peak_held_bytes(plan, r) == want, (name, pp, m, r)
+    plan = build_schedule("interleaved", 4, 8, 2)
+    assert [peak_held_bytes(plan, r) for r in range(4)] == [11 * 672, 9 * 672, 7 * 672, 3744]
+    assert 3744 == 4 * 672 + (672 + 384) > 5 * 672
+    assert peak_held_bytes(build_schedule("1f1b", 4, 8), 0) == 4 * 2 * 672

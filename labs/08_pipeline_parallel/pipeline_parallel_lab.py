@@ -6,8 +6,9 @@
 # backwards with their sends and receives; how one executor runs any such list on real ranks
 # without deadlocking; where the *bubble* comes from and how GPipe, 1F1B, interleaving and
 # zero-bubble shrink it, measured on a clock that records waiting instead of assuming it; what
-# each schedule costs in activations held and in bytes on the wire; and how the same stages run
-# under `torch.distributed.pipelining`. **Prerequisites:** the collectives primer (send/recv),
+# each schedule costs in activations held and in bytes on the wire; how the same stages run
+# under `torch.distributed.pipelining`; and why, with data parallelism beside the pipeline, the
+# gradient all-reduce waits for the last micro-batch. **Prerequisites:** the collectives primer (send/recv),
 # and gradient accumulation. **Time:** about 45 minutes to read; the run time of this notebook
 # is printed by its last cell.
 #
@@ -47,7 +48,8 @@ from paralab.launch import LaunchTimeout, run
 from paralab.patches import patched
 from paralab.pp import runs as pp_runs
 from paralab.pp.clock import simulate
-from paralab.pp.costs import boundary_bytes
+from paralab.pp.costs import boundary_bytes, dp_sync_collectives, stage_parameters
+from paralab.pp.dp import check_pp_dp, dp_sync_record, pp_dp_sweep
 from paralab.pp.model import HIDDEN, MICRO_BATCH, N_BLOCKS, SEQ
 from paralab.pp.runs import SWEEP, executed_timeline, sweep_configs
 from paralab.pp.schedules import build_schedule
@@ -418,30 +420,38 @@ show(
 # forward until the action that frees its graph (B, or W when split). **Predict before you
 # run:** at `pp = 4`, `m = 8`, how many micro-batches does ZB-H1 hold on rank 3, which holds its
 # W's back longest? And interleaving, counted in stages of half a rank's blocks, on rank 0?
-# The closed forms the run is checked against, the count and, with one stage per rank, the
-# bytes from the model's shapes:
+# In bytes, does interleaving's rank 0 hold more than 1F1B's, or less?
+# The closed forms the run is checked against, the count and the bytes from the model's shapes:
 
 # %%
 # show: paralab.pp.costs.in_flight_formula paralab.pp.costs.stage_saved_bytes
+
+# %% [markdown]
+# With one stage per rank the peak in bytes is the count times one stage's bytes. Interleaved
+# chunks are not all alike (the last one also saves the loss), so `peak_held_bytes` walks the
+# rank's list: a forward adds its chunk's bytes, the action that frees it takes them away, and
+# the largest sum is the peak. It reads only the list and the shapes; the run measures.
+
+# %%
+# show: paralab.pp.costs.peak_held_bytes
 
 # %%
 memory_rows, memory_verdicts = [], []
 for name, _ in SWEEP:
     plan, results = runs[(4, name, 8)]
-    memory_rows.append([name, *(str(r["step0"].peak_in_flight) for r in results)])
-    memory_rows.append(
-        ["  formula", *(str(in_flight_formula(name, 4, 8, r, plan.virtual)) for r in range(4))]
-    )
-    memory_rows.append(["  peak bytes saved", *(str(r["step0"].peak_saved_bytes) for r in results)])
-    if plan.virtual == 1:
-        from_shapes = [in_flight_formula(name, 4, 8, r) * stage_saved_bytes(r, 4) for r in range(4)]
-        memory_rows.append(["  held × stage_saved_bytes", *map(str, from_shapes)])
-print(text_table(["pp = 4, m = 8", "rank 0", "rank 1", "rank 2", "rank 3"], memory_rows))
+    cells = []
+    for rank, r in enumerate(results):
+        held, peak = r["step0"].peak_in_flight, r["step0"].peak_saved_bytes
+        each = f" × {stage_saved_bytes(rank, 4)} B" if plan.virtual == 1 else " chunks"
+        cells.append(f"{held}{each}: {peak} B")
+    memory_rows.append([name, *cells])
+heads = ["pp = 4, m = 8, measured", "rank 0", "rank 1", "rank 2", "rank 3"]
+print(text_table(heads, memory_rows))
 for plan, results in runs.values():
     memory_verdicts += pp_runs.check_memory(results, plan)
 print(
     verdict_table(
-        [summary("peak held = formula, every run and rank (bytes too, v = 1)", memory_verdicts)],
+        [summary("peak held and peak bytes = formula, every run and rank", memory_verdicts)],
         "memory",
     )
 )
@@ -455,6 +465,13 @@ print(
 # saved by two ops), 672 B here; the last stage adds the loss's output and target
 # (`2·b·s·h`), which is why rank 3 saves more per micro-batch. A real stage is the same sum
 # over its ops, multiplied by the micro-batches its schedule holds.
+#
+# Interleaving's smaller bubble is paid here. Its warm-up, Megatron's
+# `(p-1-r)·2 + (v-1)·g` chunk-forwards (`get_pp_rank_microbatches`), leaves rank 0 holding 11
+# chunks of one block, 7392 B, where 1F1B's rank 0 holds 4 stages of two, 5376 B: 11/8 as much.
+# Rank 3 peaks with 4 chunks of stage 3 and one of stage 7 (whose F and B run back to back)
+# with the loss's 384 B on top. Lab 11 carries these counts to real model sizes
+# (`paralab.scale.memory.stage_memory` takes its micro-batches in flight from `in_flight_formula`).
 
 # %% [markdown]
 # ## 7. Bytes on the wire = formula
@@ -831,6 +848,78 @@ show(viz.plot_pipeline_timeline(list(uneven.items())))
 # F, B and W before it schedules.
 
 # %% [markdown]
+# ## 12. With data parallelism: one gradient sync, after the last micro-batch
+#
+# A pipeline is usually one of `dp` copies, each on its share of the global batch, and before
+# the optimizer step every stage's gradients are summed over its dp group. Between
+# micro-batches a stage only accumulates, so the sum can wait: Megatron's schedules hold the
+# model's DDP `no_sync` (`disable_grad_sync`) until the last micro-batch's backward, picotron
+# sets `require_backward_grad_sync` for that backward only
+# ([chapter 1](01_megatron_and_picotron.md#5-with-data-parallelism-the-gradient-sync-waits-for-the-last-micro-batch)).
+# The executor calls `after_grads(stage, i)` once micro-batch `i`'s gradients of a stage are in
+# (after B, or W when split); `dp_grad_sync` decides when to sum:
+
+# %%
+# show: paralab.pp.dp.dp_grad_sync paralab.pp.dp.sync_stage_grads
+
+# %% [markdown]
+# Four ranks, `pp = 2 × dp = 2`, in Megatron's order (dp before pp): the dp groups are
+# neighbours, {0, 1} and {2, 3}, the pipelines {0, 2} and {1, 3} (`pp_dp_ranks`). Replica `d`
+# runs micro-batches `d·m` to `d·m + m - 1` of the global batch's `dp·m`. The references: one
+# process on all `dp·m` (`reference_run`), and one summing in the run's order, each replica's
+# `m` first, then the two sums (`reference_replicas`). The launch hands the ranks this kernel's
+# `dp_grad_sync`. What a rank sends for the sync:
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.pp.dp.pp_dp_worker paralab.pp.dp.reference_replicas
+
+# %%
+# show: paralab.pp.costs.dp_sync_bytes
+
+# %% [markdown]
+# **Predict before you run.** At `m = 4`, how many all-reduces does a rank make in a step with
+# the sync deferred, and with one after every micro-batch? Interleaved (`v = 2`)? Do the
+# gradients differ?
+
+# %%
+DP_CONFIGS = [(name, 4, v, later) for name, v in SWEEP[1:3] for later in (True, False)]
+dp_edit = {"paralab.pp.dp": {"dp_grad_sync": dp_grad_sync}}
+dp_runs = run(pp_dp_sweep, 4, 2, DP_CONFIGS, patches=dp_edit, timeout=60)
+
+# %%
+dp_rows, dp_verdicts, dp_grads = [], [], {}
+for index, (name, m, v, deferred) in enumerate(DP_CONFIGS):
+    results = [r[index] for r in dp_runs]
+    calls, nbytes = dp_sync_record(results)[0]
+    mine = [stage_parameters(s, 2 * v) for s in range(0, 2 * v, 2)]  # rank 0's stages
+    when = "the last micro-batch" if deferred else "every micro-batch"
+    formula = (dp_sync_collectives(m, v, deferred), dp_sync_bytes(mine, 2, m, deferred))
+    dp_rows.append([f"{name} v={v}", when, f"{calls} ({formula[0]})", f"{nbytes} ({formula[1]})"])
+    found = check_pp_dp(results, 2, (name, m, v, deferred))
+    dp_verdicts.append(summary(f"{name} v={v}, after {when}: = one process, formula", found))
+    dp_grads[(name, deferred)] = pp_runs.merged(results[::2], "grads", 0)
+heads = ["pp = 2 × dp = 2, m = 4", "dp sync after", "all-reduces (formula)", "bytes (formula)"]
+print(text_table(heads, dp_rows))
+for name, _ in SWEEP[1:3]:
+    once, each = dp_grads[(name, True)], dp_grads[(name, False)]
+    apart = max((once[k] - each[k]).abs().max().item() for k in once)
+    same = claim(f"{name}: every micro-batch = last, to 1e-15", apart < 1e-15, f"{apart:.1e}")
+    dp_verdicts.append(same)
+print(verdict_table(dp_verdicts, "pp × dp"))
+
+# %% [markdown]
+# The same gradients, for `m` times fewer all-reduces of the same size. Deferred, they are
+# bitwise the replica-grouped sums, and equal one process summing all eight micro-batches in
+# order to rounding: only the grouping differs. A sync after every micro-batch is right too,
+# since the part already accumulated is equal on both replicas and the average of equal
+# numbers is that number; but it sends `m` times the bytes, each sum in the middle of the
+# pipeline. Interleaved, a rank owns `v` chunks and syncs each once, after that chunk's last
+# micro-batch, as Megatron enables the sync per model chunk: `v` all-reduces of `1/v` of the
+# bytes. Here the sum runs where `after_grads` is called and blocks the rank; Megatron with
+# `overlap_grad_reduce` starts it there bucket by bucket, asynchronously, so it overlaps the
+# rest of the backward, and waits for it in `finalize_model_grads`.
+
+# %% [markdown]
 # ## Closing note
 
 # %%
@@ -849,7 +938,9 @@ display(
         + f"\n\nEvery gradient and the parameters after 2 steps matched one process bitwise (pp = 2 and 4, "
         "m = 1, pp, 2pp, all four schedules); bytes per boundary per micro-batch: "
         f"{boundary_bytes()} B each way, ledger = formula on every rank; activations held: m (GPipe) "
-        "against min(p − r, m) (1F1B). Six of torch.distributed.pipelining's seven schedule classes ran on gloo "
+        "against min(p − r, m) (1F1B). With dp = 2 beside the pipeline, the dp gradient sync "
+        "deferred to the last micro-batch: one all-reduce per stage a step instead of m, the "
+        "same gradients. Six of torch.distributed.pipelining's seven schedule classes ran on gloo "
         "with the same gradients bitwise (ScheduleLoopedBFS, which runs backwards last "
         "micro-batch first, agrees to rounding). The last cell prints this run's time."
     )
@@ -892,6 +983,13 @@ display(
 #    <details><summary>Hint</summary>Yes: ZB-H1 has 1F1B's F and B order, so the same turn,
 #    `F0.1` then `B0.0` on rank 0 and `B1.0` then `F1.1` on rank 1, puts both ranks in a
 #    blocking send at once.</details>
+# 6. In the `dp_grad_sync` cell, sync at `done[stage] == microbatches - 1`, re-run that cell,
+#    then section 12's launch. Which rows fail, and do the all-reduce counts notice?
+#
+#    <details><summary>Hint</summary>The two deferred rows fail on their gradients and
+#    parameters: the last micro-batch's gradients stay on their replica, so the two replicas
+#    step apart. Their all-reduces and bytes still equal the formula: counting collectives
+#    cannot see when they run. The rows that sync after every micro-batch still pass.</details>
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -1,5 +1,6 @@
 """Lab 08 exercises: the 1F1B action list, the bubble formula, 1F1B's exposed link latency,
-the micro-batch loss scaling; and the bug clinic's change.
+the micro-batch loss scaling, the bytes of the data-parallel gradient sync; and the bug
+clinic's change.
 
 The lab's bug clinic and tests/test_pp_dist.py import the clinic's change from here, so it
 is written once; `p2p_clinic_change()` hands it over as a patch set under a name that does
@@ -175,6 +176,40 @@ def latency_at_the_steady_rate(pp: int, microbatches: int, latency: float) -> fl
     return 2 * (pp - 1) * latency * microbatches / pp
 
 
+# --------------------------------------------------------------------------- the dp sync's bytes
+def _sync_cases(rank: int, world: int) -> list[tuple]:
+    return [([196], 2, 4, True), ([196], 2, 4, False), ([98, 98], 4, 8, True), ([49, 147], 3, 5)]
+
+
+def _hidden_sync_cases(rank: int, world: int, seed: int) -> list[tuple]:
+    draw = random.Random(seed)
+    dp, m = draw.randint(3, 8), draw.randint(2, 9)
+    params = [draw.randint(10, 500) for _ in range(draw.randint(1, 3))]
+    return [(params, dp, m, True), (params, dp, m, False), ([123, 77], 5, 3, False, 2)]
+
+
+def sync_every_microbatch(
+    stage_params: Sequence[int],
+    dp: int,
+    microbatches: int,
+    deferred: bool = True,
+    itemsize: int = 8,
+) -> int:
+    """Bug: one all-reduce per stage after every micro-batch, deferred or not."""
+    return microbatches * sum(2 * (dp - 1) * n * itemsize // dp for n in stage_params)
+
+
+def sync_without_the_ring(
+    stage_params: Sequence[int],
+    dp: int,
+    microbatches: int,
+    deferred: bool = True,
+    itemsize: int = 8,
+) -> int:
+    """Bug: each all-reduce sends its gradients' bytes once, not 2(dp-1)/dp of them."""
+    return (1 if deferred else microbatches) * sum(n * itemsize for n in stage_params)
+
+
 EXERCISES = [
     Exercise(
         name="one_f_one_b_order",
@@ -261,6 +296,29 @@ EXERCISES = [
         bugs=[
             ("not scaled by 1/m", loss_not_scaled, "case 0"),
             ("summed instead of averaged", loss_summed, "case 0"),
+        ],
+    ),
+    Exercise(
+        name="dp_sync_bytes",
+        lab=LAB,
+        target="paralab.pp.costs.dp_sync_bytes",
+        prompt=(
+            "Return the bytes one rank sends in one step to sum its stages' gradients over dp "
+            "data-parallel replicas: per stage it owns (stage_params[k] parameters of itemsize "
+            "bytes), one ring all-reduce of all its gradients flattened together, each call's "
+            "bytes rounded down as the ledger counts them; once per step when deferred to the "
+            "last micro-batch, after every micro-batch's backward when not."
+        ),
+        hint="a ring all-reduce of S bytes sends 2(dp-1)/dp·S from each rank (the ledger's "
+        "2·(dp-1)·S // dp); deferred, one per stage a step; not deferred, m of them",
+        cases=_sync_cases,
+        hidden=_hidden_sync_cases,
+        points=1,
+        minutes=10,
+        normalize=_as_number,
+        bugs=[
+            ("synced after every micro-batch", sync_every_microbatch, "case 0"),
+            ("no ring factor", sync_without_the_ring, "case 2"),
         ],
     ),
 ]

@@ -10,6 +10,8 @@ rank, interleaved), micro-batches flowing forward and their gradients back by se
 - `costs`: bytes per stage boundary; the closed forms of the bubble, the held activations
   and the exposed link time.
 - `runs`: the per-rank job, `train`, the one-process `reference`, the checks.
+- `dp`: pp × dp, dp copies of the pipeline whose gradient sum waits for the last
+  micro-batch (or, naively, follows every one), checked against one process.
 """
 
 from paralab.pp.clock import Deadlock, Timeline, simulate

@@ -13,6 +13,9 @@ link time a schedule cannot hide.
 | held, ZB-H1 | min(p, m): a micro-batch is held until its W |
 | held, interleaved | min((v-1)·g + 2(p-1-r) + 1, v·m) chunks of 1/v stage (g = micro-batches per round) |
 | bytes a stage saves per micro-batch | blocks · (b·s·h + 2·b·s·f) · itemsize, + 2·b·s·h · itemsize (loss) on the last |
+| peak bytes held on rank r | held × a stage's bytes (v = 1); interleaved: walk the list, chunks differ |
+| dp sync, collectives per rank per step | v (deferred to the last micro-batch), m·v (after every one) |
+| dp sync, bytes per rank per step | 2(dp-1)/dp · gradient bytes of its stages, once (deferred) or m times |
 | link time exposed, GPipe | 2(p-1)·d, once: the fill and the drain |
 | exposed, 1F1B | 2d·(m + p - 3 - floor((m-2)/p)): about 2(p-1)d/p on every micro-batch |
 | exposed, interleaved | 2(v·p-1)·d while d <= 1/v (one chunk's forward) |
@@ -33,9 +36,10 @@ adds to the makespan; `simulate(..., latency=d)` measures it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from paralab.pp.model import FFN, HIDDEN, MICRO_BATCH, SEQ, stage_blocks
+from paralab.pp.schedules import Schedule
 
 
 def boundary_bytes(
@@ -80,7 +84,10 @@ def in_flight_formula(
     schedule: str, pp: int, microbatches: int, rank: int, virtual: int = 1
 ) -> int:
     """How many (stage, micro-batch) activations rank `rank` holds at its peak, from the
-    end of a forward to the backward action that frees it (W when the backward is split)."""
+    end of a forward to the backward action that frees it (W when the backward is split).
+
+    1F1B and ZB-H1 hold their warm-up plus one; interleaved the same from Megatron's
+    warm-up count, (p-1-r)·2 + (v-1)·g (`get_pp_rank_microbatches`)."""
     m = microbatches
     if schedule == "gpipe":
         return m
@@ -215,3 +222,50 @@ def stage_saved_bytes(
     per_block = batch * seq * (hidden + 2 * ffn) * itemsize
     loss = 2 * batch * seq * hidden * itemsize if stage == n_stages - 1 else 0
     return len(stage_blocks(stage, n_stages)) * per_block + loss
+
+
+def peak_held_bytes(
+    plan: Schedule, rank: int, stage_bytes: Callable[[int], int] | None = None
+) -> int:
+    """The most bytes rank `rank` holds for backward at once, from its action list and the
+    model's shapes, without running it: a forward adds its stage's bytes (`stage_saved_bytes`
+    of that virtual stage unless `stage_bytes` says otherwise), the action that frees its graph
+    (B, or W when split) takes them away. With v = 1 that is `in_flight_formula` times one
+    stage's bytes; interleaved chunks differ (the last one saves the loss), so the list decides."""
+    per_stage = stage_bytes or (lambda s: stage_saved_bytes(s, plan.n_stages))
+    freeing = "W" if plan.split_backward else "B"
+    held = peak = 0
+    for action in plan.actions[rank]:
+        if action.kind == "F":
+            held += per_stage(action.stage)
+            peak = max(peak, held)
+        elif action.kind == freeing:
+            held -= per_stage(action.stage)
+    return peak
+
+
+def stage_parameters(stage: int, n_stages: int, hidden: int = HIDDEN, ffn: int = FFN) -> int:
+    """Parameters of one (virtual) stage: per block fc1 (h·f + f) and fc2 (f·h + h)."""
+    return len(stage_blocks(stage, n_stages)) * (2 * hidden * ffn + ffn + hidden)
+
+
+def dp_sync_collectives(microbatches: int, virtual: int = 1, deferred: bool = True) -> int:
+    """All-reduces a rank makes over dp in one step: one per stage it owns, once (deferred to
+    the last micro-batch) or after every micro-batch's backward."""
+    return virtual * (1 if deferred else microbatches)
+
+
+def dp_sync_bytes(
+    stage_params: Sequence[int],
+    dp: int,
+    microbatches: int,
+    deferred: bool = True,
+    itemsize: int = 8,
+) -> int:
+    """Bytes a rank sends in one step to sum its stages' gradients over dp: per stage one ring
+    all-reduce of its flattened gradients, 2(dp-1)/dp of their bytes (the ledger rounds each
+    call down), once per step when deferred, after every micro-batch when not."""
+    ### BEGIN SOLUTION
+    per_sync = sum(2 * (dp - 1) * (n * itemsize) // dp for n in stage_params)
+    return per_sync * (1 if deferred else microbatches)
+    ### END SOLUTION

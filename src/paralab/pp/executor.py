@@ -90,13 +90,16 @@ def run_actions(
     *,
     loss: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
     boundary_shape: Sequence[int] | None = None,
+    after_grads: Callable[[int, int], None] | None = None,
 ) -> StepRecord:
     """Run rank `rank`'s list of `plan` once: one training step's forwards and backwards.
 
     `inputs` and `targets` are the m micro-batches (only the first and last stage read them).
     Parameter gradients accumulate into `.grad` of the stages' parameters. Another model
     passes its own `loss(output, target, m)` (default `microbatch_loss`) and the shape of
-    the tensor crossing a boundary (default this package's (b, s, h)).
+    the tensor crossing a boundary (default this package's (b, s, h)). `after_grads(stage, i)`,
+    if given, runs once micro-batch i's parameter gradients of that stage are accumulated
+    (after B, or after W when the backward is split): where a data-parallel wrapper syncs.
     """
     loss = loss or microbatch_loss
     m, last = plan.microbatches, plan.n_stages - 1
@@ -174,6 +177,8 @@ def run_actions(
                     torch.autograd.backward(out, grad_out)
                 grad_in = x.grad if s > 0 else None
                 release(key)
+                if after_grads:
+                    after_grads(s, i)
             if s > 0:
                 pending = [(msg, grad_in) for msg in action.sends]
                 if not action.sends:
@@ -187,6 +192,8 @@ def run_actions(
             for p, g in zip(params, weight_grads):
                 p.grad = g if p.grad is None else p.grad.add_(g)
             release(key)
+            if after_grads:
+                after_grads(s, i)
         record.wall.append((action.name, start, time.perf_counter()))
         record.executed.append(action)
         record.peak_saved_bytes = max(record.peak_saved_bytes, live)

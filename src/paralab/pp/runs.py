@@ -21,6 +21,7 @@ from paralab.pp.clock import Event, Timeline, run_clock
 from paralab.pp.costs import (
     boundary_bytes,
     in_flight_formula,
+    peak_held_bytes,
     stage_saved_bytes,
     step_bytes_sent,
 )
@@ -38,7 +39,8 @@ from paralab.pp.schedules import Schedule, build_schedule
 Params = dict[str, torch.Tensor]
 
 
-def _sgd(parameters: list[torch.nn.Parameter]) -> None:
+def sgd_step(parameters: list[torch.nn.Parameter]) -> None:
+    """p -= lr · grad for each parameter, and its gradient cleared for the next step."""
     with torch.no_grad():
         for p in parameters:
             p -= LEARNING_RATE * p.grad
@@ -62,7 +64,7 @@ def _steps(
         else:
             records.append(run_actions(plan, rank, stages, inputs, targets))
         grads.append({k: p.grad.clone() for k, p in named.items()})
-        _sgd(list(named.values()))
+        sgd_step(list(named.values()))
     return stages, grads, records, ledger_records
 
 
@@ -222,7 +224,7 @@ def reference_run(
                 out = block(out)
             microbatch_loss(out, yi, microbatches).backward()
         grads.append({k: p.grad.clone() for k, p in named.items()})
-        _sgd(list(named.values()))
+        sgd_step(list(named.values()))
     return {k: p.detach().clone() for k, p in named.items()}, grads
 
 
@@ -316,18 +318,22 @@ def check_bytes(per_rank: list[dict], plan: Schedule) -> list[Verdict]:
 
 
 def check_memory(per_rank: list[dict], plan: Schedule) -> list[Verdict]:
-    """Peak (stage, micro-batch) activations each rank holds vs the closed form; with one stage
-    per rank, also the peak bytes saved for backward = that count × what the stage's shapes
-    make it save per micro-batch (`stage_saved_bytes`)."""
+    """Per rank, the peak (stage, micro-batch) activations held vs the closed form, and the
+    peak bytes the saved-tensor hooks counted vs the same peak from the list and the model's
+    shapes (`peak_held_bytes`); with one stage per rank that is the count × one stage's bytes."""
     verdicts = []
     for rank, r in enumerate(per_rank):
         rec: StepRecord = r["step0"]
         want = in_flight_formula(plan.name, plan.pp, plan.microbatches, rank, plan.virtual)
-        holds = rec.peak_in_flight == want
-        observed = f"{rec.peak_in_flight} held, formula {want}; peak {rec.peak_saved_bytes} B saved"
+        want_bytes = peak_held_bytes(plan, rank)
+        holds = rec.peak_in_flight == want and rec.peak_saved_bytes == want_bytes
+        observed = (
+            f"{rec.peak_in_flight} held, formula {want}; "
+            f"peak {rec.peak_saved_bytes} B saved, from the list {want_bytes} B"
+        )
         if plan.virtual == 1:
             per_mb = stage_saved_bytes(rank, plan.pp)
-            holds = holds and rec.peak_saved_bytes == want * per_mb
+            holds = holds and want_bytes == want * per_mb
             observed += f" = {want} × {per_mb} B"
         verdicts.append(
             claim(
