@@ -10,6 +10,16 @@ Figures a test records with `record_property` (the warm launch's median) are pri
 of the run: an xdist worker's own prints never reach the terminal.
 """
 
+import os
+import sys
+
+# Where PYTHONDONTWRITEBYTECODE is set (as on the machines this suite was timed on), every
+# process of the suite compiled the package and pytest rewrote every test module from source
+# again: the three workers, each notebook kernel, each grader subprocess (~4 CPU-s a pytest
+# worker). The suite writes its bytecode (ignored by git), and its children inherit that.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 SLOWEST_FIRST = (
     "tests/test_grade_attacks.py",
     "tests/test_site.py",
