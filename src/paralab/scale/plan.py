@@ -4,15 +4,21 @@ and its predicted time, ranked; the ones that do not fit are marked OOM.
 Training enumerates torchtitan's descriptor (dp_replicate x dp_shard, cp and its kind, tp with
 or without SP and async TP, pp with its schedule, virtual stages and micro-batches; their
 product is exactly the GPUs asked for) under each AC mode, counts memory first
-(`paralab.scale.memory`) and times only what fits; the fastest step ranks first. Inference
-plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the weights,
-cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser, shown
-as its exchange seconds and the busiest rank's encode load). `python -m paralab.plan --help`.
+(`paralab.scale.memory`) and times only what fits; the fastest step ranks first. Without pp a
+dp rank may run its sequences as micro-batches one after another (gradient accumulation), as
+many as its AC mode needs to fit. `rank_published` asks it the question of a published run and
+says where the run's own degrees come.
+
+Inference plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the
+weights, cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser,
+shown as its exchange seconds and the busiest rank's encode load). `python -m paralab.plan
+--help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import json
 import math
@@ -21,8 +27,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from paralab.parallel_dims import ParallelDims
+from paralab.scale.cases import SHIPPED, Case, load_cases
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
+from paralab.scale.heldout import GENERALIZATION
 from paralab.scale.memory import train_memory
 from paralab.scale.models import MODELS, ModelShape, model
 from paralab.scale.predict import Layout, Prediction, Workload, link_for, predict
@@ -81,9 +89,10 @@ def powers_of_two(limit: int) -> list[int]:
 
 
 def layers_split(m: ModelShape, stages: int) -> bool:
-    """A model's layers cut evenly into `stages`, or evenly once the embedding and the output
-    head count as a layer each (how Llama 3 balanced 126 layers over 16 stages)."""
-    return stages <= m.layers and (m.layers % stages == 0 or (m.layers + 2) % stages == 0)
+    """At least one layer a stage. An uneven split runs (Llama 3 put 126 layers on 16 stages,
+    DeepSeek-V3 61 on 16): its busiest stage holds ceil(layers / stages) layers and sets the
+    pace, which the time and memory models count."""
+    return stages <= m.layers
 
 
 def pipeline_options(m: ModelShape, pp: int, local: int) -> list[tuple[str, int, int]]:
@@ -105,7 +114,8 @@ def pipeline_options(m: ModelShape, pp: int, local: int) -> list[tuple[str, int,
 @dataclass(frozen=True)
 class TrainQuestion:
     """What the planner is asked: a model on `gpus` GPUs, sequences of `seq` tokens,
-    `global_batch` sequences a step, under one AC mode or (None) every one."""
+    `global_batch` sequences a step, under one AC mode or (None) every one; `dtype` and
+    `compile` (torch.compile of each block) are the software the layouts run."""
 
     model: ModelShape
     hardware: Hardware
@@ -114,16 +124,64 @@ class TrainQuestion:
     global_batch: int
     ac: str | None = None
     dtype: str = "bf16"
+    compile: bool = False
+
+
+def accumulation(layout: Layout) -> int:
+    """Micro-batches a dp rank runs one after another before its optimizer step without a
+    pipeline (gradient accumulation); 1: its whole batch in one pass."""
+    return layout.microbatches if layout.pp == 1 and layout.microbatches > 1 else 1
+
+
+OPTIMIZER_ITEM = "optimizer (HBM)"
+"""The one item of `predict_train`'s breakdown a step spends once, however many passes."""
+
+
+def accumulated(p: Prediction, passes: int) -> Prediction:
+    """A step of `passes` forward-backward passes and one optimizer step. FSDP2 as torchtitan
+    accumulates (pytorch/torchtitan@b5bcd76:torchtitan/trainer.py) gathers the parameters and
+    reduce-scatters the gradients in every pass, so every item but the optimizer repeats."""
+    if passes == 1:
+        return p
+    items = {k: v if k == OPTIMIZER_ITEM else passes * v for k, v in p.breakdown.items()}
+    seconds = sum(items.values())
+    faster = passes * p.seconds / seconds  # the step's tokens grew `passes` times
+    return replace(
+        p,
+        seconds=seconds,
+        breakdown=items,
+        tokens_per_s_per_gpu=p.tokens_per_s_per_gpu * faster,
+        tflops_per_gpu=p.tflops_per_gpu * faster,
+        mfu=p.mfu * faster,
+    )
+
+
+def workload(q: TrainQuestion, layout: Layout, ac: str) -> tuple[Layout, Workload, int]:
+    """One pass of `layout` as the time and memory models take it: the layout without its
+    accumulation, the workload of one pass's sequences, and the passes a step."""
+    passes = accumulation(layout)
+    per_pass = q.global_batch // (layout.dp_shard * layout.dp_replicate) // passes
+    one_pass = replace(layout, microbatches=0) if passes > 1 else layout
+    w = Workload("train", q.seq, per_pass, dtype=q.dtype, ac=ac, compile=q.compile)
+    return one_pass, w, passes
+
+
+def fits(q: TrainQuestion, layout: Layout, ac: str) -> bool:
+    """Memory alone: does `layout` under `ac` fit in HBM."""
+    one_pass, w, _ = workload(q, layout, ac)
+    return sum(train_memory(q.model, one_pass, w, w.micro_batch).values()) <= q.hardware.hbm_bytes
 
 
 def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> Row:
-    """One layout's memory and (if `timed`) its predicted step."""
-    dp = layout.dp_shard * layout.dp_replicate
-    local = q.global_batch // dp
-    w = Workload("train", seq=q.seq, micro_batch=local, dtype=q.dtype, ac=ac)
-    memory = train_memory(q.model, layout, w, local)
+    """One layout's memory and (if `timed`) its predicted step: memory at one pass's
+    sequences, the step as `accumulated` passes."""
+    one_pass, w, passes = workload(q, layout, ac)
+    memory = train_memory(q.model, one_pass, w, w.micro_batch)
     p = (
-        predict(q.model, q.hardware, layout, w, FITTED[q.hardware.efficiency_from])
+        accumulated(
+            predict(q.model, q.hardware, one_pass, w, FITTED[q.hardware.efficiency_from]),
+            passes,
+        )
         if timed
         else None
     )
@@ -141,8 +199,8 @@ def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> 
 
 def train_layouts(q: TrainQuestion):
     """Every layout whose degrees multiply to exactly `q.gpus` and divide what they
-    cut: heads and kv heads by tp (and by tp x cp for Ulysses), the sequence by 2 cp, the layers
-    by pp x virtual, the global batch by dp and each dp rank's batch by its micro-batches."""
+    cut: heads and kv heads by tp (and by tp x cp for Ulysses), the sequence by 2 cp, the global
+    batch by dp and each dp rank's batch by its micro-batches; at least a layer a stage."""
     m, hw = q.model, q.hardware
     for tp in divisors(min(q.gpus, hw.gpus_per_node)):
         if q.gpus % tp or m.heads % tp or m.kv_heads % tp:
@@ -164,20 +222,20 @@ def train_layouts(q: TrainQuestion):
                         for sp, async_tp in ((False, False), (True, False), (True, True)):
                             if tp == 1 and (sp or async_tp):
                                 continue
-                            layout = Layout(
-                                dp_shard=dp,
-                                cp=cp,
-                                cp_kind=kind,
-                                tp=tp,
-                                pp=pp,
-                                schedule=schedule,
-                                virtual=v,
-                                microbatches=mb if pp > 1 else 0,
-                                sp=sp,
-                                async_tp=async_tp,
-                            )
                             for ep in expert_degrees(m, dp * cp):
-                                yield replace(layout, ep=ep)
+                                yield Layout(
+                                    dp_shard=dp,
+                                    cp=cp,
+                                    cp_kind=kind,
+                                    tp=tp,
+                                    pp=pp,
+                                    schedule=schedule,
+                                    virtual=v,
+                                    microbatches=mb if pp > 1 else 0,
+                                    sp=sp,
+                                    async_tp=async_tp,
+                                    ep=ep,
+                                )
 
 
 def expert_degrees(m: ModelShape, carved_from: int) -> list[int]:
@@ -192,9 +250,37 @@ def least_recompute_that_fits(q: TrainQuestion, layout: Layout) -> str | None:
     """The AC mode that recomputes least and still fits (none, then selective, then full:
     each saves memory by spending FLOPs, nothing else changes), or None."""
     for ac in (q.ac,) if q.ac else AC_MODES:
-        if not train_row(q, layout, ac, timed=False).oom:
+        if fits(q, layout, ac):
             return ac
     return None
+
+
+def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout, str]]:
+    """Without a pipeline: for each AC mode, the fewest passes (dividing the dp rank's batch)
+    at which it fits. Fewer passes move fewer bytes (FSDP gathers every pass), less recompute
+    spends fewer FLOPs: a mode is kept only if it needs fewer passes than every mode that
+    recomputes less (at equal passes the one that recomputes less is faster)."""
+    counts = divisors(q.global_batch // (layout.dp_shard * layout.dp_replicate))
+    out, fewest = [], math.inf
+    for ac in (q.ac,) if q.ac else AC_MODES:
+        first = bisect.bisect_left(  # memory only falls with more passes
+            counts,
+            True,
+            key=lambda k, ac=ac: fits(q, replace(layout, microbatches=k if k > 1 else 0), ac),
+        )
+        if first < len(counts) and counts[first] < fewest:
+            fewest = counts[first]
+            out.append((replace(layout, microbatches=fewest if fewest > 1 else 0), ac))
+    return out
+
+
+def knob_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout, str]]:
+    """The (layout, AC mode) pairs worth timing: under a pipeline the least recompute that
+    fits at the layout's micro-batches; without one, `accumulation_choices`."""
+    if layout.pp == 1:
+        return accumulation_choices(q, layout)
+    mode = least_recompute_that_fits(q, layout)
+    return [(layout, mode)] if mode else []
 
 
 def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
@@ -203,7 +289,7 @@ def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
     dp = layout.dp_shard * layout.dp_replicate
     for shard in divisors(dp)[:-1]:
         hsdp = replace(layout, dp_shard=shard, dp_replicate=dp // shard)
-        if not train_row(q, hsdp, ac, timed=False).oom:
+        if fits(q, hsdp, ac):
             return hsdp
     return layout
 
@@ -216,22 +302,23 @@ def plan_train(
     global_batch: int,
     ac: str | None = None,
     dtype: str = "bf16",
+    compile: bool = False,
 ) -> list[Row]:
     """Every layout of exactly `gpus` GPUs, the ones that fit in HBM timed and ranked by step
     time (the same job on the same GPUs: fastest step = most tokens/s/GPU), then the ones that
     do not, by memory. Memory is counted first and only the fitting layouts are timed."""
-    q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype)
+    q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype, compile)
     fitting, oom = [], []
     for layout in train_layouts(q):
-        mode = least_recompute_that_fits(q, layout)
-        if mode is None:
+        choices = knob_choices(q, layout)
+        if not choices:
             oom.append(train_row(q, layout, q.ac or "full", timed=False))
-            continue
-        fitting.append(train_row(q, layout, mode))
-        if layout.dp_shard > 1:
-            hsdp = hsdp_choice(q, layout, mode)
-            if hsdp != layout:
-                fitting.append(train_row(q, hsdp, mode))
+        for chosen, mode in choices:
+            fitting.append(train_row(q, chosen, mode))
+            if chosen.dp_shard > 1:
+                hsdp = hsdp_choice(q, chosen, mode)
+                if hsdp != chosen:
+                    fitting.append(train_row(q, hsdp, mode))
     fitting.sort(key=lambda r: r.score)
     oom.sort(key=lambda r: r.total_memory)
     return fitting + oom
@@ -242,7 +329,7 @@ def what_would_fit(q: TrainQuestion) -> str:
     (halving) at which one does, memory alone."""
 
     def fits(question: TrainQuestion) -> bool:
-        return any(least_recompute_that_fits(question, lo) for lo in train_layouts(question))
+        return any(knob_choices(question, lo) for lo in train_layouts(question))
 
     hints = []
     for factor in (2, 4, 8, 16, 32, 64):
@@ -393,6 +480,8 @@ def describe(layout: Layout, ac: str = "") -> str:
     if layout.pp > 1:
         v = f" v{layout.virtual}" if layout.virtual > 1 else ""
         knobs.append(f"{layout.schedule}{v} m{layout.microbatches}")
+    elif ac and accumulation(layout) > 1:
+        knobs.append(f"accumulate {layout.microbatches}")
     knobs += [f"AC {ac}"] if ac else []
     return (" x ".join(parts) or "1 GPU") + (f" [{', '.join(knobs)}]" if knobs else "")
 
@@ -593,10 +682,10 @@ def check_layout(q: TrainQuestion, layout: Layout) -> str:
     if q.seq % (2 * layout.cp):
         return f"--seq {q.seq} is not divisible by 2 x cp = {2 * layout.cp}"
     if not layers_split(m, layout.pp * layout.virtual):
-        return f"pp x virtual = {layout.pp * layout.virtual} does not split {m.layers} layers"
+        return f"pp x virtual = {layout.pp * layout.virtual} stages for {m.layers} layers"
     if q.global_batch % dp:
         return f"--global-batch {q.global_batch} is not divisible by dp = {dp}"
-    if layout.pp > 1 and (q.global_batch // dp) % layout.microbatches:
+    if layout.microbatches > 1 and (q.global_batch // dp) % layout.microbatches:
         return f"{q.global_batch // dp} sequences per dp rank do not split into {layout.microbatches} micro-batches"
     return ""
 
@@ -631,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch", type=int, default=0, help="sequences (default 2 a GPU)")
     parser.add_argument("--ac", choices=AC_MODES, help="one AC mode (default: search all three)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    parser.add_argument("--compile", action="store_true", help="training: torch.compile each block")
     parser.add_argument(
         "--layout", default="", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
     )
@@ -663,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--layout evaluates a training layout; add --train")
     if args.train:
         gb = args.global_batch or 2 * args.gpus
-        q = TrainQuestion(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype)
+        q = TrainQuestion(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype, args.compile)
         if args.layout:
             try:
                 layout, ac = parse_layout(args.layout, args.gpus)
@@ -674,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--layout {args.layout!r}: {problem}")
             rows = [train_row(q, layout, args.ac or ac)]
         else:
-            rows = plan_train(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype)
+            rows = plan_train(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype, args.compile)
             if not rows:
                 parser.error(
                     f"no layout of exactly {args.gpus} GPUs divides {m.name}'s heads, "
@@ -706,28 +796,64 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def published_rank(case, hw: Hardware | None = None) -> tuple[int | None, list[Row]]:
-    """Where a published training row's degrees (dp, cp, tp, pp) rank among the distinct degree
-    tuples the planner puts first, asked the row's question (model, GPUs, sequence, global
-    batch, dtype) on `hw` (default the row's hardware); None if they do not fit or never come.
-    Returns the rank (1 = first) and the fitting rows."""
-    lo = case.layout
-    dp = lo.dp_shard * lo.dp_replicate
-    rows = plan_train(
-        case.model,
-        hw or case.hardware,
-        case.gpus,
-        case.workload.seq,
-        case.workload.micro_batch * dp,
-        None,
-        case.workload.dtype,
-    )
-    fitting = [r for r in rows if not r.oom]
-    tuples = list(
-        dict.fromkeys(
-            (r.layout.dp_shard * r.layout.dp_replicate, r.layout.cp, r.layout.tp, r.layout.pp)
-            for r in fitting
-        )
-    )
-    published = (dp, lo.cp, lo.tp, lo.pp)
-    return (tuples.index(published) + 1 if published in tuples else None), fitting
+def degrees(layout: Layout) -> tuple[int, int, int, int]:
+    """(dp, cp, tp, pp), dp = dp_replicate x dp_shard: the degrees a published layout states."""
+    return (layout.dp_replicate * layout.dp_shard, layout.cp, layout.tp, layout.pp)
+
+
+def tuple_rank(rows: list[Row], wanted: tuple[int, int, int, int]) -> tuple[int | None, int]:
+    """Where `wanted` degrees come among the distinct degree tuples of the rows that fit, each
+    at its fastest row (1 = first; None if no fitting row has them), and how many tuples fit."""
+    tuples = list(dict.fromkeys(degrees(r.layout) for r in rows if not r.oom))
+    return (tuples.index(wanted) + 1 if wanted in tuples else None), len(tuples)
+
+
+@dataclass
+class RankCheck:
+    """A published training row asked of the planner: the row's question (model, hardware,
+    GPUs, sequence, global batch, dtype, compile), once with every AC mode open and once at the
+    run's own AC mode."""
+
+    name: str
+    degrees: tuple[int, int, int, int]
+    ac: str
+    """The AC mode the run used."""
+    rank: int | None
+    tuples: int
+    first: Row
+    published: Row | None
+    """The fastest fitting row with the published degrees."""
+    rank_at_ac: int | None
+    """The published degrees' rank when the planner is held to the run's AC mode."""
+
+    @property
+    def gap(self) -> float:
+        """How much longer the published degrees' best step is than the first's."""
+        return self.published.score / self.first.score - 1 if self.published else math.inf
+
+    def saving(self) -> tuple[str, float]:
+        """The item of the breakdown on which the first row saves most against the published
+        degrees' best, and the seconds."""
+        mine, theirs = self.first.prediction.breakdown, self.published.prediction.breakdown
+        gaps = {k: theirs.get(k, 0.0) - mine.get(k, 0.0) for k in {*mine, *theirs}}
+        item = max(gaps, key=gaps.get)
+        return item, gaps[item]
+
+
+def rank_published(case: Case, hw: Hardware | None = None) -> RankCheck:
+    """`RankCheck` of a published training row, asked on `hw` (default the row's hardware)."""
+    lo, w = case.layout, case.workload
+    question = (case.model, hw or case.hardware, case.gpus, w.seq)
+    batch = w.micro_batch * lo.dp_shard * lo.dp_replicate
+    rows = plan_train(*question, batch, None, w.dtype, w.compile)
+    rank, tuples = tuple_rank(rows, degrees(lo))
+    at_ac, _ = tuple_rank(plan_train(*question, batch, w.ac, w.dtype, w.compile), degrees(lo))
+    published = next((r for r in rows if not r.oom and degrees(r.layout) == degrees(lo)), None)
+    return RankCheck(case.name, degrees(lo), w.ac, rank, tuples, rows[0], published, at_ac)
+
+
+def published_training_rows() -> list[Case]:
+    """Every published training row (`CASES.toml`, `GENERALIZATION.toml`): each states the
+    layout it ran."""
+    cases = [c for path in (SHIPPED, GENERALIZATION) for c in load_cases(path)]
+    return [c for c in cases if c.workload.kind == "train"]
