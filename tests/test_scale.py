@@ -894,6 +894,8 @@ def test_megatron_gpt_presets_are_the_readme_table():
         assert gpt.params == layers * (12 * hidden**2 + 2 * hidden) + 2 * 131072 * hidden + hidden
         # the table's sizes are rounded: 1.745B is "1.7B", 31.5B "32B", 461.4B "462B"
         assert gpt.params / 1e9 == pytest.approx(float(size[:-1]), rel=0.03)
+    assert round(model("gpt-1.7b").params / 1e9, 3) == 1.745
+    assert round(model("gpt-462b").params / 1e9, 1) == 461.4
 
 
 def test_deepseek_v3_counts_671b_stored_and_37b_a_token():
@@ -918,7 +920,11 @@ def test_deepseek_v3_counts_671b_stored_and_37b_a_token():
     assert flops_per_token(ds, 0) == 6 * (active - 129280 * 7168)
     # a token's MLP: 18432 wide in a dense layer, 8 routed + 1 shared x 2048 in a MoE layer
     assert ds.mlp_width() == 18432 == 9 * 2048
+    assert dense == 9 * expert == 396_361_728  # a dense layer's MLP weighs nine experts
+    assert (round(dense / 1e9, 1), round(moe / 1e9, 1)) == (0.4, 11.3)  # stored a layer
     assert ds.head_dim == 160  # (q.k 192 + v 128) / 2
+    # q, k, v and the output a token a layer: 128 heads x (192 + 192 + 128 + 128)
+    assert 2 * ds.attention_width + 2 * ds.kv_heads * ds.head_dim == 81_920
 
 
 def test_expert_parallel_trades_fsdp_gathers_for_all_to_alls():
