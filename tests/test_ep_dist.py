@@ -1,6 +1,7 @@
 """Expert parallelism on real ranks: forward, loss, every gradient and the parameters after two
-steps equal one process with the same routing and drops; bytes = the routing's formula; the
-clinic's bug (send splits used as receive splits) is seen."""
+steps equal one process with the same routing and drops; bytes = the routing's formula;
+DeepEP's layout counts on one process's routing = what each rank's dispatch sent; the clinic's
+bug (send splits used as receive splits) is seen."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from paralab.check import Verdict
 from paralab.ep.model import MoEConfig
 from paralab.ep.runs import (
     check_bytes,
+    check_layout,
     check_params,
     check_step,
     ep_worker,
@@ -36,6 +38,8 @@ def test_ep_step_and_two_steps_equal_one_process(ep, top_k, capacity_factor):
         + check_params(per_rank, ref, label)
         + check_bytes(per_rank, config, ep, label)
     )
+    for per_node in (1, 2):
+        verdicts += check_layout(per_rank, ref, config, ep, per_node, f"{label} {per_node}/node")
     assert not _failures(verdicts), _failures(verdicts)
     kept = [int(r["step0"]["keep"].sum()) for r in per_rank]
     if capacity_factor is None:
@@ -55,6 +59,8 @@ def test_ep_over_four_dp_ranks_trains_like_one_process(top_k, capacity_factor):
         + check_params(per_rank, ref, label)
         + check_bytes(per_rank, config, 2, label)
     )
+    for per_node in (1, 2):
+        verdicts += check_layout(per_rank, ref, config, 2, per_node, f"{label} {per_node}/node")
     assert not _failures(verdicts), _failures(verdicts)
     expert_sync = [r for r in per_rank[0]["step0"]["records"] if r.phase == "grad sync"][1]
     assert expert_sync.group_ranks == (0, 2), (

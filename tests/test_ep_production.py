@@ -1,7 +1,8 @@
 """MoE as production routes it: dropless splits, the grouped matmul with alignment padding, a
 shared expert, aux-loss-free balancing, the gate weight before the expert. Each on real ranks
 equals one process (forward, loss, every gradient, parameters and expert bias after 3 steps);
-the all-to-all and all-reduce bytes equal their formulas."""
+the all-to-all and all-reduce bytes equal their formulas; DeepEP's layout counts equal what
+each rank's dispatch sent."""
 
 import pytest
 import torch
@@ -12,7 +13,14 @@ from paralab.ep.costs import split_matrix
 from paralab.ep.dispatch import run_local_experts
 from paralab.ep.grouped import aligned_layout, aligned_sizes, padded_batch, run_grouped_experts
 from paralab.ep.model import Expert, MoEConfig, make_model
-from paralab.ep.runs import check_bytes, check_params, check_step, ep_worker, reference_run
+from paralab.ep.runs import (
+    check_bytes,
+    check_layout,
+    check_params,
+    check_step,
+    ep_worker,
+    reference_run,
+)
 from paralab.launch import run
 
 
@@ -61,6 +69,10 @@ def test_dropless_routing_keeps_every_assignment_with_splits_that_vary():
     ref = reference_run(config, 4, 2, 0)
     verdicts = check_step(per_rank, ref, 4, "dropless") + check_bytes(per_rank, config, 4, "dl")
     assert not _failures(verdicts), _failures(verdicts)
+    layout = check_layout(per_rank, ref, config, 4, 2, "2 a node")
+    assert not _failures(layout), _failures(layout)
+    swapped = check_layout(per_rank[::-1], ref, config, 4, 2, "ranks swapped")
+    assert _failures(swapped), "the layout check passes another rank's dispatch"
 
 
 def test_aligned_sizes_round_up_and_give_an_empty_expert_one_alignment():
@@ -169,6 +181,25 @@ def test_deepep_counts_a_token_once_per_node_and_once_per_rank():
     assert tokens_per_rank(experts, 8, 4).tolist() == [2, 1, 2, 2]
     assert network_tokens(experts, 8, 4, 2, node=0) == 3
     assert network_assignments(experts, 8, 4, 2, node=0) == 4
+
+
+def test_one_rank_a_node_dedups_a_token_only_where_a_rank_holds_two_of_its_experts():
+    """What to try 5: at E = 4 on 4 ranks every rank holds one expert and a top-2 token's
+    experts are distinct, so DeepEP sends as many tokens as the lab sends rows; at E = 8 not."""
+    from paralab.ep.layout import network_assignments, network_tokens
+
+    def per_rank(experts: int) -> list[tuple[int, int]]:
+        routings = reference_run(MoEConfig(experts=experts), 4, 1)["step0"]["routing"]
+        return [
+            (
+                network_assignments(r.experts, experts, 4, 1, rank),
+                network_tokens(r.experts, experts, 4, 1, rank),
+            )
+            for rank, r in enumerate(routings)
+        ]
+
+    assert all(rows == tokens for rows, tokens in per_rank(4))
+    assert any(rows > tokens for rows, tokens in per_rank(8))
 
 
 def test_megatrons_update_without_the_mean_drifts_and_routes_the_same():

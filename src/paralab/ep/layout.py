@@ -10,7 +10,8 @@ nowhere.
 
 Rank r holds experts [r·E/ranks, (r+1)·E/ranks), node n holds ranks
 [n·ranks_per_node, (n+1)·ranks_per_node). The rows a rank sends over the network are the
-counts of every node but its own.
+counts of every node but its own. `sent_per_node` reads the same counts off what a rank's
+dispatch really sent, so the ranks can be checked against the layout of one process's routing.
 """
 
 from __future__ import annotations
@@ -53,3 +54,14 @@ def network_assignments(
     experts_per_node = num_experts // ranks * ranks_per_node
     chosen = experts[experts >= 0]
     return int((chosen // experts_per_node != node).sum())
+
+
+def sent_per_node(
+    token_of_row: torch.Tensor, send_counts: torch.Tensor, ranks: int, ranks_per_node: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, tokens), each (nodes,) int64, of one rank's dispatch: the rows it sent to each
+    node's ranks and the distinct tokens among them. `token_of_row` is the token of each sent
+    row in send order (by expert, so by node) and `send_counts` (E,) the rows per expert."""
+    rows = send_counts.reshape(ranks // ranks_per_node, -1).sum(dim=1)
+    tokens = [block.unique().numel() for block in token_of_row.split(rows.tolist())]
+    return rows, torch.tensor(tokens, dtype=torch.long)

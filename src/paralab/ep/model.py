@@ -73,6 +73,8 @@ class Routing:
     aux: torch.Tensor
     send_counts: torch.Tensor | None = None
     recv_counts: torch.Tensor | None = None
+    sent_tokens: torch.Tensor | None = None
+    """The token of each row dispatch sent, in send order (ranks only)."""
 
 
 class Expert(nn.Module):
@@ -139,6 +141,7 @@ class MoELayer(nn.Module):
         else:
             out = run_local_experts(local, rows, counts)
         routing.send_counts, routing.recv_counts = plan.send_counts, plan.recv_counts
+        routing.sent_tokens = plan.token_of_row
         return self.add_shared(x, combine(out, plan, x.shape[0], self.group)), routing
 
     def add_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from paralab.check import Verdict, claim, compare
 from paralab.ep.balance import updated_bias
 from paralab.ep.costs import all_reduce_bytes, layer_bytes, split_matrix
+from paralab.ep.layout import network_assignments, sent_per_node, tokens_per_node
 from paralab.ep.model import (
     MoEConfig,
     MoETransformer,
@@ -117,6 +118,7 @@ def step_record(loss: torch.Tensor, seen: dict, model: MoETransformer, records: 
         "keep": routing.keep,
         "send_counts": routing.send_counts,
         "recv_counts": routing.recv_counts,
+        "sent_tokens": routing.sent_tokens,
         "records": records,
     }
 
@@ -345,5 +347,32 @@ def check_bytes(per_rank: list[dict], config: MoEConfig, ep: int, label: str) ->
             torch.tensor(balance, dtype=torch.long),
             torch.tensor(want_balance, dtype=torch.long),
             name=f"{label}: rank {rank} expert-load all-reduce bytes",
+        )
+    return verdicts
+
+
+def check_layout(
+    per_rank: list[dict], ref: dict, config: MoEConfig, ep: int, ranks_per_node: int, label: str
+) -> list[Verdict]:
+    """DeepEP's layout counts on one process's routing (dropped assignments count nowhere) vs
+    what each rank's dispatch sent in step 0, exactly: the distinct tokens to each node, and
+    the rows that crossed nodes."""
+    verdicts = []
+    for rank, result in enumerate(per_rank):
+        routing = ref["step0"]["routing"][rank]
+        chosen = routing.experts.where(routing.keep, -1)
+        node = rank % ep // ranks_per_node
+        rows, tokens = sent_per_node(
+            result["step0"]["sent_tokens"], result["step0"]["send_counts"], ep, ranks_per_node
+        )
+        verdicts += compare(
+            tokens,
+            tokens_per_node(chosen, config.experts, ep, ranks_per_node),
+            name=f"{label}: rank {rank} tokens sent to each node",
+        )
+        verdicts += compare(
+            rows.sum() - rows[node],
+            torch.tensor(network_assignments(chosen, config.experts, ep, ranks_per_node, node)),
+            name=f"{label}: rank {rank} rows sent across nodes",
         )
     return verdicts
