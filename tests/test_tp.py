@@ -195,8 +195,9 @@ def test_shard_and_unshard_are_inverse(split):
 
 @pytest.mark.parametrize("tp, sequence_parallel", [(2, False), (4, True)])
 def test_grad_norm_counts_replicated_gradients_once_and_equals_one_process(tp, sequence_parallel):
-    """Megatron's clip_grads.py: a replicated gradient counted on one tp rank only; counted on
-    every rank, the norm is larger (by less than sqrt(tp): only the replicated part repeats)."""
+    """Megatron's `param_is_not_tensor_parallel_duplicate`: a replicated gradient counted on one
+    tp rank only; counted on every rank, the norm is larger (by less than sqrt(tp): only the
+    replicated part repeats)."""
     from paralab.tp.runs import grad_norm_job, one_process_grad_norm
 
     want = one_process_grad_norm()

@@ -333,10 +333,10 @@ print(format_table([r["records"] for r in blocks[(2, True)]]))
 # drops attention probabilities and the residual branch. Attention's probabilities are
 # cut by head: if every rank drew from one seed, head j of every rank would be dropped
 # alike. The residual stream under TP is held whole by every rank: if the ranks drew
-# different masks, their copies would drift apart. Megatron keeps two generators per
-# rank, one seeded alike on every tp rank and one per rank, and forks to the second where
-# the activation is split (attention; under SP the whole block, whose residual holds this
-# rank's tokens):
+# different masks, their copies would drift apart. Megatron keeps a generator seeded alike
+# on every tp rank and one seeded per tp rank (and a third for expert layers), and forks to
+# the per-rank one where the activation is split (attention; under SP the whole block, whose
+# residual holds this rank's tokens):
 
 # %%
 # show: paralab.tp.dropout.RNGTracker paralab.tp.dropout.dropout_job
@@ -553,8 +553,13 @@ print(verdict_table(train_claims, "training (relative bound 1e-12; every rank bi
 # gradient: each adds the squares of what it holds, and one all-reduce sums them. But a
 # replicated gradient (norms, row biases, positions) is held whole by every rank, so
 # only one rank may add it; Megatron counts a parameter if it is sharded or this is tp
-# rank 0 (NVIDIA/Megatron-LM@d98e8a64:megatron/core/optimizer/clip_grads.py,
-# `get_grad_norm_fp32`). Under SP, clip after the replicated gradients are summed.
+# rank 0 (`param_is_not_tensor_parallel_duplicate` in
+# NVIDIA/Megatron-LM@d98e8a64:megatron/core/tensor_parallel/layers.py, applied by
+# `MegatronOptimizer._filter_grads_for_norm` in
+# NVIDIA/Megatron-LM@d98e8a64:megatron/core/optimizer/optimizer.py), and
+# `get_grad_norm_fp32` (NVIDIA/Megatron-LM@d98e8a64:megatron/core/optimizer/clip_grads.py)
+# sums the squares of the list it is handed. Under SP, clip after the replicated gradients
+# are summed.
 
 # %%
 # show: paralab.tp.clip.tp_grad_norm paralab.tp.clip.clip_tp_grads_

@@ -1,12 +1,13 @@
-"""Gradient-norm clipping across tensor-parallel ranks, as Megatron's `clip_grads.py` does it.
+"""Gradient-norm clipping across tensor-parallel ranks, as Megatron's optimizer does it.
 
 The norm is that of the whole model's gradient, one vector. A rank holds 1/tp of every
 sharded parameter and all of every replicated one (norms, row biases, the position
 table). The squared norm is a sum over elements, so each rank adds the squares it owns
 and one all-reduce over tp sums them; a replicated gradient, the same on every rank,
 must enter once, or it counts tp times. Megatron counts a parameter if it is
-`tensor_model_parallel` or this is tp rank 0 (`param_is_not_tensor_parallel_duplicate`),
-sums `grad_norm ** 2` and all-reduces it (`get_grad_norm_fp32`), then scales every gradient
+`tensor_model_parallel` or this is tp rank 0 (`param_is_not_tensor_parallel_duplicate`, which
+`MegatronOptimizer._filter_grads_for_norm` applies), sums the kept gradients' squares and
+all-reduces them (`get_grad_norm_fp32`, `clip_grads.py`), then scales every gradient
 by `max_norm / (norm + 1e-6)` when that is below 1 (`clip_grad_by_total_norm_fp32`), as
 `torch.nn.utils.clip_grad_norm_` does in one process. Under SP the replicated gradients
 are partial until `model.sync_replicated_grads` has summed them: clip after it.
