@@ -53,8 +53,14 @@ def layer_tensors(m: ModelShape) -> dict[str, tuple[int, int]]:
     outputs)."""
     h, attn, kv = m.hidden, m.attention_width, m.kv_heads * m.head_dim
     up = (m.mlp_matrices - 1) * round(m.mlp_width())  # the MLP's matmul outputs inside
+    none = (4 * h, 2 * attn + 2 * kv + 2 * up)
     return {
-        "none": (4 * h, 2 * attn + 2 * kv + 2 * up),
+        "none": none,
+        # Megatron's selective recompute checkpoints core attention alone
+        # (NVIDIA/Megatron-LM@d98e8a6:megatron/core/transformer/attention.py,
+        # `_checkpointed_attention_forward`): q, k and v stay as its inputs and the output
+        # projection keeps its input; under flash attention nothing else was kept.
+        "attention": none,
         # torchtitan's op-level selective AC saves SDPA's output and every other matmul's
         # output (half of wq, wk, wv, w1, w3 inside; half of wo, w2 outside) and the input.
         "selective": (h + h, attn + (attn + 2 * kv + up) // 2),
