@@ -18,9 +18,9 @@
 # `b·s·h` activation forward and its gradient backward, point to point. The schedule has no
 # collective; a real pipeline adds a few once per step, outside it: the gradients of a tied
 # embedding (input embedding and LM head sharing one matrix) all-reduced between the first
-# and last stages, and the gradient norm for clipping summed across all stages. This model has
-# neither. Few, small and point to point is why pipeline parallelism is the axis that crosses
-# nodes.
+# and last stages, and the gradient norm for clipping summed across all stages. Section 4 runs
+# both: the norm on this model, the tied matrix on a variant of it. Few, small and point to
+# point is why pipeline parallelism is the axis that crosses nodes.
 #
 # **The price.** Rank `r` cannot start before the first micro-batch reaches it, and must wait at
 # the end for the last gradient to come back: the *bubble*. Cutting the global batch into `m`
@@ -297,9 +297,10 @@ tied_verdicts = [
 print(verdict_table(tied_verdicts, "tied ends"))
 
 # %% [markdown]
-# Without the all-reduce each end would step with half the gradient. With it the tied matrix
-# agrees with one process to rounding, not bitwise: each end sums its own use over the
-# micro-batches first, where one process adds the two uses micro-batch by micro-batch.
+# Without the all-reduce each end would step with only its own use's share of the gradient
+# (the table's second row). With it the tied matrix agrees with one process to rounding, not
+# bitwise: each end sums its own use over the micro-batches first, where one process adds the
+# two uses micro-batch by micro-batch.
 
 # %% [markdown]
 # ## 5. The bubble, measured
@@ -525,7 +526,8 @@ print(
 #
 # `PipelineStage` wraps each of our `Stage`s, and six of the seven schedule classes torch 2.13
 # exports run one step each on 2 gloo ranks, `m = 4`, with `loss_fn = microbatch_loss(·, ·, 4)` and
-# `scale_grads=False` (torch would otherwise divide the summed gradients by `m` at the end: the
+# `scale_grads=False`, since this loss already divides by `m` (with an unscaled loss and
+# `scale_grads=True`, torch would divide the summed gradients by `m` at the end instead: the
 # same value to rounding, not bitwise). Looped classes get stages `r, r + 2`; the V-shaped ones
 # (ZBV, DualPipeV) stages `r` and `3 - r`. torch's schedules are data too: each class holds its
 # per-rank action list (`_Action(stage, type, microbatch)`, written `1F0`), which we read back.
@@ -789,10 +791,11 @@ print(verdict_table([summary("idle time per rank = closed form", fbw_verdicts)],
 
 # %% [markdown]
 # 1F1B's bubble does not depend on the split: `(p-1)(F+B+W)` idle against `m(F+B+W)` busy.
-# ZB-H1 saves one W per hop, `(p-1)(F+B-W)`: the smaller W is against B, the less it saves
-# (F = 1, B = 2, W = 0.5: 0.211 against 0.111 at F = B = W). A W larger than F or B does not
-# make it zero-bubble: it never goes below `(p-1)·max(F, B)` idle (0.086 at W = 2), because
-# the first input gradient still needs `p-1` forwards to go out and `p-1` B's to come back.
+# ZB-H1 idles `(p-1)(F+B-W)`, 2W less than 1F1B per stage boundary: the smaller W is against
+# B, the less it saves (F = 1, B = 2, W = 0.5: 0.211 against 0.111 at F = B = W). A W larger
+# than F or B does not make it zero-bubble: it never goes below `(p-1)·max(F, B)` idle (0.086
+# at W = 2), because the first input gradient still needs `p-1` forwards to go out and `p-1`
+# B's to come back.
 #
 # **Stages differ.** The first stage holds the embedding (a lookup: memory, little compute);
 # the last holds the LM head and the loss, a `h × V` matmul per token. For Llama 3.1 8B's shape
@@ -852,9 +855,10 @@ show(viz.plot_pipeline_timeline(list(uneven.items())))
 #
 # A pipeline is usually one of `dp` copies, each on its share of the global batch, and before
 # the optimizer step every stage's gradients are summed over its dp group. Between
-# micro-batches a stage only accumulates, so the sum can wait: Megatron's schedules hold the
-# model's DDP `no_sync` (`disable_grad_sync`) until the last micro-batch's backward, picotron
-# sets `require_backward_grad_sync` for that backward only
+# micro-batches a stage only accumulates, so the sum can wait. Megatron sums once a step:
+# after the schedule (`finalize_model_grads`), or, with `overlap_grad_reduce`, its schedules
+# hold the model's DDP `no_sync` (`disable_grad_sync`) until the last micro-batch's backward
+# or later; picotron sets `require_backward_grad_sync` for that backward only
 # ([chapter 1](01_megatron_and_picotron.md#5-with-data-parallelism-the-gradient-sync-waits-for-the-last-micro-batch)).
 # The executor calls `after_grads(stage, i)` once micro-batch `i`'s gradients of a stage are in
 # (after B, or W when split); `dp_grad_sync` decides when to sum:
@@ -915,9 +919,14 @@ print(verdict_table(dp_verdicts, "pp × dp"))
 # numbers is that number; but it sends `m` times the bytes, each sum in the middle of the
 # pipeline. Interleaved, a rank owns `v` chunks and syncs each once, after that chunk's last
 # micro-batch, as Megatron enables the sync per model chunk: `v` all-reduces of `1/v` of the
-# bytes. Here the sum runs where `after_grads` is called and blocks the rank; Megatron with
-# `overlap_grad_reduce` starts it there bucket by bucket, asynchronously, so it overlaps the
-# rest of the backward, and waits for it in `finalize_model_grads`.
+# bytes. Here the sum runs where `after_grads` is called and blocks the rank. Megatron with
+# `overlap_grad_reduce` launches it asynchronously and waits for it in `finalize_model_grads`.
+# It launches it from the last backward's gradient hooks, bucket by bucket, so that it
+# overlaps the rest of that backward; or, by default (`align_grad_reduce`) everywhere but
+# 1F1B's first stage, with one `start_grad_sync` call after that backward (interleaved: `r`
+# backwards after it on rank `r`;
+# [chapter 1](01_megatron_and_picotron.md#5-with-data-parallelism-the-gradient-sync-waits-for-the-last-micro-batch)
+# says where).
 
 # %% [markdown]
 # ## Closing note

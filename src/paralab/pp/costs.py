@@ -159,9 +159,9 @@ def idle_time_formula(
     and W (weight gradient) take different times; a full backward is B + W.
 
     1F1B waits (p-1) full rounds of F + B + W. ZB-H1 slides each rank's held-back W's into
-    the cool-down, which saves one W per hop, (p-1)(F+B-W), the zero-bubble paper's form,
-    but no more than the chain itself allows: the first input gradient still needs p-1
-    forwards to start and p-1 input backwards to come back, so never below (p-1)·max(F, B)."""
+    the cool-down: (p-1)(F+B-W), the zero-bubble paper's form, 2W less than 1F1B per stage
+    boundary, but no less than the chain itself allows: the first input gradient still needs
+    p-1 forwards to start and p-1 input backwards to come back, so never below (p-1)·max(F, B)."""
     p, f, b, w = pp, forward, backward, weight
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) * (f + b + w)

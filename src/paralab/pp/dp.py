@@ -1,11 +1,12 @@
 """PP × DP: dp copies of the pipeline, each on its share of the global batch, whose gradients
 are summed over the dp group once per step, after the last micro-batch's backward.
 
-Between micro-batches a stage only accumulates: Megatron's schedules hold its DDP's `no_sync`
-(`disable_grad_sync`) until the last micro-batch's backward, picotron sets
-`require_backward_grad_sync` on that one only. Syncing after every micro-batch, as a DDP
-without `no_sync` would, gives the same gradients (the accumulated part is already equal on
-every replica, so its average is itself) for m times the collectives.
+Between micro-batches a stage only accumulates: Megatron sums after the schedule, or, with
+`overlap_grad_reduce`, its schedules hold its DDP's `no_sync` (`disable_grad_sync`) until the
+last micro-batch's backward or later; picotron sets `require_backward_grad_sync` on that
+backward only. Syncing after every micro-batch, as a DDP without `no_sync` would, gives the
+same gradients (the accumulated part is already equal on every replica, so its average is
+itself) for m times the collectives.
 
 Ranks follow Megatron's default order (tp-cp-ep-dp-pp) with tp = cp = ep = 1: dp varies
 fastest, so the dp groups are neighbours ({0, 1}, {2, 3} at pp = dp = 2) and a pipeline is
