@@ -97,7 +97,7 @@ def test_training_compute_of_torchtitans_8b_row():
     # the head (128256 x 4096) forward and backward
     matmuls = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     gemm = 2 * matmuls * tokens * 3.5 + 2 * 128256 * 4096 * tokens * 3
-    assert p.breakdown["compute: GEMM"] == pytest.approx(gemm / (989e12 * 0.44))
+    assert p.breakdown["compute: GEMM"] == pytest.approx(gemm / (989e12 * 0.49))
     # causal attention 2 s^2 x 4096 a sequence and layer, backward 2.5x at 1117.9/1418.1 speed
     attn = 2 * 8192**2 * 4096 * 2 * 32 * (1 + 2.5 / (1117.9 / 1418.1))
     assert p.breakdown["compute: attention"] == pytest.approx(attn / (989e12 * 0.25))
@@ -275,11 +275,15 @@ def test_fsdp_block_gather_against_its_forward_at_8_and_128_gpus():
     eight = fsdp_block_seconds(EIGHT_B, H100, 8, w, FITTED["h100-sxm"])
     many = fsdp_block_seconds(EIGHT_B, H100, 128, w, FITTED["h100-sxm"])
     # forward of a block, as predict_train hides the all-gather behind it: GEMMs, 2 x 218,103,808
-    # matmul weights x 16,384 tokens at 989 T x 0.44, plus two 8K causal attentions,
+    # matmul weights x 16,384 tokens at 989 T x 0.49, plus two 8K causal attentions,
     # 2 x 8192^2 x 4096 each, at 989 T x 0.25
-    gemm = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 16384 / (989e12 * 0.44)
+    gemm = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 16384 / (989e12 * 0.49)
     attn = 2 * 2 * 8192**2 * 4096 / (989e12 * 0.25)
-    fwd = gemm + attn
+    # and its eager elementwise ops at 3.35 TB/s: 2 norms (36 B) and 2 adds (6 B) on 4096, RoPE
+    # (20 B) on q and k (4096 + 1024), SwiGLU (10 B) on 14336, the copies around SDPA (4 B) on
+    # q twice (the attention output and repeat_kv)
+    elementwise = 16384 * (2 * 42 * 4096 + 20 * 5120 + 10 * 14336 + 8 * 4096) / 3.35e12
+    fwd = gemm + attn + elementwise
     assert eight["block forward"] == pytest.approx(fwd)
     # 7/8 of the bf16 block over NVLink; 127/128 of it over the network at 46 GB/s. NCCL's
     # latency: 16 nodes, so 15 of the 127 steps cross (14 us), the other 112 pay NVLink's 3.4
@@ -288,7 +292,7 @@ def test_fsdp_block_gather_against_its_forward_at_8_and_128_gpus():
         8.4e-6 + 112 * 3.4e-6 + 15 * 14e-6 + 127 * 218_112_000 * 2 / 128 / 46e9
     )
     assert (
-        round(eight["all-gather"] / fwd, 2) == 0.05 and round(many["all-gather"] / fwd, 2) == 0.48
+        round(eight["all-gather"] / fwd, 2) == 0.05 and round(many["all-gather"] / fwd, 2) == 0.45
     )
 
 
@@ -303,7 +307,7 @@ def test_tp8_all_reduces_of_a_70b_block_are_a_quarter_of_its_gemms():
     # 4 all-reduces (2 forward, 2 backward), each 2 x 7/8 of 128 MiB, 14 steps
     assert seconds == pytest.approx(4 * (8.4e-6 + 14 * 3.4e-6) + 4 * 7 * act / 4 / BUSBW)
     gemms = 2 * seventy.matmul_per_layer * 8192 * 3 / 8 / (989e12 * FITTED["h100-sxm"]["gemm"])
-    assert 0.2 < seconds / gemms < 0.25
+    assert 0.22 < seconds / gemms < 0.28
 
 
 def test_hunyuanvideo_errors_point_the_way_the_lab_says():
@@ -311,7 +315,7 @@ def test_hunyuanvideo_errors_point_the_way_the_lab_says():
     one = rows["xdit hunyuanvideo 1280x720x129 1 gpu"]
     eight = rows["xdit hunyuanvideo 1280x720x129 ulysses 8 gpus"]
     # predicted above the 1-GPU measurement (the run is faster than the model), below the 8-GPU one
-    assert relative_error(one) > 0.2 and relative_error(eight) < -0.13
+    assert relative_error(one) > 0.15 and relative_error(eight) < -0.13
     assert one.measured / eight.measured == pytest.approx(5.64, abs=0.01)
     model_speedup = predict_case(one).seconds / predict_case(eight).seconds
     assert model_speedup == pytest.approx(7.9, abs=0.05)
@@ -320,7 +324,7 @@ def test_hunyuanvideo_errors_point_the_way_the_lab_says():
 
 def test_cosmos_rows_are_mostly_attention():
     rows = {c.name: c for c in load_cases()}
-    for name, share in (("1 h100-nvl", 0.89), ("8 h100-nvl", 0.79)):
+    for name, share in (("1 h100-nvl", 0.91), ("8 h100-nvl", 0.81)):
         p = predict_case(rows[f"cosmos-transfer2.5-2b edge 35 steps {name}"])
         assert round(p.breakdown["compute: attention"] / p.seconds, 2) == share
         assert (
@@ -334,8 +338,8 @@ def test_what_to_try_hints():
 
     b200 = plan_inference(model("cosmos-transfer2.5-2b"), hardware("b200"), 8, 84480, 35)
     cp8 = next(r for r in b200 if r.layout.cp == 8 and r.layout.dp_shard == 1)
-    assert b200[0].layout.cfgp == 2 and round(b200[0].prediction.seconds, 1) == 32.6
-    assert round(cp8.prediction.seconds, 1) == 32.8
+    assert b200[0].layout.cfgp == 2 and round(b200[0].prediction.seconds, 1) == 32.3
+    assert round(cp8.prediction.seconds, 1) == 32.5
     nvl = plan_inference(model("cosmos-transfer2.5-2b"), hardware("h100-nvl"), 8, 84480, 35)
     nvl_cp8 = next(r for r in nvl if r.layout.cp == 8 and r.layout.dp_shard == 1)
     assert nvl_cp8.prediction.seconds - nvl[0].prediction.seconds == pytest.approx(1.5, abs=0.05)
@@ -346,7 +350,7 @@ def test_what_to_try_hints():
         Workload("diffusion", seq=17776, steps=50),
         FITTED["h100-sxm"],
     )
-    assert round(consisid6.seconds, 1) == 17.8
+    assert round(consisid6.seconds, 1) == 17.1
     exposed = {}
     for slower in (20, 100, 200):
         slow = replace(H100, intra_busbw=H100.intra_busbw / slower)
@@ -558,15 +562,15 @@ def test_held_out_rows_are_not_fitted_and_exactly_the_listed_ones_miss(tmp_path,
 
     held = load_cases(GENERALIZATION)
     shipped = {c.name for c in load_cases()}
-    assert len(held) == 58 and not shipped & {c.name for c in held}
+    assert len(held) == 86 and not shipped & {c.name for c in held}
     assert fit(load_cases()) == FITTED  # the fit reads CASES.toml; this file changes nothing
     out = tmp_path / "held.json"
     assert scale_main(["check", str(GENERALIZATION), "--json", str(out)]) == 1
     rows = json.loads(out.read_text())
     missed = {r["name"] for r in rows if abs(r["relative_error"]) > 0.25}
     assert missed == set(MISSES)
-    assert f"{58 - len(MISSES)}/58 within 25%" in capsys.readouterr().out
-    assert len(MISSES) == 25
+    assert f"{86 - len(MISSES)}/86 within 25%" in capsys.readouterr().out
+    assert len(MISSES) == 28
     for case in held:
         assert "@" in case.source and ":" in case.source
 
@@ -610,13 +614,12 @@ def test_the_reasons_quoted_figures():
     # nono-Sang/FastVAE README, Wan2_1, 1 process: encode 5.113 s, decode 9.256 s (A800, bf16)
     assert "5.113 s to encode and 9.256 s to decode" in distilled
     assert "encodes twice" in distilled and "is_parallel defaults to False" in distilled
-    async_tp = MISSES["torchtitan llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8"]
-    # torchtitan asyncTP_llama3_h100_2025-06: 70B speedups 1.09 (bf16), 1.16 (float8
-    # tensorwise), 1.04 (float8 rowwise): 652.4 / 597.3, 942.4 / 809.8, 624.8 / 599.6
-    speedups = [round(a / v, 2) for a, v in ((652.4, 597.3), (942.4, 809.8), (624.8, 599.6))]
-    assert speedups == [1.09, 1.16, 1.04]
-    assert f"{min(speedups):.2f}x to {max(speedups):.2f}x" in async_tp
     assert "no PCIe preset is cited" in MISSES["xdit consisid 720x480x49 ulysses2 2 gpus"]
+    qwen = MISSES["megatron-bridge 25.11 qwen3-30b-a3b pp2 vp24 ep8 dp8 gbs512 fp8"]
+    # Megatron-Bridge@c0b9a00 performance-summary, DGX-H100, Qwen3_30B_a3B, Model TFLOP/sec/GPU:
+    # 121 (25.11), 118 (26.02); over 989 and 1979 TFLOP/s
+    assert (round(121 / 989, 2), round(121 / 1979, 2)) == (0.12, 0.06)
+    assert "121 and 118 TFLOP/s a GPU, 12 % of the dense bf16 peak (6 % of fp8's)" in qwen
 
 
 def test_the_reasons_figures_are_the_tables():
@@ -629,11 +632,6 @@ def test_the_reasons_figures_are_the_tables():
     assert round(one / rows["xdit consisid 720x480x49 ulysses2 2 gpus"].measured / 2, 2) == 0.75
     six = [c.measured for n, c in rows.items() if "consisid" in n and n.endswith(" 6 gpus")]
     assert (round(one / max(six) / 6, 2), round(one / min(six) / 6, 2)) == (0.43, 0.54)
-    tp = "torchtitan llama3.1-70b fsdp32 tp8"
-    sync, async_ = rows[f"{tp} seq8k full-ac fp8"], rows[f"{tp} async-tp seq8k full-ac fp8"]
-    assert round(async_.measured / sync.measured - 1, 3) == 0.057
-    hidden = predict_case(async_).tokens_per_s_per_gpu / predict_case(sync).tokens_per_s_per_gpu
-    assert round(hidden - 1, 2) == 0.43
     hy = "xdit hunyuanvideo {}x129 1 gpu"
     assert (
         round(1 - rows[hy.format("960x960")].measured / rows[hy.format("1280x720")].measured, 2)
@@ -943,3 +941,90 @@ def test_expert_parallel_trades_fsdp_gathers_for_all_to_alls():
 def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8,ep=2"])
     assert "ep=2 must divide llama3.1-8b's 0 experts" in line
+
+
+# ------------------------------------------------------------------ held-out sources and the
+# roofline of the elementwise ops
+def test_a_sources_flop_count_turns_tflops_and_mfu_into_tokens():
+    from paralab.scale.fit import predicted_value
+    from paralab.scale.predict import megatron_flops_per_token
+
+    gpt = model("gpt-1.7b")
+    # Megatron's count (f2e5db4) for its GPT, multi-head and a 4h GELU MLP:
+    # 12 L h^2 (2 + s/h + 4) + 6 V h = 72 L h^2 + 12 L h s + 6 V h
+    hand = 72 * 24 * 2048**2 + 12 * 24 * 2048 * 4096 + 6 * 131072 * 2048
+    assert megatron_flops_per_token(gpt, 4096) == pytest.approx(hand)
+    # for Llama (8 of 32 kv heads, SwiGLU: glu 3/2): 12 L h^2 ((1 + 1/4 + s/h) + f/h 3/2) + 6 V h
+    llama = 12 * 32 * 4096**2 * (1 + 0.25 + 2 + 14336 / 4096 * 1.5) + 6 * 128256 * 4096
+    assert megatron_flops_per_token(EIGHT_B, 8192) == pytest.approx(llama)
+    raw = {
+        "name": "x",
+        "source": "s",
+        "hardware": "h100-sxm",
+        "gpus": 48,
+        "model": "gpt-1.7b",
+        "workload": {"kind": "train", "seq": 4096, "micro_batch": 4, "engine": "megatron"},
+        "layout": {"dp_shard": 48},
+        "measured": {"tflops_per_gpu": 408.8, "flops": "megatron"},
+    }
+    case = parse_case(raw)
+    rate = predict_case(case).tokens_per_s_per_gpu
+    assert predicted_value(case) == pytest.approx(rate * hand / 1e12)
+    mfu = parse_case(raw | {"measured": {"mfu": 0.41, "flops": "megatron"}})
+    assert predicted_value(mfu) == pytest.approx(rate * hand / 989e12)
+    with pytest.raises(ValueError, match="flops must be one of"):
+        parse_case(raw | {"measured": {"mfu": 0.41, "flops": "palm"}})
+    with pytest.raises(ValueError, match="engine must be one of"):
+        parse_case(raw | {"workload": {"kind": "train", "seq": 4096, "engine": "deepspeed"}})
+    with pytest.raises(ValueError, match="latent attention"):
+        megatron_flops_per_token(model("deepseek-v3"), 4096)
+
+
+def test_elementwise_ops_are_timed_by_their_bytes_eager_against_compiled():
+    from paralab.scale.predict import elementwise_bytes
+
+    lo = Layout(dp_shard=8)
+    eager = Workload("train", seq=8192, micro_batch=2, ac="selective")
+    compiled = Workload("train", seq=8192, micro_batch=2, ac="selective", compile=True)
+    fp8 = Workload("train", seq=8192, micro_batch=2, ac="selective", compile=True, dtype="fp8")
+    # a token's forward, eager: 2 norms (36 B) and 2 adds (6 B) on h = 4096, RoPE (20 B) on q and
+    # k (4096 + 1024), SwiGLU (10 B) on 14336, torchtitan's two copies around SDPA (4 B on q);
+    # fused: norms 4 B, RoPE 4 B, SwiGLU 6 B. Forward, backward (2x), and op-level SAC's recompute
+    eager_fwd = 2 * (36 + 6) * 4096 + 20 * 5120 + 10 * 14336 + 2 * 4 * 4096
+    fused_fwd = 2 * (4 + 6) * 4096 + 4 * 5120 + 6 * 14336 + 2 * 4 * 4096
+    assert elementwise_bytes(EIGHT_B, lo, eager) == eager_fwd * 4
+    assert elementwise_bytes(EIGHT_B, lo, compiled) == fused_fwd * 4
+    # fp8: every GEMM operand read twice and cast (5 B), the inputs once more transposed (3 B)
+    inputs = 2 * 4096 + 4096 + 14336
+    grads = (4096 + 2 * 1024) + 2 * 14336 + 2 * 4096
+    assert elementwise_bytes(EIGHT_B, lo, fp8) == fused_fwd * 4 + 5 * (inputs + grads) + 3 * inputs
+    part = hardware("h100-96gb-500w")
+    p_eager, p_compiled = (
+        predict(EIGHT_B, part, lo, w, FITTED["h100-sxm"]) for w in (eager, compiled)
+    )
+    # 32 layers of 16,384 tokens, and the eager loss on 128,256 logits a token (32 B each)
+    loss = 16384 * 32 * 128256 / 2.4e12
+    assert p_eager.breakdown["elementwise (HBM)"] == pytest.approx(
+        32 * 16384 * eager_fwd * 4 / 2.4e12 + loss
+    )
+    assert p_compiled.tokens_per_s_per_gpu > p_eager.tokens_per_s_per_gpu
+
+
+def test_async_tp_hides_the_forward_collectives_in_torchtitan_and_all_in_megatron():
+    from paralab.scale.predict import _train_tp
+
+    seventy, lo = model("llama3.1-70b"), Layout(dp_shard=32, tp=8, sp=True)
+    w = Workload("train", seq=8192, micro_batch=16, dtype="fp8", ac="full", compile=True)
+    link = train_links(H100, lo)["tp"]
+    act = 16 * 8192 * 8192 * 2
+    # SP: forward 2 all-gathers + 2 reduce-scatters of 7/8 of the activation; backward 4 + 2
+    one = act * 7 / 8
+    fwd = 2 * link.time(2 * one, 7, 2)
+    bwd = link.time(4 * one, 7, 4) + link.time(2 * one, 7, 2)
+    # full AC replays the forward's collectives: twice forward, once backward
+    assert _train_tp(seventy, lo, w, link) == pytest.approx(2 * fwd + bwd)
+    async_lo = Layout(dp_shard=32, tp=8, sp=True, async_tp=True)
+    assert _train_tp(seventy, async_lo, w, link) == pytest.approx(bwd)
+    megatron = Workload("train", seq=8192, micro_batch=16, dtype="fp8", engine="megatron")
+    assert _train_tp(seventy, async_lo, megatron, link) == 0.0
+

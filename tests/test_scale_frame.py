@@ -89,3 +89,19 @@ def test_the_consisid_hint_prediction():
         FITTED["h100-sxm"],
     ).seconds
     assert f"About {seconds:.1f} s, half the measurement" in TEXT
+
+
+def test_the_held_out_figures_the_lab_types_in():
+    from paralab.scale.fit import relative_error
+
+    held = load_cases(GENERALIZATION)
+    assert f"{len(held)} rows, none read by the fit" in TEXT
+    megatron = [c for c in held if c.name.startswith("megatron-lm")]
+    assert max(c.gpus for c in megatron) == 6144 and "weak-scaling table up to 6,144 GPUs" in TEXT
+    assert "every row of Megatron-LM's table up to 6,144 GPUs" in TEXT
+    deepseek = next(c for c in held if "deepseek-v3" in c.name)
+    assert deepseek.gpus == 1024 and relative_error(deepseek) < -0.25
+    assert "DeepSeek-V3 on 1,024 H100s runs faster than the model" in TEXT
+    qwen = [c for c in held if "qwen3" in c.name]
+    assert all(c.model.experts == 128 for c in qwen) and "128 narrow experts" in TEXT
+    assert all(relative_error(c) > 1.0 for c in qwen) and "more than twice the measured" in TEXT

@@ -12,7 +12,7 @@ import json
 import sys
 
 from paralab.scale.cases import SHIPPED, Case, load_cases
-from paralab.scale.fit import FITTED, fit, predict_case
+from paralab.scale.fit import FITTED, fit, predicted_value
 from paralab.scale.hardware import GiB
 from paralab.scale.memory import train_memory
 from paralab.tables import text_table
@@ -30,7 +30,7 @@ def predicted_memory_gib(case: Case) -> float:
 def check_rows(path: str) -> list[dict]:
     rows = []
     for case in load_cases(path):
-        predicted = predict_case(case).value(case.measure)
+        predicted = predicted_value(case)
         row = {
             "name": case.name,
             "measure": case.measure,

@@ -15,11 +15,15 @@ measured = { tokens_per_s_per_gpu = 5762, memory_gib = 82.4 }
 `measured` holds exactly one time measure (`tokens_per_s_per_gpu`, `seconds`, `efficiency`, or,
 as papers publish training runs, `tflops_per_gpu` (model TFLOP/s per GPU) or `mfu`), and
 optionally `memory_gib`, the peak memory per GPU the run reported (training rows), which
-`check --json` sets against `paralab.scale.memory.train_memory`.
+`check --json` sets against `paralab.scale.memory.train_memory`. TFLOP/s and MFU are turned
+into tokens/s with a token's FLOPs counted the way the source counts them: `flops =
+"torchtitan"` (the default, `paralab.scale.predict.flops_per_token`) or `"megatron"`
+(`megatron_flops_per_token`); MFU is over the dense bf16 peak.
 
 `workload`: `kind` ("train", "diffusion", "attention"), `seq` or `tokens`, `micro_batch`, `steps`,
-`dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`, and this package's
-extra `forward_only` ("attention" rows timed without the backward). `layout`: `dp_shard`,
+`dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`, `engine`
+("torchtitan", "megatron": whose kernels and overlap), and this package's extra
+`forward_only` ("attention" rows timed without the backward). `layout`: `dp_shard`,
 `dp_replicate`, `cp`, `cp_kind` ("ring", "zigzag", "ulysses", and the extra "stripe"), `cfgp`,
 `tp`, `pp`, `schedule`, `microbatches`, and this package's extras `ulysses` (USP's all-to-all
 degree), `virtual` (stages per rank, interleaved) and `async_tp`. `model` may also be a preset
@@ -37,7 +41,7 @@ import tomllib
 
 from paralab.scale.hardware import Hardware, hardware
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Workload, inference_world
+from paralab.scale.predict import ENGINES, FLOP_COUNTS, Layout, Workload, inference_world
 
 MEASURES = ("tokens_per_s_per_gpu", "seconds", "efficiency", "tflops_per_gpu", "mfu")
 SHIPPED = Path(__file__).with_name("CASES.toml")
@@ -55,6 +59,8 @@ class Case:
     measure: str
     measured: float
     memory_gib: float | None = None
+    flops: str = "torchtitan"
+    """How the source counts a token's FLOPs, for `tflops_per_gpu` and `mfu` (`FLOP_COUNTS`)."""
 
 
 def _known(table: dict, cls: type, where: str, renames: dict[str, str] | None = None) -> dict:
@@ -79,6 +85,13 @@ def parse_case(raw: dict) -> Case:
     if len(given) != 1:
         raise ValueError(f"case {name!r}: measured needs exactly one of {MEASURES}, got {given}")
     workload = Workload(**_known(raw["workload"], Workload, name, {"tokens": "seq"}))
+    if workload.engine not in ENGINES:
+        raise ValueError(f"case {name!r}: engine must be one of {ENGINES}, got {workload.engine!r}")
+    flops = measured.get("flops", "torchtitan")
+    if flops not in FLOP_COUNTS:
+        raise ValueError(
+            f"case {name!r}: flops must be one of {sorted(FLOP_COUNTS)}, got {flops!r}"
+        )
     layout = _known(raw.get("layout", {}), Layout, name)
     case = Case(
         name,
@@ -91,6 +104,7 @@ def parse_case(raw: dict) -> Case:
         given[0],
         float(measured[given[0]]),
         float(measured["memory_gib"]) if "memory_gib" in measured else None,
+        flops,
     )
     used = inference_world(case.layout) if workload.kind == "diffusion" else case.layout.world
     if used != case.gpus:

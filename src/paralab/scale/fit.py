@@ -14,11 +14,11 @@ import math
 from collections.abc import Iterable
 
 from paralab.scale.cases import Case
-from paralab.scale.predict import Prediction, predict
+from paralab.scale.predict import FLOP_COUNTS, Prediction, predict
 
 FITTED: dict[str, dict[str, float]] = {
-    "h100-sxm": {"gemm": 0.44, "attention": 0.25},
-    "h100-nvl": {"gemm": 0.44, "attention": 0.31},
+    "h100-sxm": {"gemm": 0.49, "attention": 0.25},
+    "h100-nvl": {"gemm": 0.49, "attention": 0.3},
 }
 GRID = [round(0.2 + 0.01 * i, 2) for i in range(81)]
 
@@ -33,10 +33,19 @@ def predict_case(case: Case, fitted: dict[str, dict[str, float]] | None = None) 
     )
 
 
+def predicted_value(case: Case, fitted: dict[str, dict[str, float]] | None = None) -> float:
+    """The prediction in the case's measure; TFLOP/s and MFU from the predicted tokens/s with a
+    token's FLOPs counted as the source counts them (`case.flops`)."""
+    p = predict_case(case, fitted)
+    if case.measure not in ("tflops_per_gpu", "mfu"):
+        return p.value(case.measure)
+    flops = p.tokens_per_s_per_gpu * FLOP_COUNTS[case.flops](case.model, case.workload.seq)
+    return flops / 1e12 if case.measure == "tflops_per_gpu" else flops / case.hardware.peak_bf16
+
+
 def relative_error(case: Case, fitted: dict[str, dict[str, float]] | None = None) -> float:
     """(predicted - measured) / measured."""
-    predicted = predict_case(case, fitted).value(case.measure)
-    return (predicted - case.measured) / case.measured
+    return (predicted_value(case, fitted) - case.measured) / case.measured
 
 
 FREE = {"h100-sxm": ("gemm", "attention"), "h100-nvl": ("attention",)}
@@ -51,10 +60,7 @@ def _fit_group(members: list[Case], group: str, start: dict[str, float]) -> dict
     for g in GRID if "gemm" in free else [start["gemm"]]:
         for a in GRID if "attention" in free else [start["attention"]]:
             trial = {group: {"gemm": g, "attention": a}}
-            errors = [
-                math.log(predict_case(case, trial).value(case.measure) / case.measured)
-                for case in members
-            ]
+            errors = [math.log(predicted_value(case, trial) / case.measured) for case in members]
             loss = (round(max(abs(e) for e in errors), 9), sum(e * e for e in errors))
             if best is None or loss < best[0]:
                 best = (loss, g, a)

@@ -2,17 +2,22 @@
 
 Compute: a roofline per operation, the slower of FLOPs / (peak x efficiency), with one fitted
 efficiency per hardware and kernel class (GEMM, attention: `fit.FITTED`), and the bytes it moves
-over HBM bandwidth (`compute_time`; a training layer's matmuls: `gemm_pass_bytes`; the
-optimizer step: bytes alone). Communication: the bytes one rank sends come from the labs'
-own `costs.py` (evaluated here at real sizes and dtypes), the time of a collective is
-alpha x steps + bytes / busbw on the link its group crosses. Overlap, as the engines do it:
+over HBM bandwidth (`compute_time`; a training layer's matmuls: `gemm_pass_bytes`). What moves
+bytes and does no matmul is timed by its bytes alone: the norms, residual adds, RoPE, the MLP's
+activation, a MoE layer's permutation and fp8's casts (`elementwise_bytes`, eager or fused by
+the engine), the loss (`loss_bytes`) and the optimizer step. Communication: the bytes one rank
+sends come from the labs' own `costs.py` (evaluated here at real sizes and dtypes), the time of
+a collective is alpha x steps + bytes / busbw on the link its group crosses. Overlap, per
+mechanism, as the engines do it:
 
 | traffic | how it overlaps |
 |---|---|
 | FSDP all-gather / reduce-scatter | prefetched: hidden behind the neighbouring block's compute, the excess shows |
 | ring attention hop | hidden behind the block of attention it feeds, the excess shows |
 | torchtitan CP's K/V all-gather (default) | hidden behind the first sub-SDPA, the excess shows |
-| Ulysses all-to-all, TP all-reduce (no async TP), cfgp swap | exposed |
+| TP, async under torchtitan | the forward's (and its recompute's) collectives hidden, the backward's exposed |
+| TP, overlapped under Megatron | hidden in both passes |
+| Ulysses all-to-all, EP all-to-all, TP without overlap, cfgp swap | exposed |
 | PP | the bubble of `paralab.pp.simulate`'s schedule, plus the fill and drain sends |
 """
 
@@ -57,9 +62,16 @@ within (largest 23.9 %, with other fitted efficiencies), as the borrowed 79 % do
 shipped rows rule out FA2's ratio but do not choose between FA3's and FA4's: keeping FA4's 79 %
 is a choice, not a fit and not a Hopper measurement, until a Hopper figure of the kernels the
 cases ran (torch SDPA under torchtitan, xDiT's backends) is found."""
-RECOMPUTE = {"none": (0.0, 0.0), "selective": (0.5, 0.0), "full": (1.0, 1.0)}
+RECOMPUTE = {
+    "none": (0.0, 0.0),
+    "selective": (0.5, 0.0),
+    "attention": (0.0, 1.0),
+    "full": (1.0, 1.0),
+}
 """(GEMM, attention) forward FLOPs recomputed in the backward: torchtitan's op-level selective
-AC saves attention and every other matmul output; full AC recomputes the whole forward."""
+AC saves attention and every other matmul output; Megatron's selective recompute ("attention"
+here) redoes the core attention alone (its default `recompute_modules`); full AC recomputes the
+whole forward."""
 TRAIN_MESH = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """torchtitan's mesh order, outermost first: tp is innermost, so tp partners share a node."""
 
@@ -111,8 +123,15 @@ class Workload:
     dtype: str = "bf16"
     ac: str = "none"
     compile: bool = False
+    """torchtitan's torch.compile of each block: the block's elementwise ops fused
+    (`elementwise_bytes`); the loss, outside the blocks, stays eager."""
     forward_only: bool = False
     """For "attention": the forward alone (ring-flash-attention's "fwd only" rows)."""
+    engine: str = "torchtitan"
+    """Whose kernels and overlap run a training step: "torchtitan" (torch ops, eager unless
+    `compile`; async TP hides the forward's TP collectives) or "megatron" (Megatron-Core with
+    Transformer Engine: fused norm, RoPE, activation and loss kernels; TP communication
+    overlapped in both passes). `ENGINES`."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +246,28 @@ def flops_per_token(m: ModelShape, seq: int) -> float:
     return 6 * (m.params - m.vocab * m.hidden - idle) + 12 * m.layers * m.attention_width * seq
 
 
+def megatron_flops_per_token(m: ModelShape, seq: int) -> float:
+    """Model FLOPs of one trained token as Megatron-LM counts them for its tables
+    (`num_floating_point_operations`, NVIDIA/Megatron-LM@f2e5db4:megatron/training/training.py):
+    12 L h^2 ((1 + g/a + s/h) a d / h + f/h x k x glu) + 6 V h, with g kv heads of a heads of
+    width d, k the experts a token is routed to and glu 3/2 for a gated MLP. For Megatron's GPT
+    (4h GELU MLP) it is torchtitan's count but for the norms' parameters."""
+    if m.latent or m.dense_layers or m.shared_experts:
+        raise ValueError(
+            f"{m.name}: Megatron's count at f2e5db4 has no latent attention, dense "
+            "layers or shared experts; give the measure in tokens/s"
+        )
+    h, a, d, g = m.hidden, m.heads, m.head_dim, m.kv_heads
+    glu = m.mlp_matrices / 2
+    per_layer = (1 + g / a + seq / h) * a * d / h + m.ffn / h * (m.top_k or 1) * glu
+    return 12 * m.layers * h * h * per_layer + 6 * m.vocab * h
+
+
+FLOP_COUNTS = {"torchtitan": flops_per_token, "megatron": megatron_flops_per_token}
+"""How a source counts a token's FLOPs when it publishes TFLOP/s or MFU (a case's
+`measured.flops`)."""
+
+
 def compute_time(
     flops: float, hw: Hardware, dtype: str, efficiency: float, bytes_moved: float = 0.0
 ) -> float:
@@ -242,6 +283,86 @@ def gemm_pass_bytes(m: ModelShape, lo: Layout, tokens: float) -> float:
     kv = m.kv_heads * m.head_dim
     per_token = 4 * m.hidden + 2 * m.attention_width + 2 * kv + 3 * m.ffn
     return ACT_BYTES * (m.matmul_per_layer + tokens * per_token) / lo.tp
+
+
+ENGINES = ("torchtitan", "megatron")
+
+EAGER_BYTES = {"norm": 36, "add": 6, "rope": 20, "glu": 10, "gelu": 4}
+"""HBM bytes an eager elementwise op moves per element of the bf16 tensor it runs over, read
+from the ops torchtitan's Llama block calls (pytorch/torchtitan@820504e:
+torchtitan/models/llama3/model.py): `nn.RMSNorm`, torch's composite rms_norm, upcasts (read 2,
+write 4), squares (4 + 4), means (4), scales (4 + 4), downcasts (4 + 2) and multiplies by the
+weight (2 + 2): 36; a residual add reads two and writes one (6); `apply_rotary_emb` upcasts q
+and k (6), multiplies them by the complex frequencies (8) and downcasts (6): 20; SwiGLU's silu
+(2 + 2) and product (4 + 2): 10 an ffn element; GELU (2 + 2): 4."""
+FUSED_BYTES = {"norm": 4, "add": 6, "rope": 4, "glu": 6, "gelu": 4}
+"""The same ops fused (torch.compile of a block, or Transformer Engine's kernels): each reads
+its inputs and writes its output once."""
+COPY_BYTES = 4
+"""torchtitan's copies around SDPA, per element of q (read 2, write 2): the attention output
+made contiguous again, and, under grouped-query attention, `repeat_kv` writing k and v at q's
+width. Transformer Engine's attention takes the heads it is given and needs neither."""
+LOSS_BYTES = {"eager": 32, "fused": 6}
+"""Per logit, forward and backward: torchtitan's `cross_entropy(pred.float())` upcasts (2 + 4),
+log-softmaxes (4 + 4), then in the backward reads the gradient and the output and writes the
+input's gradient (4 + 4 + 4) and downcasts it (4 + 2): 32; a fused vocab-parallel loss (Megatron
+with Transformer Engine) reads the bf16 logits twice and writes their gradient once: 6."""
+BACKWARD_ELEMENTWISE = 2.0
+"""An elementwise op's backward moves twice its forward's bytes: it reads the output gradient
+and the saved inputs, and writes an input gradient for each input."""
+RECOMPUTE_ELEMENTWISE = {"none": 0.0, "selective": 1.0, "attention": 0.0, "full": 1.0}
+"""Forward elementwise passes recomputed in the backward: torchtitan's op-level selective AC
+saves matmul and attention outputs only, so every elementwise op runs again, as under full AC."""
+FP8_CAST_BYTES, FP8_TRANSPOSE_BYTES = 5, 3
+"""Dynamic tensorwise float8: a bf16 GEMM operand is read for its amax and again to be cast,
+and its fp8 copy written (2 + 2 + 1); the transposed fp8 copy a weight-gradient GEMM needs reads
+the bf16 input once more and writes one byte (2 + 1)."""
+PERMUTE_BYTES = 6
+"""A mixture of experts' token permutation, per element of a routed copy (top_k x hidden a
+token): the dispatch gathers (read 2, write 2), the combine reads the experts' outputs (2)
+before weighting and summing them."""
+
+
+def elementwise_forward_bytes(m: ModelShape, lo: Layout, w: Workload) -> float:
+    """HBM bytes one layer's elementwise ops move on one rank for one token in the forward: the
+    two norms and residual adds (full hidden, cut over tp only under SP), RoPE on q and k, the
+    MLP's activation (GLU or GELU, over the width a token passes through), torchtitan's copies
+    around SDPA and a MoE layer's permutation; each op's bytes an element from `EAGER_BYTES`, or
+    `FUSED_BYTES` under torch.compile or Megatron's engine."""
+    fused = w.compile or w.engine == "megatron"
+    cost = FUSED_BYTES if fused else EAGER_BYTES
+    h = m.hidden / (lo.tp if lo.sp else 1)
+    q, kv = m.attention_width / lo.tp, m.kv_heads * m.head_dim / lo.tp
+    act = cost["glu"] if m.mlp_matrices == 3 else cost["gelu"]
+    forward = 2 * (cost["norm"] + cost["add"]) * h + cost["rope"] * (q + kv)
+    forward += act * m.mlp_width() / lo.tp
+    if w.engine == "torchtitan":
+        forward += COPY_BYTES * q * (2 if m.kv_heads < m.heads else 1)
+    if m.experts:
+        forward += PERMUTE_BYTES * m.top_k * h * m.moe_layers / m.layers
+    return forward
+
+
+def elementwise_bytes(m: ModelShape, lo: Layout, w: Workload) -> float:
+    """`elementwise_forward_bytes` through a training step (forward, backward, recompute), and
+    under fp8 the casts of every GEMM operand: the inputs of the attention block, of wo, of the
+    MLP and of its down matmul, and the gradient of every GEMM output."""
+    passes = 1 + BACKWARD_ELEMENTWISE + RECOMPUTE_ELEMENTWISE[w.ac]
+    total = elementwise_forward_bytes(m, lo, w) * passes
+    if w.dtype == "fp8":
+        h = m.hidden / (lo.tp if lo.sp else 1)
+        q, kv = m.attention_width / lo.tp, m.kv_heads * m.head_dim / lo.tp
+        ffn = m.mlp_width() / lo.tp
+        inputs = 2 * h + q + ffn
+        grads = (q + 2 * kv) + (m.mlp_matrices - 1) * ffn + 2 * h
+        total += FP8_CAST_BYTES * (inputs + grads) + FP8_TRANSPOSE_BYTES * inputs
+    return total
+
+
+def loss_bytes(m: ModelShape, lo: Layout, w: Workload) -> float:
+    """HBM bytes of the loss on the last stage, per token: the logits (vocab / tp a rank)."""
+    fused = "fused" if w.engine == "megatron" else "eager"
+    return LOSS_BYTES[fused] * m.vocab / lo.tp
 
 
 def _scaled(ledger_bytes: int, itemsize: int) -> float:
@@ -291,11 +412,16 @@ def layer_forward_flops(m: ModelShape, lo: Layout, w: Workload) -> tuple[float, 
 def block_forward_seconds(
     m: ModelShape, hw: Hardware, lo: Layout, w: Workload, eff: dict[str, float]
 ) -> float:
-    """One block's forward on one rank, GEMMs (at the workload's dtype) and attention (bf16):
-    the compute FSDP's prefetched all-gather of the next block hides behind in `predict_train`."""
+    """One block's forward on one rank, GEMMs (at the workload's dtype), attention (bf16) and
+    its elementwise ops: the work FSDP's prefetched all-gather of the next block hides behind in
+    `predict_train`."""
     gemm, attn = layer_forward_flops(m, lo, w)
-    return compute_time(gemm, hw, w.dtype, eff["gemm"]) + compute_time(
-        attn, hw, "bf16", eff["attention"]
+    tokens = w.micro_batch * w.seq / lo.cp
+    elementwise = tokens * elementwise_forward_bytes(m, lo, w) / hw.hbm_bandwidth
+    return (
+        compute_time(gemm, hw, w.dtype, eff["gemm"])
+        + compute_time(attn, hw, "bf16", eff["attention"])
+        + elementwise
     )
 
 
@@ -329,13 +455,21 @@ def predict_train(
     t_gemm = layers * compute_time(gemm_layer, hw, w.dtype, eff["gemm"], gemm_bytes)
     t_gemm += compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
     t_attn = layers * compute_time(attn_layer, hw, "bf16", eff["attention"])
+    tokens_local = b * seq / lo.cp
+    t_elementwise = layers * tokens_local * elementwise_bytes(m, lo, w) / hw.hbm_bandwidth
+    t_elementwise += tokens_local * loss_bytes(m, lo, w) / lo.pp / hw.hbm_bandwidth
     s = fsdp_shard(lo)
     local_params = m.params / (s * lo.tp * lo.pp)
     t_optim = local_params * ADAM_BYTES_PER_PARAM / hw.hbm_bandwidth
     t_fwd_block = block_forward_seconds(m, hw, lo, w, eff)
-    t_block = (t_gemm + t_attn) / layers
+    t_block = (t_gemm + t_attn + t_elementwise) / layers
 
-    out = {"compute: GEMM": t_gemm, "compute: attention": t_attn, "optimizer (HBM)": t_optim}
+    out = {
+        "compute: GEMM": t_gemm,
+        "compute: attention": t_attn,
+        "elementwise (HBM)": t_elementwise,
+        "optimizer (HBM)": t_optim,
+    }
     if s * lo.dp_replicate > 1:
         link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
         unit = fsdp_unit_bytes(fsdp_block_params(m, lo) // lo.tp, lo)
@@ -355,18 +489,10 @@ def predict_train(
         sent = tokens * m.top_k * m.hidden * ACT_BYTES * (lo.ep - 1) / lo.ep
         calls = 2 * (2 + re_gemm)  # dispatch and combine: forward, backward, recompute
         out["exposed: ep"] = layers * calls * link_for(hw, lo.tp, lo.ep).time(sent, lo.ep - 1)
-    if lo.tp > 1 and not lo.async_tp:
-        act = b * (seq // lo.cp) * m.hidden * ACT_BYTES
-        per_block = block_bytes(act, lo.tp, sequence_parallel=lo.sp)
-        passes = 1 + (re_gemm == 1.0) * 0.5  # full AC repeats the forward's collectives
-        out["exposed: tp"] = (
-            layers
-            * passes
-            * sum(
-                links["tp"].time(sent, (2 if op == "all_reduce" else 1) * (lo.tp - 1), calls)
-                for (_, op), (calls, sent) in per_block.items()
-            )
-        )
+    if lo.tp > 1:
+        exposed = _train_tp(m, lo, w, links["tp"])
+        if exposed:
+            out["exposed: tp"] = layers * exposed
     busy = sum(out.values())
     if lo.pp > 1:
         mb = lo.microbatches or max(lo.pp, b)
@@ -384,6 +510,26 @@ def predict_train(
         tokens_per_s_per_gpu=rate,
         tflops_per_gpu=model_flops / 1e12,
         mfu=model_flops / hw.peak_bf16,
+    )
+
+
+def _train_tp(m: ModelShape, lo: Layout, w: Workload, link: Link) -> float:
+    """Exposed TP time of one layer a step: lab 07's block bytes per phase
+    (`paralab.tp.costs.block_bytes`), the forward's collectives twice under full AC (its
+    recompute replays them). Async TP hides by mechanism: torchtitan's (torch's micro-pipelined
+    all-gather-matmul and matmul-reduce-scatter) the forward's and the recompute's collectives,
+    the backward's stay exposed, as the PyTorch post that introduced it measures (~20 % faster
+    forward, ~8 % end to end on Llama 3 70B, discuss.pytorch.org/t/209487); Megatron's TP
+    communication overlap (userbuffers) pipelines both passes: nothing shows."""
+    if lo.async_tp and w.engine == "megatron":
+        return 0.0
+    act = w.micro_batch * (w.seq // lo.cp) * m.hidden * ACT_BYTES
+    repeats = {"forward": 2 if w.ac == "full" else 1, "backward": 1}
+    if lo.async_tp:
+        repeats["forward"] = 0
+    return sum(
+        repeats[phase] * link.time(sent, (2 if op == "all_reduce" else 1) * (lo.tp - 1), calls)
+        for (phase, op), (calls, sent) in block_bytes(act, lo.tp, sequence_parallel=lo.sp).items()
     )
 
 
