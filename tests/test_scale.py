@@ -1028,3 +1028,39 @@ def test_async_tp_hides_the_forward_collectives_in_torchtitan_and_all_in_megatro
     megatron = Workload("train", seq=8192, micro_batch=16, dtype="fp8", engine="megatron")
     assert _train_tp(seventy, async_lo, megatron, link) == 0.0
 
+
+def test_chapter_2s_held_out_table_and_claims_are_the_codes():
+    from pathlib import Path
+
+    from paralab.scale.heldout import GENERALIZATION, MISSES, source_label, summary
+
+    chapter = Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md"
+    text = chapter.read_text()
+    assert f"```text\n{summary()}\n```" in text
+    prose = " ".join(text.split())
+    held = load_cases(GENERALIZATION)
+    errors = {c.name: relative_error(c) for c in held}
+    assert f"against {len(held)} published rows" in prose
+    by_file: dict[str, list] = {}
+    for case in held:
+        by_file.setdefault(source_label(case), []).append(case)
+    megatron = by_file["NVIDIA/Megatron-LM model_table.png"]
+    assert max(c.gpus for c in megatron) == 6144 and "up to 6,144 H100s" in prose
+    bridge_405b = [c for c in held if "megatron-bridge" in c.name and "405b" in c.name]
+    assert {c.gpus for c in bridge_405b if c.hardware.name == "h100-sxm"} == {1024}
+    # "every row of torchtitan's three files and of Megatron-LM's table is inside the band"
+    inside = [c for f, cs in by_file.items() if "torchtitan" in f or "Megatron-LM" in f for c in cs]
+    assert len(inside) == 15 + 8 + 2 + 9 and all(abs(errors[c.name]) <= 0.25 for c in inside)
+    assert min(c.gpus for c in inside) == 8
+    # the misses the bullets name are MISSES, and MISSES is exactly what misses
+    assert {n for n, e in errors.items() if abs(e) > 0.25} == set(MISSES)
+    assert model("gpt-1.7b").vocab == 131072  # Megatron's GPT, as its table states
+    qwen = next(c for c in held if "qwen3" in c.name).model
+    assert (qwen.experts, qwen.ffn, qwen.hidden) == (128, 768, 2048)
+    assert "128 narrow experts" in prose
+    # the signs inside the band: Megatron-LM and H200 slow, the 8B TP 8 rows fast
+    assert all(errors[c.name] < 0 for c in megatron)
+    assert all(errors[n] < 0 for n in errors if n.startswith("torchtitan h200"))
+    assert all(errors[n] > 0 for n in errors if n.startswith("torchtitan 2025-06 llama3.1-8b"))
+    assert (hardware("h200-sxm").power_w, hardware("h100-96gb-500w").power_w) == (700, 500)
+    assert "700 W part against a fit on 500 W ones" in prose
