@@ -50,6 +50,7 @@ from paralab.ep.model import MoEConfig, make_model
 from paralab.ep.router import capacity, capacity_keep, top_k_route
 from paralab.ep.runs import (
     check_bytes,
+    check_layout,
     check_params,
     check_step,
     ep_worker,
@@ -324,8 +325,9 @@ print(
 # **The auxiliary loss.** Switch's `E·Σ_e f_e·P_e` (`f_e` the fraction of assignments to
 # expert `e`, `P_e` its mean router probability) is 1 for a uniform load (`f_e = 1/E`) and
 # grows as load and probability pile onto the same experts; only `P_e` carries a gradient, and it pulls probability away from the overloaded
-# experts. Twenty steps of the one-process model (proved equal to the ranks above) with
-# `aux_coef` 0 and 0.5: **predict** which one ends more balanced.
+# experts. Twenty steps of the one-process model with `aux_coef` 0 and 0.5 (the ranks matched
+# it for the 2 steps of section 4, at `aux_coef` 0.01; these 20 run in one process only):
+# **predict** which one ends more balanced.
 
 # %%
 # show: paralab.ep.router.switch_aux_loss
@@ -440,8 +442,10 @@ print(
 # ## 8. Routing as production runs it
 #
 # Everything above is the textbook layer. Production MoE code changes five of its decisions
-# ([chapter 02](02_routing_in_production.md) reads each in Megatron-LM and torchtitan). Each is
-# an option of `MoEConfig`, off by default, and each runs on the ranks against one process:
+# ([chapter 02](02_routing_in_production.md) reads each in Megatron-LM and torchtitan).
+# Dropless is already this notebook's default (`capacity_factor=None`, on the ranks in
+# section 4); the other four are options of `MoEConfig`, off by default, and each runs on the
+# ranks against one process below:
 #
 # | decision | above | production | option |
 # |---|---|---|---|
@@ -565,9 +569,10 @@ print(f"largest |before - after| in the layer's output: {(before - after).abs().
 # show: paralab.ep.balance.biased_top_k paralab.ep.balance.updated_bias
 
 # %% [markdown]
-# Twenty steps of the one-process model (equal to the ranks, above) from the same unbalanced
-# start: no balancing, the Switch loss of section 6 at `aux_coef` 0.5, and the bias at rate 0.01
-# with no aux loss. **Predict:** which ends closest to the mean, and which experts' lines move?
+# Twenty steps of the one-process model from the same unbalanced start: no balancing, the
+# Switch loss of section 6 at `aux_coef` 0.5, and the bias at rate 0.01 with no aux loss. (The
+# ranks matched the bias run for its first 3 steps above, the bias bitwise; these 20 run in one
+# process only.) **Predict:** which ends closest to the mean, and which experts' lines move?
 
 # %%
 BALANCING = {
@@ -634,6 +639,27 @@ print(
 )
 
 # %% [markdown]
+# Those counts come from the routing. **Check** them against what the ranks sent:
+# `sent_per_node` reads, off a rank's step-0 dispatch, the rows it sent to each node and the
+# distinct tokens among them; `check_layout` compares both, exactly, with DeepEP's counts on one
+# process's routing, for 2 nodes of 2 ranks and for 4 nodes of 1.
+
+# %%
+# show: paralab.ep.layout.sent_per_node
+
+# %%
+config, per_rank = RUNS[(4, 1, 2, None)]
+one_process = reference_run(config, 4, 1)
+layout_claims = [
+    summary(
+        f"ep=4 as {4 // per_node} nodes of {per_node}: each rank's dispatch = DeepEP's layout",
+        check_layout(per_rank, one_process, config, 4, per_node, f"{per_node} a node"),
+    )
+    for per_node in (2, 1)
+]
+print(verdict_table(layout_claims, "tokens sent to each node, rows across nodes (exact)"))
+
+# %% [markdown]
 # ## Closing note
 
 # %%
@@ -688,14 +714,16 @@ display(
 #    <details><summary>Hint</summary>Equal. With top-1 a renormalized weight is `p / p = 1`,
 #    so without the aux loss the gate's gradient is zero up to rounding (about 1e-18 against
 #    about 0.02 unrenormalized): nothing trains the router but the aux loss.</details>
-# 5. In section 8's last cell, read the ep = 4 run as 4 nodes of one rank
+# 5. In section 8's DeepEP table cell, read the ep = 4 run as 4 nodes of one rank
 #    (`tokens_per_node(experts, EXPERTS, 4, 1)`, and `network_tokens(..., 4, 1, rank)`). Which
 #    tokens does DeepEP now send once where the lab sends two rows? Then set `EXPERTS = 8`.
 #
-#    <details><summary>Hint</summary>With one rank a node, a node count is DeepEP's
-#    `num_tokens_per_rank`: a top-2 token is sent once when both its experts sit on one rank.
-#    With more experts a rank, that happens more often, and the per-node saving grows with the
-#    ranks a node holds.</details>
+#    <details><summary>Hint</summary>None at `EXPERTS = 4`: each rank holds one expert, and a
+#    token's two experts are distinct, so every rank's two columns are equal. With one rank a
+#    node, a node count is DeepEP's `num_tokens_per_rank`: a top-2 token is sent once when both
+#    its experts sit on one rank, which needs two experts a rank, as at `EXPERTS = 8`. With more
+#    experts a rank that happens more often, and the per-node saving grows with the ranks a node
+#    holds.</details>
 # 6. Megatron's `get_updated_expert_bias` moves the bias by `rate·sign(mean − load)` without
 #    removing the mean. Patch `updated_bias` with that rule (`from paralab.patches import
 #    patched`, then `with patched({"paralab.ep.balance": {"updated_bias": ...}}):`) and re-run
