@@ -92,8 +92,8 @@ def stage_memory(
     )
     saved = per_token_layer_bytes(m, w.ac, lo.tp, lo.sp) * tokens * chunk_layers * in_flight
     working = per_token_layer_bytes(m, "none", lo.tp, lo.sp) * tokens
-    # the layer running its backward: its activations (recomputed unless none) and their grads
-    saved += working * (2 if w.ac != "none" else 1)
+    # the layer running its backward: its activations (recomputed unless kept) and their grads
+    saved += working * (1 if layer_tensors(m)[w.ac] == layer_tensors(m)["none"] else 2)
     last = rank == lo.pp - 1
     items = {
         **states,
@@ -102,8 +102,9 @@ def stage_memory(
         "FSDP buffers": 0.0,
     }
     if fsdp_shard(lo) > 1:
-        if lo.pp > 1:
-            items["FSDP buffers"] = STAGE_KEPT_BYTES * m.params / (lo.pp * lo.tp)
+        if lo.pp > 1:  # a rank's stage: its 1/ep of the routed experts, the rest whole
+            held = m.params - m.routed_expert_params() + m.routed_expert_params() / lo.ep
+            items["FSDP buffers"] = STAGE_KEPT_BYTES * held / (lo.pp * lo.tp)
         else:
             unit = GATHERED_UNIT_BYTES * fsdp_block_params(m, lo) / lo.tp
             items["FSDP buffers"] = unit + 2 * m.root_params() / lo.tp  # the root stays gathered
