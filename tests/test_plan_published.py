@@ -68,3 +68,17 @@ def test_planned_layouts_use_every_gpu_and_rank_by_step():
     assert all(r.layout.world == 8 for r in rows)
     assert [r.score for r in fitting] == sorted(r.score for r in fitting)
     assert any(r.layout.pp == 1 and r.layout.microbatches > 1 for r in fitting)
+
+
+def test_a_question_is_asked_in_its_engines_ac_modes(capsys):
+    from paralab.scale.plan import main
+
+    gpt = model("gpt-1.7b")
+    megatron = plan_train(gpt, hardware("h100-sxm"), 8, 4096, 64, engine="megatron")
+    torchtitan = plan_train(gpt, hardware("h100-sxm"), 8, 4096, 64)
+    assert {r.ac for r in megatron} <= {"none", "attention", "full"}
+    assert {r.ac for r in torchtitan} <= {"none", "selective", "full"}
+    assert megatron[0].prediction.seconds != torchtitan[0].prediction.seconds
+    args = ["--model", "gpt-1.7b", "--hardware", "h100-sxm", "--gpus", "8", "--seq", "4096"]
+    assert main([*args, "--train", "--engine", "megatron", "--top", "1"]) == 0
+    assert "wins" in capsys.readouterr().out

@@ -33,7 +33,8 @@ from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
 from paralab.scale.heldout import GENERALIZATION
 from paralab.scale.memory import train_memory
 from paralab.scale.models import MODELS, ModelShape, model
-from paralab.scale.predict import Layout, Prediction, Workload, link_for, predict
+from paralab.scale.predict import ENGINES, Layout, Prediction, Workload, link_for, predict
+from paralab.tables import text_table
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
 from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalance
 
@@ -67,7 +68,13 @@ class Row:
         return self.total_memory > self.hbm
 
 
-AC_MODES = ("none", "selective", "full")
+ENGINE_AC_MODES = {
+    "torchtitan": ("none", "selective", "full"),
+    "megatron": ("none", "attention", "full"),
+}
+"""Each engine's AC modes, least recompute first: torchtitan's op-level selective AC, Megatron's
+selective recompute of core attention ("attention")."""
+AC_MODES = ("none", "selective", "attention", "full")
 TRAIN_SCHEDULES = ("1f1b", "interleaved", "zbh1", "gpipe")
 CP_KINDS = ("zigzag", "ring", "ulysses")
 INTERLEAVED_VIRTUAL = (2, 4)
@@ -114,8 +121,9 @@ def pipeline_options(m: ModelShape, pp: int, local: int) -> list[tuple[str, int,
 @dataclass(frozen=True)
 class TrainQuestion:
     """What the planner is asked: a model on `gpus` GPUs, sequences of `seq` tokens,
-    `global_batch` sequences a step, under one AC mode or (None) every one; `dtype` and
-    `compile` (torch.compile of each block) are the software the layouts run."""
+    `global_batch` sequences a step, under one AC mode or (None) every one of the engine's;
+    `dtype`, `compile` (torch.compile of each block) and `engine` (whose kernels and overlap,
+    `paralab.scale.predict.ENGINES`) are the software the layouts run."""
 
     model: ModelShape
     hardware: Hardware
@@ -125,6 +133,11 @@ class TrainQuestion:
     ac: str | None = None
     dtype: str = "bf16"
     compile: bool = False
+    engine: str = "torchtitan"
+
+    @property
+    def ac_modes(self) -> tuple[str, ...]:
+        return (self.ac,) if self.ac else ENGINE_AC_MODES[self.engine]
 
 
 def accumulation(layout: Layout) -> int:
@@ -162,7 +175,7 @@ def workload(q: TrainQuestion, layout: Layout, ac: str) -> tuple[Layout, Workloa
     passes = accumulation(layout)
     per_pass = q.global_batch // (layout.dp_shard * layout.dp_replicate) // passes
     one_pass = replace(layout, microbatches=0) if passes > 1 else layout
-    w = Workload("train", q.seq, per_pass, dtype=q.dtype, ac=ac, compile=q.compile)
+    w = Workload("train", q.seq, per_pass, dtype=q.dtype, ac=ac, compile=q.compile, engine=q.engine)
     return one_pass, w, passes
 
 
@@ -249,7 +262,7 @@ def expert_degrees(m: ModelShape, carved_from: int) -> list[int]:
 def least_recompute_that_fits(q: TrainQuestion, layout: Layout) -> str | None:
     """The AC mode that recomputes least and still fits (none, then selective, then full:
     each saves memory by spending FLOPs, nothing else changes), or None."""
-    for ac in (q.ac,) if q.ac else AC_MODES:
+    for ac in q.ac_modes:
         if fits(q, layout, ac):
             return ac
     return None
@@ -262,7 +275,7 @@ def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout,
     recomputes less (at equal passes the one that recomputes less is faster)."""
     counts = divisors(q.global_batch // (layout.dp_shard * layout.dp_replicate))
     out, fewest = [], math.inf
-    for ac in (q.ac,) if q.ac else AC_MODES:
+    for ac in q.ac_modes:
         first = bisect.bisect_left(  # memory only falls with more passes
             counts,
             True,
@@ -303,11 +316,12 @@ def plan_train(
     ac: str | None = None,
     dtype: str = "bf16",
     compile: bool = False,
+    engine: str = "torchtitan",
 ) -> list[Row]:
     """Every layout of exactly `gpus` GPUs, the ones that fit in HBM timed and ranked by step
     time (the same job on the same GPUs: fastest step = most tokens/s/GPU), then the ones that
     do not, by memory. Memory is counted first and only the fitting layouts are timed."""
-    q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype, compile)
+    q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype, compile, engine)
     fitting, oom = [], []
     for layout in train_layouts(q):
         choices = knob_choices(q, layout)
@@ -718,9 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--inference", action="store_true")
     parser.add_argument("--seq", type=int, default=8192, help="training sequence length")
     parser.add_argument("--global-batch", type=int, default=0, help="sequences (default 2 a GPU)")
-    parser.add_argument("--ac", choices=AC_MODES, help="one AC mode (default: search all three)")
+    parser.add_argument(
+        "--ac", choices=AC_MODES, help="one AC mode (default: each of the engine's)"
+    )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
     parser.add_argument("--compile", action="store_true", help="training: torch.compile each block")
+    parser.add_argument(
+        "--engine",
+        default="torchtitan",
+        choices=ENGINES,
+        help="training: whose kernels and overlap",
+    )
     parser.add_argument(
         "--layout", default="", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
     )
@@ -753,7 +775,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--layout evaluates a training layout; add --train")
     if args.train:
         gb = args.global_batch or 2 * args.gpus
-        q = TrainQuestion(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype, args.compile)
+        q = TrainQuestion(
+            m, hw, args.gpus, args.seq, gb, args.ac, args.dtype, args.compile, args.engine
+        )
         if args.layout:
             try:
                 layout, ac = parse_layout(args.layout, args.gpus)
@@ -764,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--layout {args.layout!r}: {problem}")
             rows = [train_row(q, layout, args.ac or ac)]
         else:
-            rows = plan_train(m, hw, args.gpus, args.seq, gb, args.ac, args.dtype, args.compile)
+            rows = plan_question(q)
             if not rows:
                 parser.error(
                     f"no layout of exactly {args.gpus} GPUs divides {m.name}'s heads, "
@@ -840,16 +864,66 @@ class RankCheck:
         return item, gaps[item]
 
 
+def plan_question(q: TrainQuestion) -> list[Row]:
+    """`plan_train` of a question."""
+    question = (q.model, q.hardware, q.gpus, q.seq, q.global_batch, q.ac, q.dtype)
+    return plan_train(*question, q.compile, q.engine)
+
+
+@functools.cache
+def planned(q: TrainQuestion) -> tuple[Row, ...]:
+    """`plan_question`, asked once: published rows that differ only in what the question
+    leaves out (async TP or not, the pipeline schedule) share it."""
+    return tuple(plan_question(q))
+
+
 def rank_published(case: Case, hw: Hardware | None = None) -> RankCheck:
     """`RankCheck` of a published training row, asked on `hw` (default the row's hardware)."""
     lo, w = case.layout, case.workload
-    question = (case.model, hw or case.hardware, case.gpus, w.seq)
     batch = w.micro_batch * lo.dp_shard * lo.dp_replicate
-    rows = plan_train(*question, batch, None, w.dtype, w.compile)
+    q = TrainQuestion(
+        case.model, hw or case.hardware, case.gpus, w.seq, batch, None, w.dtype, w.compile, w.engine
+    )
+    rows = planned(q)
     rank, tuples = tuple_rank(rows, degrees(lo))
-    at_ac, _ = tuple_rank(plan_train(*question, batch, w.ac, w.dtype, w.compile), degrees(lo))
+    at_ac, _ = tuple_rank(planned(replace(q, ac=w.ac)), degrees(lo))
     published = next((r for r in rows if not r.oom and degrees(r.layout) == degrees(lo)), None)
     return RankCheck(case.name, degrees(lo), w.ac, rank, tuples, rows[0], published, at_ac)
+
+
+def rank_table(checks: list[RankCheck]) -> str:
+    """One line a published row: its degrees and AC mode, their rank (free, and at the run's
+    AC mode), the planner's first, both steps, and the item the first saves most on."""
+
+    def dots(d: tuple[int, ...]) -> str:
+        return "·".join(map(str, d))
+
+    rows = []
+    for c in checks:
+        item, seconds = c.saving() if c.published else ("-", 0.0)
+        rows.append(
+            (
+                c.name,
+                f"{dots(c.degrees)} ({c.ac})",
+                f"{c.rank or '-'}/{c.tuples}",
+                c.rank_at_ac or "-",
+                f"{dots(degrees(c.first.layout))} ({c.first.ac})",
+                f"{c.first.score:.3g}",
+                f"{c.published.score:.3g}" if c.published else "-",
+                f"{item} {seconds:.3g} s" if c.published else "-",
+            )
+        )
+    header = (
+        "published row",
+        "dp·cp·tp·pp (AC)",
+        "rank",
+        "at its AC",
+        "planner's first (AC)",
+        "first s",
+        "published s",
+        "first saves most on",
+    )
+    return text_table(header, rows, align_right=(2, 3, 5, 6))
 
 
 def published_training_rows() -> list[Case]:
