@@ -60,8 +60,9 @@ rows outside the 25 % band (26-29 %: training attention then costs too little ag
 forward-only attention of the xDiT rows that share its efficiency); FA3's 84 % keeps all ten
 within (largest 23.9 %, with other fitted efficiencies), as the borrowed 79 % does. So the
 shipped rows rule out FA2's ratio but do not choose between FA3's and FA4's: keeping FA4's 79 %
-is a choice, not a fit and not a Hopper measurement, until a Hopper figure of the kernels the
-cases ran (torch SDPA under torchtitan, xDiT's backends) is found."""
+is a choice, not a fit. A Hopper figure of one of the kernels the cases ran, torch's SDPA, now
+brackets it: on an H200 at three training shapes the backward ran at 0.73 to 0.88 of the
+forward's FLOP rate (`KERNELS.toml`, tools/kernel_rates.py); xDiT's backends are not measured."""
 RECOMPUTE = {
     "none": (0.0, 0.0),
     "selective": (0.5, 0.0),
@@ -294,10 +295,14 @@ torchtitan/models/llama3/model.py): `nn.RMSNorm`, torch's composite rms_norm, up
 write 4), squares (4 + 4), means (4), scales (4 + 4), downcasts (4 + 2) and multiplies by the
 weight (2 + 2): 36; a residual add reads two and writes one (6); `apply_rotary_emb` upcasts q
 and k (6), multiplies them by the complex frequencies (8) and downcasts (6): 20; SwiGLU's silu
-(2 + 2) and product (4 + 2): 10 an ffn element; GELU (2 + 2): 4."""
+(2 + 2) and product (4 + 2): 10 an ffn element; GELU (2 + 2): 4. Measured on an H200
+(`KERNELS.toml`, at its measured copy rate) the add and SwiGLU move what is counted, eager RoPE
+about 28 (the count is a floor), and torch 2.11 runs `nn.RMSNorm` as one fused kernel (about
+5); the 36 is the composite path, assumed for the torch of the December 2024 eager rows."""
 FUSED_BYTES = {"norm": 4, "add": 6, "rope": 4, "glu": 6, "gelu": 4}
 """The same ops fused (torch.compile of a block, or Transformer Engine's kernels): each reads
-its inputs and writes its output once."""
+its inputs and writes its output once (a compiled SwiGLU measures so on an H200, a compiled
+RMSNorm about 5, `KERNELS.toml`)."""
 COPY_BYTES = 4
 """torchtitan's copies around SDPA, per element of q (read 2, write 2): the attention output
 made contiguous again, and, under grouped-query attention, `repeat_kv` writing k and v at q's
