@@ -4,7 +4,8 @@ In the tests: 8 ranks dp_shard 2 × tp 2 × pp 2 (1F1B, m = 4; parameters and th
 bytes per group and phase), the same with tp outermost and in torchtitan's order (the same
 bits), 8 ranks dp_shard 2 × cp 2 × tp 2 through the public `train`, the bug clinic on 8 ranks
 with replicas, and the MoE row dp_shard 4 × tp 2 with ep 2 (through `train`, and its bytes
-from the routed counts; a known-wrong expert reduction). The 16-rank row
+from the routed counts; a known-wrong expert reduction; its MoE layers under SP, with two
+known-wrong mirrors). The 16-rank row
 dp_replicate 2 × cp 2 × tp 2 × pp 2 runs in the lab (`labs/10_four_d_composition`).
 """
 
@@ -135,6 +136,28 @@ def test_moe_experts_reduced_as_dense_parameters_fail_the_check():
         patches={"paralab.compose.moe": {"is_expert": lambda name: False}},
     )
     assert not all(v.passed for v in check_params(got, grid, moe=True))
+
+
+def test_moe_layers_under_sp_take_the_whole_gradient_and_wrong_mirrors_fail():
+    """The MoE rows run TP with SP: rank 0's pipeline sends are sequence shards, and each MoE
+    layer gathers the tp group's tokens. Known-wrong: the gather's backward a reduce-scatter (SP's
+    column-linear mirror), which adds up tp equal copies; the layer's router and expert biases
+    summed over tp with the partial gradients. The check fails each."""
+    from paralab.tp.mappings import reduce_scatter_seq
+
+    grid = Grid(8, dp_shard=2, tp=2, pp=2, ep=2, etp=2)
+    out = run(moe_worker, 8, grid, steps=1, timeout=120)
+    shard = CONFIG.batch // 4 * CONFIG.seq // grid.tp * CONFIG.hidden * 8
+    assert measured_bytes(out[0][1], grid, 0)[("pp", "forward")] == 4 * shard
+    all_pass(check_params([p for p, _, _ in out], grid, steps=1, moe=True))
+    for patches in (
+        {"paralab.tp.mappings": {"duplicated_gather_backward": reduce_scatter_seq}},
+        {"paralab.compose.moe": {"saw_every_token": lambda name: False}},
+    ):
+        wrong = run(moe_worker, 8, grid, steps=1, timeout=120, patches=patches)
+        assert not all(
+            v.passed for v in check_params([p for p, _, _ in wrong], grid, steps=1, moe=True)
+        )
 
 
 def test_unequal_tokens_need_the_global_count_and_per_rank_means_fail():

@@ -23,7 +23,7 @@
 #
 # | axis | what its partners hold | what travels | how often |
 # |---|---|---|---|
-# | tp | different columns of every weight | all-reduces of every activation | 4 per block per micro-batch, on the critical path |
+# | tp | different columns of every weight | every activation, all-gathered and reduce-scattered over the sequence (SP) | per block per micro-batch the bytes of 4 all-reduces, plus 2 re-gathers, on the critical path |
 # | cp | the same weights, other tokens | the other ranks' K/V: all-gathered by torch's and torchtitan's default (`context_parallel_rotate_method = "allgather"`), passed round lab 02's ring here | per attention |
 # | pp | different layers | one activation per boundary, cut by tp under SP | per micro-batch, point to point |
 # | dp (dp_shard × dp_replicate) | the same weights (sharded), other samples | gradients; FSDP's parameter all-gathers | gradients once per step; FSDP gathers per micro-batch unless the parameters stay gathered (torchtitan's choice under PP) |
@@ -151,9 +151,12 @@ print(text_table(["layout", "inner -> outer", "tp", "cp", "pp", "dp_replicate"],
 # torchtitan's pipeline crosses the slowest links: its P2P is small and infrequent, and with
 # pp outermost each pipeline stage is a contiguous block of nodes that can hold the whole
 # data-parallel job of one stage. The doc group puts DP outermost because its gradient
-# traffic comes once per step and overlaps with the backward, so it tolerates the slowest link
-# best (FSDP's parameter all-gathers come per micro-batch, unless the parameters stay gathered
-# across micro-batches: torchtitan's default under PP); PP then sits between CP and DP. Both keep TP innermost, on NVLink.
+# traffic comes once per step, after the last micro-batch's backward (overlapping at most that
+# backward: torch's pipeline stage reduces FSDP's gradients once every micro-batch's backward
+# has run, and this lab's step reduce-scatters after the pipeline), so it tolerates the slowest
+# link best (FSDP's parameter all-gathers come per micro-batch, unless the parameters stay
+# gathered across micro-batches: torchtitan's default under PP); PP then sits between CP and
+# DP. Both keep TP innermost, on NVLink.
 #
 # **Validation names the axis.** Every rule below is torchtitan's (re-expressed and tested
 # on every factorisation of every world up to 64 ranks in `tests/test_compose_grid.py`: the
@@ -358,6 +361,37 @@ print(
 # over `dp_shard_mod_ep` and nothing is divided. `tests/test_compose_runs.py` reduces the
 # experts like the dense weights instead, and the check fails.
 #
+# **MoE under SP.** The MoE rows run TP with SP like the dense rows, but an MoE layer cannot
+# take a sequence shard: its router is replicated and its experts are cut over tp, so every tp
+# rank must route the same tokens and compute its slice of the same rows. The layer gathers the
+# tp group's tokens in front and keeps this rank's shard of its output behind. **Predict:** is
+# the gather's backward a reduce-scatter, as inside SP's column linear?
+#
+# <details><summary>Answer</summary>
+#
+# No. Every tp rank ran the whole layer on the same tokens, so the gradient that comes back to
+# the gather is already the whole one, the same on every rank: a reduce-scatter would add up tp
+# equal copies. Its backward keeps this rank's shard: Megatron's
+# `_GatherFromSequenceParallelRegion` with `tensor_parallel_output_grad=False`, the flag lab
+# 07's first chapter reads. For the same reason the layer's router and expert biases stay out
+# of SP's gradient sum over tp (`saw_every_token`). `tests/test_compose_runs.py` puts the
+# reduce-scatter back, then sums those gradients over tp, and the check fails each time.
+# </details>
+#
+# Megatron goes the other way round: each tp rank routes its own tokens, and the token
+# dispatcher gathers them over the expert tp group after the ep all-to-all and reduce-scatters
+# them after the experts (`MoEAlltoAllTokenDispatcher`,
+# NVIDIA/Megatron-LM@d98e8a64:megatron/core/transformer/moe/token_dispatcher.py). Gathering in
+# front of the router runs lab 09's layer unchanged, at the price of routing every token on
+# every tp rank.
+
+# %%
+# show: paralab.compose.moe.MoEMLP.forward
+
+# %% jupyter={"source_hidden": true}
+# show: paralab.tp.mappings.GatherToDuplicated paralab.tp.mappings.ScatterToSP
+
+# %% [markdown]
 # **Two more rows: interleaved PP, and MoE on a pipeline.** Interleaved 1F1B (lab 08) gives
 # each pipeline rank v = 2 stages. Four stages of this 2-block model count the embedding and the
 # head as one layer each (Megatron's `account_for_embedding_in_pipeline_split` and
@@ -440,6 +474,8 @@ bytes_verdicts.append(
         f"{per_phase[('pp', 'forward')]} B = 4 x {shard} B",
     )
 )
+moe_shard = CONFIG.batch // 4 * CONFIG.seq // MOE_PP_GRID.tp * CONFIG.hidden * 8
+moe_sends = measured_bytes(MOE_PP[0][1], MOE_PP_GRID, 0)[("pp", "forward")]
 bytes_verdicts += [
     summary(
         "8 ranks: interleaved, v = 2: ledger = formula, every rank",
@@ -449,8 +485,15 @@ bytes_verdicts += [
         "8 ranks: MoE on a pipeline: ledger = formula from the routed counts, every rank",
         check_bytes([r for _, r, _ in MOE_PP], MOE_PP_GRID, send_counts=[c for _, _, c in MOE_PP]),
     ),
+    claim(
+        "8 ranks: MoE on a pipeline: rank 0's pipeline sends are m sequence shards (SP)",
+        moe_sends == 4 * moe_shard,
+        f"{moe_sends} B = 4 x {moe_shard} B",
+    ),
 ]
 print(verdict_table(bytes_verdicts, "bytes per group and phase"))
+
+# %%
 print(
     text_table(
         ["group", "phase", "rank 0 sent (B)"],
@@ -503,14 +546,17 @@ print("heaviest group:", heaviest)
 # on NVLink. pp, sending only the sequence shard at each boundary, is the lightest but the
 # token count.
 #
-# **FSDP under PP: keep the parameters gathered.** FSDP frees a layer's gathered parameters
-# after its forward and gathers them again for its backward (`reshard_after_forward=True`). On
-# a pipeline that is once per micro-batch, twice: 2m all-gathers of the stage per step.
+# **FSDP under PP: keep the parameters gathered.** FSDP on its own
+# (`reshard_after_forward=True`, and resharding after the backward too) frees a layer's gathered
+# parameters after its forward and gathers them again for its backward: on a pipeline, twice
+# per micro-batch, 2m all-gathers of the stage per step, which `reshard_hooks` models.
 # torchtitan's default under PP is not to reshard (`reshard_after_forward = not pp_enabled`, "to
-# avoid per-microbatch all-gathers" in `apply_fsdp`, pytorch/torchtitan@238fa99), and torch's
-# pipeline stage keeps them after every backward but the last: one gather per step, the cost
-# of holding the whole stage. The rows above keep them; `reshard_hooks` frees and refills them
-# as FSDP does.
+# avoid per-microbatch all-gathers" in `apply_fsdp`, pytorch/torchtitan@238fa99): one gather per
+# step, the cost of holding the whole stage. torch's pipeline stage also keeps the parameters
+# after every backward but the last (`set_reshard_after_backward(False)`), so even with
+# `reshard_after_forward=True` a forward that follows a backward finds them gathered, and a
+# stage gathers fewer than 2m times. The rows above keep them; `reshard_hooks` frees and
+# refills them as FSDP alone does.
 #
 # **Predict:** on the 8-rank pp row (m = 4), how many times the kept rows' parameter-gather
 # bytes does a resharding rank send? And what does that make of the FSDP group's bytes at
@@ -692,11 +738,13 @@ print(
 
 # %% [markdown]
 # tp's bytes are the largest by far and sit on the critical path of every block of every
-# micro-batch: on the network they would cost many times what they cost on NVLink, and nothing
-# overlaps them. So TP goes inside a node. pp sends the least (a sequence shard per boundary and
+# micro-batch: on the network they would cost many times what they cost on NVLink, and only
+# async TP (lab 07's second chapter: CUDA symmetric memory, not run here) overlaps them with the
+# matmuls, one shard at a time. So TP goes inside a node. pp sends the least (a sequence shard per boundary and
 # micro-batch, point to point) and waits only at the pipeline's ends: it can cross nodes. dp
-# moves the parameters and gradients once per step (kept gathered under PP), overlapped with the
-# backward: it goes outermost.
+# moves the parameters and gradients once per step (kept gathered under PP), after the last
+# micro-batch's backward and overlapping at most that one: rare and tolerant of latency, it
+# goes outermost.
 #
 # The planner (`python -m paralab.plan`, `paralab.scale.plan.plan_train`) asks the same question
 # of every layout of torchtitan's descriptor, with memory and compute as well as links. It offers
@@ -731,11 +779,12 @@ for label, (model, seq, batch) in JOBS.items():
     )
 
 # %% [markdown]
-# At 8k tokens the fastest layouts take tp 8, a whole node, and put pp across the nodes; the
-# degrees around them cost little more, because at this size compute dominates. At 128k tokens
-# the activations and the attention grow with the sequence: the planner's fastest layout takes a
-# much larger cp, and cp 1 is far slower: long sequences are what CP is for. For Mixtral-8x7B on
-# these 128 GPUs the fastest layout has no EP: the planner finds ep 2 to 8 slower here. EP is the
+# At 8k tokens the 70B model's fastest layout uses no tp at all: it cuts the sequence (cp 8) and
+# the layers (pp 16) instead, and its best layouts with tp 2 to 8 are slower (the tp row). At
+# 128k tokens the activations and the attention grow with the sequence: the fastest layout keeps
+# cp 8, takes tp 8, a whole node, and drops the pipeline, and cp 1 is about a quarter slower:
+# long sequences are what CP is for. For Mixtral-8x7B on these 128 GPUs the fastest layout has
+# no EP (and no tp): the planner finds ep 2 to 8 slower here. EP is the
 # axis that shards the experts when they are what does not fit or what costs; read a layout's
 # breakdown (`python -m paralab.plan --model mixtral-8x7b --hardware h100-sxm --gpus 128 --train
 # --layout ...`) to see where its time goes.
@@ -765,7 +814,8 @@ display(
         + "\n\nSeven rows matched one process element by element in float64, TP with SP and the "
         "loss over the global token count in each (8 ranks dp × tp × pp, kept and resharded; "
         "8 ranks dp_shard × cp × tp; 16 ranks dp × cp × tp × pp; interleaved dp × tp × pp; the MoE "
-        "rows with ep carved from dp, without and with a pipeline); TP outermost gave the same bits "
+        "rows with ep carved from dp, without and with a pipeline, each MoE layer gathering the tp "
+        "group's tokens); TP outermost gave the same bits "
         "and sent all of tp's bytes across the two nodes. "
         "The last cell prints this run's time."
     )

@@ -192,6 +192,24 @@ def data_parallel_bytes(
     }
 
 
+def mlp_bytes(a: int, tp: int, sequence_parallel: bool) -> dict[str, int]:
+    """phase -> one dense MLP's tp bytes per micro-batch: f and g; under SP the up linear's
+    all-gather, its mirror and its re-gather, and the down linear's reduce-scatter and mirror."""
+    if not sequence_parallel:
+        return {"forward": all_reduce_bytes(a, tp), "backward": all_reduce_bytes(a, tp)}
+    gather, scatter = all_gather_bytes(a, tp), reduce_scatter_bytes(a, tp)
+    return {"forward": gather + scatter, "backward": scatter + 2 * gather}
+
+
+def moe_layer_tp_bytes(a: int, tp: int, sequence_parallel: bool) -> dict[str, int]:
+    """phase -> an MoE layer's own tp bytes per micro-batch, its experts' f and g aside: under SP
+    the all-gather of the tokens in front (backward: a split, no bytes) and the all-gather of the
+    gradient behind (forward: a split); nothing without SP."""
+    if not sequence_parallel:
+        return {}
+    return {"forward": all_gather_bytes(a, tp), "backward": all_gather_bytes(a, tp)}
+
+
 def moe_group_phase_bytes(
     grid: Grid,
     rank: int,
@@ -200,31 +218,42 @@ def moe_group_phase_bytes(
     group_send_counts: list[list[list[torch.Tensor]]],
     itemsize: int = ITEMSIZE,
 ) -> dict[tuple[str, str], int]:
-    """The MoE model's bytes (cp = 1, no SP, m = `default` micro-batches), from routed counts.
+    """The MoE model's bytes (cp = 1, SP at tp > 1, m = `default` micro-batches), from routed
+    counts.
 
     `group_send_counts[i][b][k]`: the (E,) rows rank i of this rank's ep group sends each expert
-    in block b of its stage, micro-batch k. The dense formula, less each block's MLP f and g on
-    tp; per block and micro-batch, the ep layer's count exchange, dispatch and combine
-    (`ep.costs.layer_bytes`) and, for each local expert, the f and g of its R rows over tp (R·h
-    numbers); the dense parameters over dp_shard_cp, the local experts' over dp_shard_mod_ep."""
+    in block b of its stage, micro-batch k. The dense formula, less each block's MLP crossings on
+    tp (`mlp_bytes`), plus the MoE layer's (`moe_layer_tp_bytes`: under SP it gathers the tokens
+    in front and all-gathers the gradient behind); per block and micro-batch, the ep layer's
+    count exchange, dispatch and combine (`ep.costs.layer_bytes`) and, for each local expert,
+    the f and g of its R rows over tp (R·h numbers); SP's replicated gradients without the
+    MLP's row bias (the MoE layer's saw every token); the dense parameters over dp_shard_cp,
+    the local experts' over dp_shard_mod_ep."""
     if grid.cp > 1:
         raise ValueError("the MoE formula covers cp = 1")
     tp, ep, experts, h, pp = grid.tp, grid.ep, moe.experts, config.hidden, grid.pp
     m = 2 * pp if pp > 1 else 1
-    out = group_phase_bytes(grid, rank, config, m, itemsize, sequence_parallel=False)
+    sequence_parallel = tp > 1
+    out = group_phase_bytes(grid, rank, config, m, itemsize, sequence_parallel)
     a = config.batch // m * config.seq * h * itemsize
     me = grid.group(rank, "ep").index(rank)
     local = experts // ep
     layers = rank_layers(config, grid.coords(rank)["pp"], pp)
-    for phase in ("forward", "backward"):
-        out[("tp", phase)] -= m * layers.blocks * all_reduce_bytes(a, tp)  # the MLP's g, f
     for key in [k for k in out if k[0] in ("dp_shard_cp", "dp_replicate")]:
         del out[key]
 
     def add(group: str, phase: str, nbytes: int) -> None:
-        if nbytes:
-            out[(group, phase)] = out.get((group, phase), 0) + nbytes
+        out[(group, phase)] = out.get((group, phase), 0) + nbytes
+        if not out[(group, phase)]:
+            del out[(group, phase)]
 
+    for phase, nbytes in mlp_bytes(a, tp, sequence_parallel).items():
+        add("tp", phase, -m * layers.blocks * nbytes)
+    for phase, nbytes in moe_layer_tp_bytes(a, tp, sequence_parallel).items():
+        add("tp", phase, m * layers.blocks * nbytes)
+    if sequence_parallel:
+        replicated = replicated_numel(config, layers) - layers.blocks * h  # no MLP row bias
+        out[("tp", "grad sync")] = all_reduce_bytes(replicated * itemsize, tp)
     for block in range(layers.blocks):
         for k in range(m):
             counts = [sent[block][k] for sent in group_send_counts]

@@ -2,10 +2,19 @@
 
 The experts are tensor-parallel over tp (etp = tp, as torchtitan's ETP=TP): each expert's
 fc1 column-parallel and fc2 row-parallel (`tp.layers`), and split over the ep group carved
-from dp_shard × cp (`ep.model.shard_experts`). tp partners hold the same tokens and the
-same (replicated) router, so they route alike and dispatch to the same experts' shards.
+from dp_shard × cp (`ep.model.shard_experts`). The experts' tp partners must hold the same
+tokens and the same (replicated) router, so they route alike and dispatch to the same experts'
+shards. Under sequence parallelism each tp rank holds s/tp tokens between the tp regions, so
+the layer gathers its partners' tokens in front (`tp.mappings.gather_to_duplicated`: the
+backward keeps this rank's shard of a gradient every rank holds whole) and keeps its own
+shard behind (`tp.mappings.scatter_to_sp`: the backward all-gathers). Megatron routes each
+rank's own tokens instead and gathers them over the expert tp group inside its token
+dispatcher, after the ep all-to-all; gathering in front of the router runs lab 09's layer
+unchanged, at the price of routing every token on every tp rank.
 
-Gradients: a rank's expert gradient already sums the tokens of its whole ep group (combine's
+Gradients: the layer's parameters (router, experts) saw every token of the micro-batch on
+every tp rank, so under SP their gradients are not partial sums over tp (`saw_every_token`).
+A rank's expert gradient already sums the tokens of its whole ep group (combine's
 backward brought them); the ranks holding the same experts are its dp_shard_mod_ep group
 (× dp_replicate). The loss is already divided by the global token count, so the expert
 gradient is that sum summed once more over dp_shard_mod_ep × dp_replicate, nothing divided:
@@ -21,6 +30,7 @@ from torch import nn
 
 from paralab.ep.model import MoEConfig, MoELayer, Routing, shard_experts
 from paralab.tp.layers import ColumnParallelLinear, RowParallelLinear
+from paralab.tp.mappings import gather_to_duplicated, scatter_to_sp
 from paralab.tp.model import LMConfig, TinyLM
 
 
@@ -47,7 +57,8 @@ class AuxLossAutoScaler(torch.autograd.Function):
 
 
 class MoEMLP(nn.Module):
-    """An MoE layer where a block's MLP was: (batch, seq, hidden) in and out; keeps its aux loss."""
+    """An MoE layer where a block's MLP was: (batch, seq, hidden) in and out; keeps its aux loss.
+    Under SP (`sequence_group`, the tp group) it takes and returns this rank's seq/tp tokens."""
 
     def __init__(self, layer: MoELayer) -> None:
         super().__init__()
@@ -57,14 +68,19 @@ class MoEMLP(nn.Module):
         """Every forward's routing, in order: the counts the bytes formula reads."""
         self.aux_grad: float | None = None
         """On the ranks: d(loss)/d(aux) per micro-batch, carried by `AuxLossAutoScaler`."""
+        self.sequence_group: dist.ProcessGroup | None = None
+        """Under SP, the tp group whose sequence shards the layer gathers and splits again."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_group is not None:  # every tp rank: the micro-batch's every token
+            x = gather_to_duplicated(x, self.sequence_group)
         y, routing = self.moe(x.reshape(-1, x.shape[-1]))
         self.aux = routing.aux
         self.routings.append(routing)
         if self.aux_grad is not None:
             y = AuxLossAutoScaler.apply(y, routing.aux, self.aux_grad)
-        return y.reshape(x.shape)
+        y = y.reshape(x.shape)
+        return y if self.sequence_group is None else scatter_to_sp(y, self.sequence_group)
 
 
 def with_experts(lm: TinyLM, seed: int) -> TinyLM:
@@ -77,13 +93,20 @@ def with_experts(lm: TinyLM, seed: int) -> TinyLM:
     return lm
 
 
-def expert_parallel(lm: TinyLM, tp_group: dist.ProcessGroup, ep_group: dist.ProcessGroup) -> None:
-    """Each expert cut over tp (fc1 column, fc2 row), then only this rank's experts kept over ep."""
+def expert_parallel(
+    lm: TinyLM,
+    tp_group: dist.ProcessGroup,
+    ep_group: dist.ProcessGroup,
+    sequence_parallel: bool = False,
+) -> None:
+    """Each expert cut over tp (fc1 column, fc2 row), then only this rank's experts kept over ep;
+    under SP each MoE layer gathers the tp group's tokens in front and splits them behind."""
     for block in lm.blocks:
         for expert in block.mlp.moe.experts.values():
             expert.fc1 = ColumnParallelLinear(expert.fc1, tp_group)
             expert.fc2 = RowParallelLinear(expert.fc2, tp_group)
         shard_experts(block.mlp, ep_group)
+        block.mlp.sequence_group = tp_group if sequence_parallel else None
 
 
 def aux_loss(modules: list[nn.Module]) -> torch.Tensor | int:
@@ -94,3 +117,9 @@ def aux_loss(modules: list[nn.Module]) -> torch.Tensor | int:
 
 def is_expert(name: str) -> bool:
     return ".mlp.moe.experts." in name
+
+
+def saw_every_token(name: str) -> bool:
+    """A parameter of an MoE layer (router, experts): under SP the layer gathers the tp group's
+    tokens, so its gradient is already whole on every tp rank, not a partial sum over tp."""
+    return ".mlp.moe." in name

@@ -44,6 +44,7 @@ from paralab.compose.moe import (
     expert_parallel,
     is_expert,
     moe_config,
+    saw_every_token,
     with_experts,
 )
 from paralab.cp.layout import shard_sequence
@@ -234,10 +235,10 @@ def setup(
     groups = ProcessGroups(grid, GROUPS + (EXPERT_GROUPS if moe else ()))
     tp_group, cp_group = groups.group["tp"], groups.group["cp"]
     cp_rank, pp_rank = groups.index("cp"), groups.index("pp")
-    sp = uses_sequence_parallel(grid, moe)
+    sp = uses_sequence_parallel(grid)
     lm = tensor_parallel(build_model(seed, CONFIG), tp_group, sequence_parallel=sp)
     if moe:
-        expert_parallel(with_experts(lm, seed), tp_group, groups.group["ep"])
+        expert_parallel(with_experts(lm, seed), tp_group, groups.group["ep"], sequence_parallel=sp)
     context_parallel(lm, cp_group)
     positions = positions_of(cp_rank, grid.cp, CONFIG.seq)
     if sp:  # this tp rank's run of the cp rank's tokens
@@ -300,20 +301,22 @@ def merged(stages: list[LMStage]) -> torch.nn.Module:
     return out
 
 
-def uses_sequence_parallel(grid: Grid, moe: bool) -> bool:
-    """TP runs with SP (Megatron's `sequence_parallel`) whenever tp > 1 in the dense model; the
-    MoE model's experts need every tp rank to hold the same tokens, so it runs without."""
-    return grid.tp > 1 and not moe
+def uses_sequence_parallel(grid: Grid) -> bool:
+    """TP runs with SP (Megatron's `sequence_parallel`) whenever tp > 1, the MoE model too: its
+    MoE layers gather the tp group's tokens, as their experts need (`moe.MoEMLP`)."""
+    return grid.tp > 1
 
 
 def sync_sequence_parallel_grads(stage: torch.nn.Module, group: dist.ProcessGroup) -> None:
     """Under SP a replicated parameter (a norm, a row bias, the position table) saw only this tp
     rank's tokens: its gradients summed over tp in ONE flattened all-reduce, as Megatron's
-    `finalize_model_grads` does."""
+    `finalize_model_grads` does. An MoE layer's parameters saw every token and are left out."""
     grads = [
         stage.get_parameter(name).grad
         for name, split in param_splits(stage).items()
-        if split is None and stage.get_parameter(name).grad is not None
+        if split is None
+        and not saw_every_token(name)
+        and stage.get_parameter(name).grad is not None
     ]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)

@@ -20,6 +20,12 @@ between, across the norms and residuals. SP's all-gather is not a Function of it
 it lives inside `layers.SequenceParallelColumnLinear`, which must save the shard it
 gathered, not the gathered tensor, and so gathers it again in the backward.
 
+A region that every rank computes alike on the whole sequence (lab 10's MoE layer, whose
+router must see every token) is entered and left by the other SP pair: `gather_to_duplicated`
+(all-gather / keep this rank's shard) and `scatter_to_sp` (keep this rank's shard /
+all-gather). The gradient that reaches the gather is then the whole one on every rank, so its
+mirror is a split, not a reduce-scatter.
+
 The collectives go through `torch.distributed` by name at call time, so the
 ledger counts them and a patch set can replace them.
 """
@@ -59,6 +65,16 @@ def reduce_scatter_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     out = full.new_empty((full.shape[0] // n, *full.shape[1:]))
     dist.reduce_scatter_single(out, full, group=group)
     return out.movedim(0, SEQ_DIM)
+
+
+def split_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """This rank's sequence shard (shard r of `seq / n` tokens), no communication."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[SEQ_DIM] % n:
+        raise ValueError(
+            f"split_seq: sequence of {x.shape[SEQ_DIM]} does not divide by tp = {n} (rank {rank})"
+        )
+    return x.chunk(n, dim=SEQ_DIM)[rank].contiguous()
 
 
 def f_backward(grad: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
@@ -114,6 +130,44 @@ class ReduceScatterToSP(torch.autograd.Function):
         return all_gather_seq(grad, ctx.group), None
 
 
+def duplicated_gather_backward(grad: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """The backward of a gather in front of a duplicated region: this rank's shard of the
+    gradient, which every rank holds whole and alike."""
+    return split_seq(grad, group)
+
+
+class GatherToDuplicated(torch.autograd.Function):
+    """All-gather of the sequence forward, this rank's shard of the gradient backward.
+
+    In front of a region every rank computes alike on the whole sequence, the gradient that
+    comes back is the whole one, the same on every rank: a reduce-scatter would add up tp equal
+    copies. Megatron's `_GatherFromSequenceParallelRegion` with
+    `tensor_parallel_output_grad=False`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return duplicated_gather_backward(grad, ctx.group), None
+
+
+class ScatterToSP(torch.autograd.Function):
+    """This rank's sequence shard forward, all-gather backward: leaving a region every rank
+    computed alike (Megatron's `_ScatterToSequenceParallelRegion`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return split_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return all_gather_seq(grad, ctx.group), None
+
+
 def copy_to_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return CopyToTP.apply(x, group)
 
@@ -124,3 +178,11 @@ def reduce_from_tp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 def reduce_scatter_to_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return ReduceScatterToSP.apply(x, group)
+
+
+def gather_to_duplicated(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return GatherToDuplicated.apply(x, group)
+
+
+def scatter_to_sp(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return ScatterToSP.apply(x, group)
