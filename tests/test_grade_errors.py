@@ -90,10 +90,12 @@ def test_a_traceback_raised_on_a_rank_names_the_students_cell():
 ALLOCATES = """import torch
 
 def merge_partials(out, lse, block_out, block_lse):
-    held = torch.ones(3 << 29, dtype=torch.uint8)  # 1.5 GiB
+    # 1.5 GiB of address space, which is what the cap (RLIMIT_AS) counts; never written, so
+    # each of the many calls costs no page faults
+    held = torch.empty(3 << 29, dtype=torch.uint8)
     new_lse = torch.logaddexp(lse, block_lse)
     keep, add = torch.exp(lse - new_lse), torch.exp(block_lse - new_lse)
-    return out * keep.unsqueeze(-1) + block_out * add.unsqueeze(-1) + held[0] * 0, new_lse
+    return out * keep.unsqueeze(-1) + block_out * add.unsqueeze(-1) + 0 * held.numel(), new_lse
 """
 
 
