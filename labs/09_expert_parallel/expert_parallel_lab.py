@@ -228,9 +228,9 @@ for top_k, factor in ((2, None), (1, 1.25)):
     config = CONFIG.with_(top_k=top_k, capacity_factor=factor)
     RUNS[(2, 4, top_k, factor)] = (config, run(ep_worker, 4, config, 2, 2, 0))
 
-step_claims, param_claims, byte_claims = [], [], []
+REFERENCES, step_claims, param_claims, byte_claims = {}, [], [], []
 for (ep, dp, top_k, factor), (config, per_rank) in RUNS.items():
-    ref = reference_run(config, len(per_rank), 2, 0)
+    ref = REFERENCES[(ep, dp, top_k, factor)] = reference_run(config, len(per_rank), 2, 0)
     label = f"ep={ep}" + (f" over dp={dp}" if dp > 1 else "") + f", top-{top_k}, c={factor}"
     step_claims.append(
         summary(f"{label}: step 0 = one process", check_step(per_rank, ref, ep, label))
@@ -641,19 +641,19 @@ print(
 # %% [markdown]
 # Those counts come from the routing. **Check** them against what the ranks sent:
 # `sent_per_node` reads, off a rank's step-0 dispatch, the rows it sent to each node and the
-# distinct tokens among them; `check_layout` compares both, exactly, with DeepEP's counts on one
-# process's routing, for 2 nodes of 2 ranks and for 4 nodes of 1.
+# distinct tokens among them; `check_layout` compares both, exactly, with DeepEP's counts on the
+# routing of section 4's one-process reference, for 2 nodes of 2 ranks and for 4 nodes of 1.
 
 # %%
 # show: paralab.ep.layout.sent_per_node
 
 # %%
-config, per_rank = RUNS[(4, 1, 2, None)]
-one_process = reference_run(config, 4, 1)
+shown = (4, 1, 2, None)  # the run in the table: ep = 4, top-2, no capacity
+config, per_rank = RUNS[shown]
 layout_claims = [
     summary(
         f"ep=4 as {4 // per_node} nodes of {per_node}: each rank's dispatch = DeepEP's layout",
-        check_layout(per_rank, one_process, config, 4, per_node, f"{per_node} a node"),
+        check_layout(per_rank, REFERENCES[shown], config, 4, per_node, f"{per_node} a node"),
     )
     for per_node in (2, 1)
 ]
