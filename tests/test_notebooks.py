@@ -147,7 +147,9 @@ try:
     caught = False
 except nbformat.ValidationError:
     caught = True
-import rfc3987_syntax
+import importlib.util
+assert sys.modules.get("rfc3987_syntax", "absent") is not None, "still hidden after the import"
+assert importlib.util.find_spec("rfc3987_syntax") is not None  # visible again (not built here)
 print(grammar_built, caught)
 """
 
