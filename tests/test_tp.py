@@ -197,13 +197,15 @@ def test_shard_and_unshard_are_inverse(split):
 def test_grad_norm_counts_replicated_gradients_once_and_equals_one_process(tp, sequence_parallel):
     """Megatron's `param_is_not_tensor_parallel_duplicate`: a replicated gradient counted on one
     tp rank only; counted on every rank, the norm is larger (by less than sqrt(tp): only the
-    replicated part repeats)."""
+    replicated part repeats). The lab's README quotes the three norms."""
     from paralab.tp.runs import grad_norm_job, one_process_grad_norm
 
     want = one_process_grad_norm()
+    assert f"{want:.6f}" == "1.688902"
     for norms in run(grad_norm_job, tp, sequence_parallel):
         assert abs(norms["counted once"] - want) <= 1e-12 * want
         assert want < norms["counted on every rank"] < tp**0.5 * want
+        assert f"{norms['counted on every rank']:.6f}" == {2: "1.718299", 4: "1.775635"}[tp]
 
 
 def test_training_clipped_across_tp_equals_one_process_with_clip_grad_norm():
