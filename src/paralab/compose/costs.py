@@ -7,15 +7,19 @@ A = (b/m)·(s/cp)·h·itemsize. For the rank at pipeline stage k, which runs L/p
 |---|---|---|---|
 | tp | forward | m·(L/pp·2 all-reduces of A, + g of the embedding, + 3 of the loss) | `tp.costs` |
 | tp | backward | m·(L/pp·2 all-reduces of A, + f of the head) | `tp.costs` |
+| tp | grad sync | SP only: one all-reduce of the replicated gradients, flattened | `tp.costs` |
 | cp | forward, backward | m·L/pp·(2, 4)·(cp-1)·S | `cp.costs.ring_bytes` |
-| pp | forward, backward | m·A per boundary the stage feeds, each way | `pp.costs` |
+| pp | forward, backward | m·A per boundary the stage feeds, each way (A/tp under SP) | `pp.costs` |
 | dp_cp | token count | all-reduce of one int64 (the loss's global token count) | `tp.costs` |
 | dp_shard_cp | grad sync, param gather | reduce-scatter, all-gather of the stage | `fsdp.costs` |
 | dp_replicate | grad sync | all-reduce of the 1/N shard over the replicas | `fsdp.costs` |
 
 The embedding's g is on the first stage; the head's f and the loss (3 all-reduces of
-(b/m)·(s/cp) numbers) on the last. S = (b/m)·(heads/tp)·(s/cp)·head_dim·itemsize, one of
-q, k, v. The stage's local parameters are padded to a multiple of N = |dp_shard_cp|.
+(b/m)·(s/cp) numbers) on the last. The table is TP without SP; under SP (at tp > 1, every row of
+lab 10) each all-reduce becomes an all-gather and a reduce-scatter of the same bytes, and each
+column linear re-gathers its saved shard in the backward (`tp_bytes`, `ends_bytes`).
+S = (b/m)·(heads/tp)·(s/cp)·head_dim·itemsize, one of q, k, v. The stage's local parameters
+are padded to a multiple of N = |dp_shard_cp|.
 
 These are the bytes the algorithm needs at the API, in the ledger's cost model (ring
 all-reduce 2(n-1)/n, ...), not what a backend moves on a wire.
