@@ -82,3 +82,122 @@ def test_a_question_is_asked_in_its_engines_ac_modes(capsys):
     args = ["--model", "gpt-1.7b", "--hardware", "h100-sxm", "--gpus", "8", "--seq", "4096"]
     assert main([*args, "--train", "--engine", "megatron", "--top", "1"]) == 0
     assert "wins" in capsys.readouterr().out
+
+
+# Every published training row whose degrees rank below the top three, and why
+# (`paralab.scale.plan.WHY_NOT_FIRST`); lab 11 section 5 prints some of them with their numbers.
+EXPLAINED = {
+    "torchtitan llama3.1-8b fsdp8 cp1 seq32k full-ac fp8": "recompute",
+    "torchtitan llama3.1-8b fsdp4 cp2 seq64k full-ac fp8": "recompute",
+    "torchtitan llama3.1-8b fsdp2 cp4 seq128k full-ac fp8": "recompute",
+    "torchtitan llama3.1-70b fsdp32 tp8 seq8k full-ac fp8": "exposed: tp",
+    "torchtitan llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8": "exposed: tp",
+    "torchtitan llama3.1-405b fsdp8 tp8 pp8 1f1b seq8k full-ac fp8": "recompute",
+    "torchtitan llama3.1-405b fsdp8 tp8 pp8 interleaved seq8k full-ac fp8": "recompute",
+    "torchtitan llama3.1-405b fsdp8 cp1 tp8 pp8 seq32k full-ac fp8": "pp bubble",
+    "torchtitan llama3.1-405b fsdp4 cp2 tp8 pp8 seq64k full-ac fp8": "pp bubble",
+    "torchtitan llama3.1-405b fsdp2 cp4 tp8 pp8 seq128k full-ac fp8": "pp bubble",
+    "torchtitan llama3.1-405b fsdp1 cp8 tp8 pp8 seq256k full-ac fp8": "pp bubble",
+    "torchtitan 2025-06 llama3.1-70b fsdp32 tp8 seq8k full-ac bf16": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac bf16": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-70b fsdp32 tp8 seq8k full-ac fp8": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-70b fsdp32 tp8 async-tp seq8k full-ac fp8": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-8b fsdp8 tp8 seq8k sac bf16": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-8b fsdp8 tp8 async-tp seq8k sac bf16": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-8b fsdp8 tp8 seq8k sac fp8": "exposed: tp",
+    "torchtitan 2025-06 llama3.1-8b fsdp8 tp8 async-tp seq8k sac fp8": "exposed: tp",
+    "megatron-lm gpt-1.7b tp1 pp1 dp48 48 gpus bf16": "near tie",
+    "megatron-lm gpt-7.1b tp2 pp1 dp48 96 gpus bf16": "near tie",
+    "megatron-lm gpt-177b tp8 pp6 dp48 2304 gpus bf16": "near tie",
+    "megatron-bridge 25.11 llama3.1-70b tp4 pp8 vp5 dp2 gbs128 fp8": "recompute",
+    "megatron-bridge 25.11 llama3.1-405b tp8 pp8 cp2 vp8 dp8 gbs512 fp8": "recompute",
+    "megatron-bridge 25.11 qwen3-30b-a3b pp2 vp24 ep8 dp8 gbs512 fp8": "exposed: ep",
+    "megatron-bridge 26.02 llama3.1-70b tp4 pp8 vp5 dp2 gbs256 fp8": "recompute",
+    "megatron-bridge 26.02 llama3.1-405b tp8 pp8 cp2 vp8 dp8 gbs1536 fp8": "recompute",
+    "megatron-bridge 26.02 qwen3-30b-a3b pp2 vp12 ep8 dp8 gbs1024 fp8": "exposed: ep",
+    "megatron-bridge 25.11 llama3.1-8b dp8 gbs128 fp8 b200": "near tie",
+    "megatron-bridge 25.11 llama3.1-405b tp4 pp8 cp2 vp8 dp2 gbs64 fp8 b200": "recompute",
+    "megatron-bridge 25.09 deepseek-v3 tp2 pp8 vp4 ep64 dp64 gbs8192 fp8": "exposed: ep",
+}
+
+
+@pytest.fixture(scope="module")
+def checks():
+    from paralab.scale.plan import published_training_rows, rank_published
+
+    return {c.name: rank_published(c) for c in published_training_rows()}
+
+
+def test_published_rows_rank_in_the_top_three_or_are_explained(checks):
+    from paralab.scale.plan import TOP
+
+    assert set(EXPLAINED) <= set(checks), "an explained row is no longer published"
+    for name, check in checks.items():
+        assert check.first.layout.world == check.published.layout.world
+        assert check.reason() == EXPLAINED.get(name), f"{name}: rank {check.rank}"
+        assert (check.rank <= TOP) == (name not in EXPLAINED)
+
+
+def test_each_explanation_holds_in_its_numbers(checks):
+    from paralab.scale.plan import NEAR_TIE, degrees
+    from paralab.scale.predict import RECOMPUTE
+
+    for name, reason in EXPLAINED.items():
+        c = checks[name]
+        first, published = c.first, c.published
+        item, seconds = c.saving()
+        assert (c.gap < NEAR_TIE) == (reason == "near tie"), name
+        if reason == "near tie":
+            continue
+        assert seconds > 0, name
+        if reason == "recompute":  # the first recomputes no more than the run's degrees can
+            less = [a <= b for a, b in zip(RECOMPUTE[first.ac], RECOMPUTE[published.ac])]
+            assert all(less) and first.ac != published.ac, name
+        if reason == "exposed: tp":
+            assert degrees(first.layout)[2] < c.degrees[2], name
+        if reason == "pp bubble":
+            idle = published.prediction.breakdown["pp bubble"] / published.score
+            assert idle > first.prediction.breakdown.get("pp bubble", 0.0) / first.score, name
+        if reason == "exposed: ep":
+            assert first.layout.ep < published.layout.ep, name
+
+
+def test_the_run_fixed_its_ac_mode_where_recompute_explains_it(checks):
+    """Where the first row wins on recompute alone, holding the planner to the run's own AC
+    mode puts the run's degrees first: torchtitan's long-sequence 8B rows (Table 2)."""
+    for name in (
+        "torchtitan llama3.1-8b fsdp8 cp1 seq32k full-ac fp8",
+        "torchtitan llama3.1-8b fsdp4 cp2 seq64k full-ac fp8",
+        "torchtitan llama3.1-8b fsdp2 cp4 seq128k full-ac fp8",
+    ):
+        assert checks[name].rank_at_ac == 1, name
+
+
+def test_chapter_2s_count_of_ranks_and_reasons(checks):
+    from collections import Counter
+
+    reasons = Counter(c.reason() for c in checks.values())
+    assert len(checks) == 46
+    assert reasons == {
+        None: 15,
+        "recompute": 10,
+        "exposed: tp": 10,
+        "pp bubble": 4,
+        "near tie": 4,
+        "exposed: ep": 3,
+    }
+    megatron = [c for name, c in checks.items() if name.startswith("megatron-lm")]
+    assert [c.reason() for c in megatron].count(None) == 6
+    assert {c.reason() for c in megatron} == {None, "near tie"}
+
+
+def test_the_near_tie_is_the_spread_of_megatrons_own_table():
+    """`NEAR_TIE`'s reason: Megatron-LM's GPT table spans 41 % to 49 % MFU on one cluster."""
+    from paralab.scale.plan import published_training_rows
+
+    mfu = [
+        c.measured * 1e12 / c.hardware.peak_bf16
+        for c in published_training_rows()
+        if c.name.startswith("megatron-lm")
+    ]
+    assert len(mfu) == 9 and (round(100 * min(mfu)), int(100 * max(mfu))) == (41, 49)

@@ -114,10 +114,11 @@ def stage_memory(
 @functools.cache
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
     """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
-    logits and the loss): the GPU that runs out first. Async TP changes no tensor: a layout
-    that differs only there shares the answer (the planner asks both)."""
-    if lo.async_tp:
-        return train_memory(m, replace(lo, async_tp=False), w, local_batch)
+    logits and the loss): the GPU that runs out first. Neither async TP nor the kind of cp
+    changes a tensor counted here: layouts that differ only there share the answer (the planner
+    asks each)."""
+    if lo.async_tp or lo.cp_kind != "zigzag":
+        return train_memory(m, replace(lo, async_tp=False, cp_kind="zigzag"), w, local_batch)
     first = stage_memory(m, lo, w, local_batch, 0)
     if lo.pp == 1:
         return first

@@ -169,31 +169,30 @@ def accumulated(p: Prediction, passes: int) -> Prediction:
     )
 
 
-def workload(q: TrainQuestion, layout: Layout, ac: str) -> tuple[Layout, Workload, int]:
-    """One pass of `layout` as the time and memory models take it: the layout without its
-    accumulation, the workload of one pass's sequences, and the passes a step."""
-    passes = accumulation(layout)
+def workload(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0) -> tuple[Workload, int]:
+    """The workload of one pass of `layout`'s step, and the passes a step (default the layout's
+    `accumulation`). Without a pipeline the time and memory models read no micro-batch count:
+    they take the layout as it is and one pass's sequences."""
+    passes = passes or accumulation(layout)
     per_pass = q.global_batch // (layout.dp_shard * layout.dp_replicate) // passes
-    one_pass = replace(layout, microbatches=0) if passes > 1 else layout
     w = Workload("train", q.seq, per_pass, dtype=q.dtype, ac=ac, compile=q.compile, engine=q.engine)
-    return one_pass, w, passes
+    return w, passes
 
 
-def fits(q: TrainQuestion, layout: Layout, ac: str) -> bool:
-    """Memory alone: does `layout` under `ac` fit in HBM."""
-    one_pass, w, _ = workload(q, layout, ac)
-    return sum(train_memory(q.model, one_pass, w, w.micro_batch).values()) <= q.hardware.hbm_bytes
+def fits(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0) -> bool:
+    """Memory alone: does `layout` under `ac` (in `passes` passes, default its own) fit in HBM."""
+    w, _ = workload(q, layout, ac, passes)
+    return sum(train_memory(q.model, layout, w, w.micro_batch).values()) <= q.hardware.hbm_bytes
 
 
 def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> Row:
     """One layout's memory and (if `timed`) its predicted step: memory at one pass's
     sequences, the step as `accumulated` passes."""
-    one_pass, w, passes = workload(q, layout, ac)
-    memory = train_memory(q.model, one_pass, w, w.micro_batch)
+    w, passes = workload(q, layout, ac)
+    memory = train_memory(q.model, layout, w, w.micro_batch)
     p = (
         accumulated(
-            predict(q.model, q.hardware, one_pass, w, FITTED[q.hardware.efficiency_from]),
-            passes,
+            predict(q.model, q.hardware, layout, w, FITTED[q.hardware.efficiency_from]), passes
         )
         if timed
         else None
@@ -276,11 +275,8 @@ def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout,
     counts = divisors(q.global_batch // (layout.dp_shard * layout.dp_replicate))
     out, fewest = [], math.inf
     for ac in q.ac_modes:
-        first = bisect.bisect_left(  # memory only falls with more passes
-            counts,
-            True,
-            key=lambda k, ac=ac: fits(q, replace(layout, microbatches=k if k > 1 else 0), ac),
-        )
+        # memory only falls with more passes: the first that fits, by bisection
+        first = bisect.bisect_left(counts, True, key=lambda k, ac=ac: fits(q, layout, ac, k))
         if first < len(counts) and counts[first] < fewest:
             fewest = counts[first]
             out.append((replace(layout, microbatches=fewest if fewest > 1 else 0), ac))
@@ -300,11 +296,14 @@ def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
     """dp as plain FSDP (every dp rank one shard group) unless a smaller shard group, replicated
     (HSDP), still fits: then the smallest such group, whose all-gathers cross fewer nodes."""
     dp = layout.dp_shard * layout.dp_replicate
-    for shard in divisors(dp)[:-1]:
-        hsdp = replace(layout, dp_shard=shard, dp_replicate=dp // shard)
-        if fits(q, hsdp, ac):
-            return hsdp
-    return layout
+    shards = divisors(dp)[:-1]
+
+    def grouped(shard: int) -> Layout:
+        return replace(layout, dp_shard=shard, dp_replicate=dp // shard)
+
+    # a larger shard group only holds less: the first that fits, by bisection
+    first = bisect.bisect_left(shards, True, key=lambda shard: fits(q, grouped(shard), ac))
+    return grouped(shards[first]) if first < len(shards) else layout
 
 
 def plan_train(
@@ -832,6 +831,23 @@ def tuple_rank(rows: list[Row], wanted: tuple[int, int, int, int]) -> tuple[int 
     return (tuples.index(wanted) + 1 if wanted in tuples else None), len(tuples)
 
 
+TOP = 3
+"""Where a published layout's degrees should come: among the planner's first three tuples."""
+NEAR_TIE = 0.05
+"""A step within 5 % of the first's is a tie to this model: it times every GEMM at one fitted
+efficiency, while Megatron-LM's own weak-scaling table, one code on one cluster, spans 41 % to
+49 % MFU as the GEMMs grow (NVIDIA/Megatron-LM@d98e8a6:images/model_table.png)."""
+WHY_NOT_FIRST = {
+    "near tie": "its step is within 5 % of the first's",
+    "recompute": "the first recomputes less: the run paid AC, or its AC does not fit here",
+    "exposed: tp": "the run's TP backward collectives stay exposed; the first has less TP",
+    "pp bubble": "the run's pipeline idles: too few micro-batches for its stages",
+    "exposed: ep": "every all-to-all of the run's ep is exposed; the first has less ep",
+    "no fit": "its degrees fit in no layout the memory model counts",
+}
+"""Why a published row's degrees rank below the top three: `RankCheck.reason`."""
+
+
 @dataclass
 class RankCheck:
     """A published training row asked of the planner: the row's question (model, hardware,
@@ -860,8 +876,21 @@ class RankCheck:
         degrees' best, and the seconds."""
         mine, theirs = self.first.prediction.breakdown, self.published.prediction.breakdown
         gaps = {k: theirs.get(k, 0.0) - mine.get(k, 0.0) for k in {*mine, *theirs}}
-        item = max(gaps, key=gaps.get)
+        item = max(sorted(gaps), key=gaps.get)
         return item, gaps[item]
+
+    def reason(self) -> str | None:
+        """None in the top three; else a key of `WHY_NOT_FIRST`: no fit, a near tie, or the
+        item the first saves most on (a compute item is recompute: the model times a GEMM or
+        attention FLOP alike in every layout)."""
+        if self.rank is not None and self.rank <= TOP:
+            return None
+        if self.published is None:
+            return "no fit"
+        if self.gap < NEAR_TIE:
+            return "near tie"
+        item, _ = self.saving()
+        return "recompute" if item.startswith("compute") else item
 
 
 def plan_question(q: TrainQuestion) -> list[Row]:
@@ -900,7 +929,7 @@ def rank_table(checks: list[RankCheck]) -> str:
 
     rows = []
     for c in checks:
-        item, seconds = c.saving() if c.published else ("-", 0.0)
+        item, seconds = c.saving() if c.published and c.rank != 1 else ("-", 0.0)
         rows.append(
             (
                 c.name,
@@ -910,7 +939,8 @@ def rank_table(checks: list[RankCheck]) -> str:
                 f"{dots(degrees(c.first.layout))} ({c.first.ac})",
                 f"{c.first.score:.3g}",
                 f"{c.published.score:.3g}" if c.published else "-",
-                f"{item} {seconds:.3g} s" if c.published else "-",
+                f"{item} {seconds:.3g} s" if item != "-" else "-",
+                c.reason() or "top 3",
             )
         )
     header = (
@@ -920,8 +950,9 @@ def rank_table(checks: list[RankCheck]) -> str:
         "at its AC",
         "planner's first (AC)",
         "first s",
-        "published s",
+        "its best s",
         "first saves most on",
+        "why",
     )
     return text_table(header, rows, align_right=(2, 3, 5, 6))
 
