@@ -97,11 +97,15 @@ def test_training_compute_of_torchtitans_8b_row():
     # the head (128256 x 4096) forward and backward
     matmuls = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     gemm = 2 * matmuls * tokens * 3.5 + 2 * 128256 * 4096 * tokens * 3
-    assert p.breakdown["compute: GEMM"] == pytest.approx(gemm / (989e12 * 0.49))
+    assert p.breakdown["compute: GEMM"] == pytest.approx(gemm / (989e12 * 0.52))
     # causal attention 2 s^2 x 4096 a sequence and layer, backward 2.5x at 1117.9/1418.1 speed
     attn = 2 * 8192**2 * 4096 * 2 * 32 * (1 + 2.5 / (1117.9 / 1418.1))
     assert p.breakdown["compute: attention"] == pytest.approx(attn / (989e12 * 0.25))
     assert BACKWARD_ATTENTION_SPEED == pytest.approx(0.7883, abs=1e-4)
+
+
+CP8_MERGES = 32 * 7 * 32768 * 4096 * (2 * 10 + 15) / 3.35e12
+"""Llama 3.1 8B at 256K tokens over cp 8 under full AC: a step's ring merges (0.31 s)."""
 
 
 def test_ring_bytes_at_256k_tokens_hide_behind_attention():
@@ -117,8 +121,10 @@ def test_ring_bytes_at_256k_tokens_hide_behind_attention():
         FITTED["h100-sxm"],
     )
     # torchtitan's default gathers the 7 other shards at once (7 x 128 MiB at 370 GB/s, 2.6 ms)
-    # behind the diagonal block, 1/64 of a layer's forward attention (about 36 ms)
-    assert p.breakdown["exposed: cp"] == 0.0
+    # behind the diagonal block, 1/64 of a layer's forward attention (about 36 ms): what shows
+    # is the 7 merges of a partial output into the running one, on 32768 x 4096 elements of q,
+    # forward twice (full AC) at 10 B and backward at 15 B, 32 layers at 3.35 TB/s
+    assert p.breakdown["exposed: cp"] == pytest.approx(CP8_MERGES)
     # FSDP shards over dp_shard x cp: 8 ranks here, so the optimizer reads 1/8 of the states
     assert p.breakdown["optimizer (HBM)"] == pytest.approx(EIGHT_B.params / 8 * 28 / 3.35e12)
     assert p.breakdown["exposed: dp (FSDP)"] > 0
@@ -275,9 +281,9 @@ def test_fsdp_block_gather_against_its_forward_at_8_and_128_gpus():
     eight = fsdp_block_seconds(EIGHT_B, H100, 8, w, FITTED["h100-sxm"])
     many = fsdp_block_seconds(EIGHT_B, H100, 128, w, FITTED["h100-sxm"])
     # forward of a block, as predict_train hides the all-gather behind it: GEMMs, 2 x 218,103,808
-    # matmul weights x 16,384 tokens at 989 T x 0.49, plus two 8K causal attentions,
+    # matmul weights x 16,384 tokens at 989 T x 0.52, plus two 8K causal attentions,
     # 2 x 8192^2 x 4096 each, at 989 T x 0.25
-    gemm = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 16384 / (989e12 * 0.49)
+    gemm = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) * 16384 / (989e12 * 0.52)
     attn = 2 * 2 * 8192**2 * 4096 / (989e12 * 0.25)
     # and its eager elementwise ops at 3.35 TB/s: 2 norms (36 B) and 2 adds (6 B) on 4096, RoPE
     # (20 B) on q and k (4096 + 1024), SwiGLU (10 B) on 14336, the copies around SDPA (4 B) on
@@ -292,7 +298,7 @@ def test_fsdp_block_gather_against_its_forward_at_8_and_128_gpus():
         8.4e-6 + 112 * 3.4e-6 + 15 * 14e-6 + 127 * 218_112_000 * 2 / 128 / 46e9
     )
     assert (
-        round(eight["all-gather"] / fwd, 2) == 0.05 and round(many["all-gather"] / fwd, 2) == 0.45
+        round(eight["all-gather"] / fwd, 2) == 0.05 and round(many["all-gather"] / fwd, 2) == 0.47
     )
 
 
@@ -338,8 +344,8 @@ def test_what_to_try_hints():
 
     b200 = plan_inference(model("cosmos-transfer2.5-2b"), hardware("b200"), 8, 84480, 35)
     cp8 = next(r for r in b200 if r.layout.cp == 8 and r.layout.dp_shard == 1)
-    assert b200[0].layout.cfgp == 2 and round(b200[0].prediction.seconds, 1) == 32.3
-    assert round(cp8.prediction.seconds, 1) == 32.5
+    assert b200[0].layout.cfgp == 2 and round(b200[0].prediction.seconds, 1) == 32.1
+    assert round(cp8.prediction.seconds, 1) == 32.4
     nvl = plan_inference(model("cosmos-transfer2.5-2b"), hardware("h100-nvl"), 8, 84480, 35)
     nvl_cp8 = next(r for r in nvl if r.layout.cp == 8 and r.layout.dp_shard == 1)
     assert nvl_cp8.prediction.seconds - nvl[0].prediction.seconds == pytest.approx(1.5, abs=0.05)
@@ -350,7 +356,7 @@ def test_what_to_try_hints():
         Workload("diffusion", seq=17776, steps=50),
         FITTED["h100-sxm"],
     )
-    assert round(consisid6.seconds, 1) == 17.1
+    assert round(consisid6.seconds, 1) == 16.8
     exposed = {}
     for slower in (20, 100, 200):
         slow = replace(H100, intra_busbw=H100.intra_busbw / slower)
@@ -364,6 +370,8 @@ def test_what_to_try_hints():
         exposed[slower] = p.breakdown["exposed: cp"]
     # torchtitan's default all-gathers the 7 other shards' K/V (7 x 128 MiB) behind the first
     # (diagonal) block alone: at 1/20 of NVLink, 51 ms against about 36 ms
+    # (beside the merges, 0.31 s whatever the link)
+    exposed = {k: v - CP8_MERGES for k, v in exposed.items()}
     assert exposed[20] == pytest.approx(1.0, abs=0.05)
     assert exposed[100] == pytest.approx(18.5, abs=0.5)
     assert exposed[200] == pytest.approx(50, abs=0.5)
@@ -377,9 +385,9 @@ def test_what_to_try_hints():
             Workload("train", seq=262144, dtype="fp8", ac="full"),
             FITTED["h100-sxm"],
         )
-        hops[slower] = p.breakdown["exposed: cp"]
+        hops[slower] = p.breakdown["exposed: cp"] - CP8_MERGES
     # a hop at a time (cp_rotate "alltoall"), each behind its own block: still zero at 1/20
-    assert hops[20] == 0.0 and hops[100] == pytest.approx(1 / 3, abs=0.02)
+    assert hops[20] == pytest.approx(0.0, abs=1e-12) and hops[100] == pytest.approx(1 / 3, abs=0.02)
     assert hops[200] == pytest.approx(40, abs=0.5)
     from paralab.scale.axes import cp_gather_seconds
 
@@ -570,7 +578,7 @@ def test_held_out_rows_are_not_fitted_and_exactly_the_listed_ones_miss(tmp_path,
     missed = {r["name"] for r in rows if abs(r["relative_error"]) > 0.25}
     assert missed == set(MISSES)
     assert f"{86 - len(MISSES)}/86 within 25%" in capsys.readouterr().out
-    assert len(MISSES) == 28
+    assert len(MISSES) == 29
     for case in held:
         assert "@" in case.source and ":" in case.source
 
@@ -1010,11 +1018,13 @@ def test_elementwise_ops_are_timed_by_their_bytes_eager_against_compiled():
     assert p_compiled.tokens_per_s_per_gpu > p_eager.tokens_per_s_per_gpu
 
 
-def test_async_tp_hides_the_forward_collectives_in_torchtitan_and_all_in_megatron():
-    from paralab.scale.predict import _train_tp
+def test_async_tp_fuses_what_torchs_pass_matches_in_both_passes():
+    from paralab.scale.models import attention_matmul
+    from paralab.scale.predict import _train_tp, compute_time
 
     seventy, lo = model("llama3.1-70b"), Layout(dp_shard=32, tp=8, sp=True)
     w = Workload("train", seq=8192, micro_batch=16, dtype="fp8", ac="full", compile=True)
+    eff = FITTED["h100-sxm"]
     link = train_links(H100, lo)["tp"]
     act = 16 * 8192 * 8192 * 2
     # SP: forward 2 all-gathers + 2 reduce-scatters of 7/8 of the activation; backward 4 + 2
@@ -1022,11 +1032,27 @@ def test_async_tp_hides_the_forward_collectives_in_torchtitan_and_all_in_megatro
     fwd = 2 * link.time(2 * one, 7, 2)
     bwd = link.time(4 * one, 7, 4) + link.time(2 * one, 7, 2)
     # full AC replays the forward's collectives: twice forward, once backward
-    assert _train_tp(seventy, lo, w, link) == pytest.approx(2 * fwd + bwd)
+    assert _train_tp(seventy, H100, lo, w, link, eff) == pytest.approx(2 * fwd + bwd)
+    # async: each gather fused with the matmul it feeds, each reduce-scatter with the matmul
+    # producing it; a collective shows only what its transfer takes beyond that matmul's time
+    tokens, h, ffn = 16 * 8192, 8192, 28672
+    qkv, o, up, down = attention_matmul(seventy) - h * h, h * h, 2 * h * ffn, h * ffn
+
+    def beyond(weights: int) -> float:
+        matmul = compute_time(2 * tokens * weights / 8, H100, "fp8", eff["gemm"])
+        return max(0.0, link.time(one, 7) - matmul)
+
+    # forward: gathers before q, k, v and the up matmuls, reduce-scatters after o and down;
+    # backward: the output gradients' gathers feed o's and down's input-gradient matmuls, the
+    # reduce-scatters follow q, k, v's and up's; the 2 re-gathers for weight gradients match
+    # no pattern and stay exposed
+    fused = sum(beyond(wt) for wt in (qkv, o, up, down))
     async_lo = Layout(dp_shard=32, tp=8, sp=True, async_tp=True)
-    assert _train_tp(seventy, async_lo, w, link) == pytest.approx(bwd)
+    exposed = 3 * fused + link.time(2 * one, 7, 2)
+    assert _train_tp(seventy, H100, async_lo, w, link, eff) == pytest.approx(exposed)
+    assert exposed < bwd
     megatron = Workload("train", seq=8192, micro_batch=16, dtype="fp8", engine="megatron")
-    assert _train_tp(seventy, async_lo, megatron, link) == 0.0
+    assert _train_tp(seventy, H100, async_lo, megatron, link, eff) == 0.0
 
 
 def test_chapter_2s_held_out_table_and_claims_are_the_codes():
@@ -1048,10 +1074,16 @@ def test_chapter_2s_held_out_table_and_claims_are_the_codes():
     assert max(c.gpus for c in megatron) == 6144 and "up to 6,144 H100s" in prose
     bridge_405b = [c for c in held if "megatron-bridge" in c.name and "405b" in c.name]
     assert {c.gpus for c in bridge_405b if c.hardware.name == "h100-sxm"} == {1024}
-    # "every row of torchtitan's three files and of Megatron-LM's table is inside the band"
+    # "every row of torchtitan's three files but one and of Megatron-LM's table is inside the
+    # band": the one, 8B TP 8 async in fp8, where async TP gains 9.7 % measured
+    async_fp8 = "torchtitan 2025-06 llama3.1-8b fsdp8 tp8 async-tp seq8k sac fp8"
     inside = [c for f, cs in by_file.items() if "torchtitan" in f or "Megatron-LM" in f for c in cs]
-    assert len(inside) == 15 + 8 + 2 + 9 and all(abs(errors[c.name]) <= 0.25 for c in inside)
+    assert len(inside) == 15 + 8 + 2 + 9
+    assert [c.name for c in inside if abs(errors[c.name]) > 0.25] == [async_fp8]
     assert min(c.gpus for c in inside) == 8
+    cases = {c.name: c for c in held}
+    gain = cases[async_fp8].measured / cases[async_fp8.replace(" async-tp", "")].measured
+    assert round(100 * (gain - 1), 1) == 9.7 and "gains 9.7 %" in MISSES[async_fp8]
     # the misses the bullets name are MISSES, and MISSES is exactly what misses
     assert {n for n, e in errors.items() if abs(e) > 0.25} == set(MISSES)
     assert model("gpt-1.7b").vocab == 131072  # Megatron's GPT, as its table states
@@ -1081,7 +1113,7 @@ def test_the_h200_kernel_rates_against_the_models_constants():
     dense = [g for g in rates["gemm"] if not g["name"].startswith("qwen3")]
     experts = [g for g in rates["gemm"] if g["name"].startswith("qwen3")]
     # a dense GEMM alone runs at 0.67 to 0.82 of the bf16 peak, 0.6 to 0.72 of fp8's: above the
-    # fitted 0.49, which carries whatever of a step the model does not name
+    # fitted 0.52, which carries whatever of a step the model does not name
     bf16 = [g["bf16_tflops"] * 1e12 / h200.peak_bf16 for g in dense]
     fp8 = [g["fp8_tensorwise_tflops"] * 1e12 / h200.peak_fp8 for g in dense]
     assert 0.65 < min(bf16) and max(bf16) < 0.85 and 0.6 < min(fp8) and max(fp8) < 0.75

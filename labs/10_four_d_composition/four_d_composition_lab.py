@@ -779,12 +779,14 @@ for label, (model, seq, batch) in JOBS.items():
     )
 
 # %% [markdown]
-# At 8k tokens the 70B model's fastest layout uses no tp at all: it cuts the sequence (cp 8) and
-# the layers (pp 16) instead, and its best layouts with tp 2 to 8 are slower (the tp row). At
-# 128k tokens the activations and the attention grow with the sequence: the fastest layout keeps
-# cp 8, takes tp 8, a whole node, and drops the pipeline, and cp 1 is about a quarter slower:
-# long sequences are what CP is for. For Mixtral-8x7B on these 128 GPUs the fastest layout has
-# no EP (and no tp): the planner finds ep 2 to 8 slower here. EP is the
+# At 8k tokens the 70B model's fastest layout spreads the cut over every dense axis: cp 4, tp 4
+# with async TP (its all-gathers and reduce-scatters fused into the matmuls beside them) and a
+# pipeline of 2. Its best layouts without tp are the slowest of the tp row, and the best steps
+# at tp 2 to 8, pp 1 to 8 and cp 1 to 4 lie close together: many layouts are nearly as good. At
+# 128k tokens the activations and the attention grow with the sequence: the fastest layout
+# takes cp 8, tp 8, a whole node, and no pipeline, and cp 1 is about a quarter slower: long
+# sequences are what CP is for. For Mixtral-8x7B on these 128 GPUs the fastest layout has no EP
+# (it takes tp 4 and pp 2): the planner finds ep 2 to 8 slower here. EP is the
 # axis that shards the experts when they are what does not fit or what costs; read a layout's
 # breakdown (`python -m paralab.plan --model mixtral-8x7b --hardware h100-sxm --gpus 128 --train
 # --layout ...`) to see where its time goes.

@@ -6,7 +6,7 @@
 # latency per step plus bytes over a bus bandwidth), the roofline of a kernel (FLOPs over
 # peak, or bytes over memory bandwidth, whichever is slower), which traffic hides behind
 # compute and which is exposed, why a parallel run can be slower than one GPU, how far such
-# a model lands from ten published GPU measurements it is fitted on and 58 it is not, and how
+# a model lands from ten published GPU measurements it is fitted on and 86 it is not, and how
 # it ranks the layouts of a model on a cluster. **Prerequisites:** [the collectives
 # primer](../00_collectives_primer/collectives_primer_lab.ipynb) (the ring's bytes), labs
 # [01](../01_fsdp_hsdp/fsdp_hsdp_lab.ipynb), [02](../02_cp_ring_vs_ulysses/cp_ring_vs_ulysses_lab.ipynb),
@@ -24,7 +24,7 @@
 # |---|---|---|
 # | one collective | `α_base + steps·α_step + bytes_sent / busbw` | NCCL's latency table; busbw per link class, each from a cited figure (`paralab.scale.hardware.SOURCES`: NVLink the datasheet × NCCL's NVLink efficiency, PCIe a measured share, the network what NCCL's maintainers expect of a NIC) |
 # | one kernel | `FLOPs / (peak × efficiency)` | datasheet peak; one fitted efficiency per (hardware, GEMM or attention) |
-# | overlap | FSDP prefetch and ring hops run beside compute (exposed only for what outlasts it); Ulysses, TP, cfgp wait for their collectives; PP idles for `paralab.pp.simulate`'s bubble | none |
+# | overlap | FSDP prefetch, ring hops and async TP's fused matmuls run beside compute (exposed only for what outlasts it); Ulysses, TP, ep, cfgp wait for their collectives; PP idles for `paralab.pp.simulate`'s bubble and its sends per schedule | none |
 #
 # Every picture below is drawn by `paralab.viz.scale` from those functions; no number is
 # typed in.
@@ -228,6 +228,14 @@ ring_256k = predict(
     Workload("train", seq=262144, dtype="fp8", ac="full"),
     FITTED["h100-sxm"],
 )
+
+# %%
+from paralab.scale.predict import ring_merge_time
+
+q_256k = 262144 // 8 * eight_b.attention_width  # one rank's elements of q
+merges_256k = eight_b.layers * (  # 7 merges a pass: forward twice (full AC), backward once
+    2 * ring_merge_time(q_256k, 7, H100, "forward") + ring_merge_time(q_256k, 7, H100, "backward")
+)
 hunyuan = predict(
     model("hunyuanvideo"),
     H100,
@@ -332,10 +340,11 @@ axis_claims = [
         f"{fsdp128['all-gather'] / fsdp128['block forward']:.0%}",
     ),
     claim(
-        "torchtitan's K/V all-gather at 256K tokens hides behind the first block: none exposed",
-        ring_256k.breakdown["exposed: cp"] == 0
+        "torchtitan's K/V all-gather at 256K tokens hides behind the first block: "
+        "only the merges of partial outputs show",
+        ring_256k.breakdown["exposed: cp"] == merges_256k
         and gather_256k["K/V all-gather"] < gather_256k["first block"],
-        f"{ring_256k.breakdown['exposed: cp']} s",
+        f"{ring_256k.breakdown['exposed: cp']:.3g} s, all merges",
     ),
     claim(
         "PP bubble from the schedule simulator = (p-1)/(m+p-1) for 1F1B",
@@ -381,7 +390,7 @@ show(
 # method all-gathers every shard once, behind the first (diagonal) block alone, which at 256K
 # tokens still hides it many times over. TP's all-reduces
 # cost about a quarter of a 70B block's GEMM time at 8 GPUs on NVLink, all of it exposed (no async
-# TP); `Layout(tp=16)` would put them on the network, which is why TP stays inside a node.
+# TP, which fuses only all-gathers and reduce-scatters, the SP form); `Layout(tp=16)` would put them on the network, which is why TP stays inside a node.
 
 # %% [markdown]
 # ## 3. Why is my parallel run slower than one GPU?
@@ -565,8 +574,10 @@ held_claims = [
         f"{len(held) - len(missed)}/{len(held)} within",
     ),
     claim(
-        "torchtitan, 8 to 512 GPUs, compile, Float8, CP, TP, async TP, PP, H200: none misses",
-        not {n for n in missed if n.startswith("torchtitan")},
+        "torchtitan, 8 to 512 GPUs, compile, Float8, CP, TP, async TP, PP, H200: "
+        "one misses, 8B TP 8 with async TP in fp8",
+        {n for n in missed if n.startswith("torchtitan")}
+        == {"torchtitan 2025-06 llama3.1-8b fsdp8 tp8 async-tp seq8k sac fp8"},
         _tally("torchtitan"),
     ),
     claim(
@@ -621,10 +632,13 @@ show(plot_prediction_scatter(check, held_out=held))
 # %% [markdown]
 # The largest errors are where the model is knowingly blind, and the held-out rows show
 # where that matters. Where the run is what the model counts (a dense model's training step,
-# the ring, a denoiser on one chip family) it generalizes: every torchtitan row, eager and
-# compiled, bf16 and Float8, async TP or not, every row of Megatron-LM's table up to 6,144
+# the ring, a denoiser on one chip family) it generalizes: every torchtitan row but one, eager
+# and compiled, bf16 and Float8, async TP or not, every row of Megatron-LM's table up to 6,144
 # GPUs, and the ring benchmark's plain-ring rows, once its causal imbalance is counted, land
 # inside the band. It misses where the measurement holds work it does not count:
+# - **async TP on Llama 3.1 8B in Float8**: the model hides each fused TP collective behind
+#   its whole matmul, in both passes, as torch's pass fuses them, and so gives async TP more
+#   than the measured gain; it counts no cost for running each fused matmul as tp slices;
 # - **Cosmos' distilled rows** (4 steps, one branch) are predicted at 70 % or less of the
 #   measurement on one GPU and under half on 4 and 8: set
 #   against the base rows on the same GPUs, they imply seconds of VAE encode, decode and
@@ -810,7 +824,7 @@ print(verdict_table(plan_claims, "the planner"))
 #
 # **Predict before you run.** torchtitan ran Llama 3.1 70B on 256 H100s as FSDP 32 × TP 8
 # with full AC; Megatron-LM ran its 462B GPT on 6,144 as TP 8 × PP 16 × DP 48. Which of the
-# two does the planner put first, and what would it do instead with the other?
+# two does the planner rank in its top three, and what would it do instead with the other?
 
 # %%
 PUBLISHED_SAMPLE = (
@@ -840,8 +854,8 @@ published_claims = [
         f"{sum(c.rank <= planner.TOP for c in rank_checks)}/{len(rank_checks)} in the top three",
     ),
     claim(
-        "Megatron-LM's 462B GPT: its own degrees come first",
-        megatron_check.rank == 1,
+        "Megatron-LM's 462B GPT: its own degrees in the top three",
+        megatron_check.rank <= planner.TOP,
         f"{megatron_check.first.score:.1f} s a step, MFU {megatron_check.first.extras['MFU']:.1%}",
     ),
     claim(
@@ -884,8 +898,9 @@ print(verdict_table(published_claims, "published layouts"))
 #   degrees come first: the layout was right, the AC was the run's choice. Megatron-Bridge ran
 #   without AC; the memory model, built from torchtitan's figures, does not fit those degrees
 #   without AC ("-"), and no memory figure of those runs is published to say which is right.
-# - **exposed TP.** torchtitan's async TP hides the forward's collectives, not the backward's
-#   ([chapter 2](02_reading_the_planner.md)); at 8K tokens a layout without TP, whose FSDP
+# - **exposed TP.** torchtitan's async TP fuses TP's transfers into their matmuls, but the
+#   backward's re-gathers for the weight gradients stay exposed, and a transfer longer than its
+#   matmul shows ([chapter 2](02_reading_the_planner.md)); at 8K tokens a layout without TP, whose FSDP
 #   traffic hides behind compute, comes out ahead. torchtitan's own measurements agree in
 #   direction (the claim above): its 8B on FSDP alone moves more tokens a GPU than FSDP 8 ×
 #   async TP 8 in its async-TP benchmark.
@@ -1010,7 +1025,7 @@ print(
 # 1. Ask the planner the inference question on B200s: `print(why(plan_inference(model(
 #    "cosmos-transfer2.5-2b"), hardware("b200"), 8, 84480, 35)))`. Does cfgp still win?
 #
-#    <details><summary>Hint</summary>Barely: 32.3 s against 32.5 s for cp 8. On NVLink 5
+#    <details><summary>Hint</summary>Barely: 32.1 s against 32.4 s for cp 8. On NVLink 5
 #    (740 GB/s busbw) the all-to-alls cost almost nothing; on H100 NVL's PCIe the smaller
 #    Ulysses group is what made cfgp win by 1.5 s.</details>
 # 2. Check a row the model was not fitted on: ConsisID with Ring 3 × CFG 2 on 6 GPUs took
@@ -1018,7 +1033,7 @@ print(
 #    cp_kind="ring", cfgp=2), Workload("diffusion", seq=17776, steps=50), FITTED["h100-sxm"])`
 #    and compare (it is a row of `GENERALIZATION.toml`).
 #
-#    <details><summary>Hint</summary>About 17.1 s, half the measurement: at 6 GPUs each
+#    <details><summary>Hint</summary>About 16.8 s, half the measurement: at 6 GPUs each
 #    one holds about 5,925 tokens (17,776 / 3) of a model of 6.0 B parameters, and the overheads a FLOP count does not see, per step
 #    (kernel launches, Python) and per video inside xDiT's timer (the text encode, the image's
 #    VAE encode and the decode; the face models run before it starts), no longer shrink. A
@@ -1028,8 +1043,9 @@ print(
 #    intra_busbw=H100.intra_busbw / 20)`, then re-run the 256K ring row of
 #    [section 2](#2-every-labs-formula-at-a-real-size) (the
 #    `ring_256k = predict(...)` line) with `slow` in place of `H100`, and print
-#    `breakdown["exposed: cp"]`. Try `/ 100` and `/ 200`, then the same with
-#    `Layout(cp=8, cp_kind="zigzag", cp_rotate="alltoall")`: when does it stop being zero?
+#    `breakdown["exposed: cp"]` less the merges (`merges_256k`, the same on any link). Try
+#    `/ 100` and `/ 200`, then the same with `Layout(cp=8, cp_kind="zigzag",
+#    cp_rotate="alltoall")`: when does the transfer stop hiding?
 #
 #    <details><summary>Hint</summary>Already about 1 s at 1/20: torchtitan's default
 #    all-gathers the 7 other shards' K/V (7 × 128 MiB, 51 ms at 18.5 GB/s) behind the first

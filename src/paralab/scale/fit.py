@@ -17,8 +17,8 @@ from paralab.scale.cases import Case
 from paralab.scale.predict import FLOP_COUNTS, Prediction, predict
 
 FITTED: dict[str, dict[str, float]] = {
-    "h100-sxm": {"gemm": 0.49, "attention": 0.25},
-    "h100-nvl": {"gemm": 0.49, "attention": 0.3},
+    "h100-sxm": {"gemm": 0.52, "attention": 0.25},
+    "h100-nvl": {"gemm": 0.52, "attention": 0.3},
 }
 GRID = [round(0.2 + 0.01 * i, 2) for i in range(81)]
 

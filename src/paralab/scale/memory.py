@@ -20,7 +20,7 @@ import tomllib
 from paralab.pp.costs import in_flight_formula
 from paralab.scale.hardware import GiB
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Workload, fsdp_block_params, fsdp_shard
+from paralab.scale.predict import Layout, Workload, fsdp_block_params, fsdp_shard, stage_split
 
 ACT = 2
 """bf16 activations."""
@@ -86,7 +86,8 @@ def stage_memory(
     states = {name: size * m.params / shard for name, size in STATE_BYTES.items()}
     microbatches = lo.microbatches if lo.pp > 1 else 1
     tokens = local_batch // microbatches * w.seq // lo.cp
-    chunk_layers = -(-m.layers // (lo.pp * lo.virtual))
+    first_layers, last_layers = stage_split(m, lo, w)  # the planner's split of the layers
+    chunk_layers = -(-(last_layers if rank == lo.pp - 1 else first_layers) // lo.virtual)
     in_flight = (
         in_flight_formula(lo.schedule, lo.pp, microbatches, rank, lo.virtual) if lo.pp > 1 else 1
     )

@@ -97,8 +97,9 @@ def powers_of_two(limit: int) -> list[int]:
 
 def layers_split(m: ModelShape, stages: int) -> bool:
     """At least one layer a stage. An uneven split runs (Llama 3 put 126 layers on 16 stages,
-    DeepSeek-V3 61 on 16): its busiest stage holds ceil(layers / stages) layers and sets the
-    pace, which the time and memory models count."""
+    DeepSeek-V3 61 on 16): `paralab.scale.predict.stage_split` chooses how many the last stage,
+    which also runs the output layer and the loss, holds; the busiest stage sets the pace, which
+    the time and memory models count."""
     return stages <= m.layers
 
 

@@ -15,10 +15,10 @@ mechanism, as the engines do it:
 | FSDP all-gather / reduce-scatter | prefetched: hidden behind the neighbouring block's compute, the excess shows |
 | ring attention hop | hidden behind the block of attention it feeds, the excess shows |
 | torchtitan CP's K/V all-gather (default) | hidden behind the first sub-SDPA, the excess shows |
-| TP, async under torchtitan | the forward's (and its recompute's) collectives hidden, the backward's exposed |
+| TP, async under torchtitan | fused with its matmul in both passes: the excess shows; dW's re-gathers exposed |
 | TP, overlapped under Megatron | hidden in both passes |
-| Ulysses all-to-all, EP all-to-all, TP without overlap, cfgp swap | exposed |
-| PP | the bubble of `paralab.pp.simulate`'s schedule, plus the fill and drain sends |
+| Ulysses all-to-all, EP all-to-all (MoE layers only), TP without overlap, cfgp swap | exposed |
+| PP | the bubble of `paralab.pp.simulate`'s schedule, plus each schedule's exposed sends (`pp_send_stretch`) |
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from paralab.cfgp.costs import cfgp_bytes
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_gqa_bytes, usp_bytes
 from paralab.fsdp.costs import traffic_formula
 from paralab.pp.clock import simulate
-from paralab.pp.costs import boundary_bytes, bubble_formula
+from paralab.pp.costs import boundary_bytes, bubble_formula, exposed_link_formula
 from paralab.scale.hardware import BASE_LATENCY, NET_OVERHEAD, STEP_LATENCY, Hardware
-from paralab.scale.models import ModelShape
+from paralab.scale.models import ModelShape, attention_matmul
 from paralab.tp.costs import block_bytes
 
 LEDGER_ITEMSIZE = 8
@@ -130,7 +130,7 @@ class Workload:
     """For "attention": the forward alone (ring-flash-attention's "fwd only" rows)."""
     engine: str = "torchtitan"
     """Whose kernels and overlap run a training step: "torchtitan" (torch ops, eager unless
-    `compile`; async TP hides the forward's TP collectives) or "megatron" (Megatron-Core with
+    `compile`; async TP fuses TP collectives into their matmuls) or "megatron" (Megatron-Core with
     Transformer Engine: fused norm, RoPE, activation and loss kernels; TP communication
     overlapped in both passes). `ENGINES`."""
 
@@ -279,10 +279,12 @@ def compute_time(
 
 def gemm_pass_bytes(m: ModelShape, lo: Layout, tokens: float) -> float:
     """HBM bytes one pass of a layer's matmuls moves on one rank (bf16): its weight shard read
-    once, and each matmul's input read and output written once: per token q, k, v and o, the
-    SwiGLU's w1, w3 and w2, elements 4 h + 2 attn + 2 kv + 3 ffn, cut over tp."""
+    once, and each matmul's input read and output written once: per token q, k, v and o, and
+    the MLP's matrices (SwiGLU's w1 and w3 write and w2 reads the width a token passes through,
+    GPT's fc1 writes and fc2 reads it), elements 4 h + 2 attn + 2 kv + mlp_matrices x width,
+    cut over tp."""
     kv = m.kv_heads * m.head_dim
-    per_token = 4 * m.hidden + 2 * m.attention_width + 2 * kv + 3 * m.ffn
+    per_token = 4 * m.hidden + 2 * m.attention_width + 2 * kv + m.mlp_matrices * m.mlp_width()
     return ACT_BYTES * (m.matmul_per_layer + tokens * per_token) / lo.tp
 
 
@@ -414,6 +416,48 @@ def layer_forward_flops(m: ModelShape, lo: Layout, w: Workload) -> tuple[float, 
     return gemm, attn
 
 
+def head_forward_flops(m: ModelShape, lo: Layout, w: Workload) -> float:
+    """The output layer's forward FLOPs on one rank of the last stage: the logits of
+    `micro_batch` sequences of `seq` tokens, cut over cp x tp."""
+    return 2 * m.vocab * m.hidden * w.seq * w.micro_batch / (lo.cp * lo.tp)
+
+
+def stage_split(m: ModelShape, lo: Layout, w: Workload) -> tuple[int, int]:
+    """(layers on the busiest of the first pp - 1 stages, layers on the last stage).
+
+    The output layer and the loss run on the last stage only, which paces the pipeline if it
+    also holds its even share of the layers. Megatron lets a run move layers off it
+    (`num_layers_in_last_pipeline_stage`, or `account_for_loss_in_pipeline_split`, which counts
+    the output layer and loss as a layer; NVIDIA/Megatron-LM@d98e8a6:
+    megatron/core/transformer/transformer_block.py); torchtitan weighs them the same way
+    (`pipeline_parallel_last_stage_less_layers`, pytorch/torchtitan@b5bcd76:
+    torchtitan/distributed/pipeline_parallel.py). The planner picks the last stage's share (at
+    least one layer) whose training FLOPs, the head's included, best balance the busiest other
+    stage's; the embedding's lookup on the first stage does no matmul and is not weighed."""
+    if lo.pp == 1:
+        return 0, m.layers
+    # tp and the micro-batch scale a layer and the head alike: the split does not depend on them
+    return _balanced_split(m, lo.pp, Layout(cp=lo.cp, cp_kind=lo.cp_kind), w.seq, w.ac)
+
+
+@functools.cache
+def _balanced_split(m: ModelShape, pp: int, lo: Layout, seq: int, ac: str) -> tuple[int, int]:
+    w = Workload("train", seq=seq, ac=ac)
+    gemm, attn = layer_forward_flops(m, lo, w)
+    re_gemm, re_attn = RECOMPUTE[w.ac]
+    layer = gemm * (1 + BACKWARD_GEMM + re_gemm)
+    layer += attn * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
+    head = head_forward_flops(m, lo, w) * (1 + BACKWARD_GEMM)
+    others = pp - 1
+
+    def pace(last: int) -> tuple[float, int]:
+        busiest = -(-(m.layers - last) // others)
+        return max(busiest * layer, last * layer + head), -last
+
+    last = min(range(1, m.layers - others + 1), key=pace)
+    return -(-(m.layers - last) // others), last
+
+
 def block_forward_seconds(
     m: ModelShape, hw: Hardware, lo: Layout, w: Workload, eff: dict[str, float]
 ) -> float:
@@ -446,28 +490,34 @@ def predict_train(
 ) -> Prediction:
     """One optimizer step on every GPU: `micro_batch` sequences of `seq` tokens per dp rank."""
     lo, seq, b = layout, w.seq, w.micro_batch
-    split = lo.cp * lo.tp
-    layers = -(-m.layers // lo.pp)  # the busiest stage sets the pace
     links = train_links(hw, lo)
     re_gemm, re_attn = RECOMPUTE[w.ac]
 
+    # the busiest stage sets the pace: the last (its layers, the head and the loss) or another
+    first_layers, last_layers = stage_split(m, lo, w)
     gemm_fwd_layer, attn_fwd_layer = layer_forward_flops(m, lo, w)
-    head_fwd = 2 * m.vocab * m.hidden * seq * b / split / lo.pp
+    head_fwd = head_forward_flops(m, lo, w)
     gemm_layer = gemm_fwd_layer * (1 + BACKWARD_GEMM + re_gemm)
     attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
     passes = 1 + BACKWARD_GEMM + re_gemm
     gemm_bytes = gemm_pass_bytes(m, lo, b * seq / lo.cp) * passes
-    t_gemm = layers * compute_time(gemm_layer, hw, w.dtype, eff["gemm"], gemm_bytes)
-    t_gemm += compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
-    t_attn = layers * compute_time(attn_layer, hw, "bf16", eff["attention"])
+    t_gemm_layer = compute_time(gemm_layer, hw, w.dtype, eff["gemm"], gemm_bytes)
+    t_attn_layer = compute_time(attn_layer, hw, "bf16", eff["attention"])
     tokens_local = b * seq / lo.cp
-    t_elementwise = layers * tokens_local * elementwise_bytes(m, lo, w) / hw.hbm_bandwidth
-    t_elementwise += tokens_local * loss_bytes(m, lo, w) / lo.pp / hw.hbm_bandwidth
+    t_elementwise_layer = tokens_local * elementwise_bytes(m, lo, w) / hw.hbm_bandwidth
+    t_head = compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
+    t_loss = tokens_local * loss_bytes(m, lo, w) / hw.hbm_bandwidth
+    t_layer = t_gemm_layer + t_attn_layer + t_elementwise_layer
+    last_paces = last_layers * t_layer + t_head + t_loss >= first_layers * t_layer
+    layers = last_layers if last_paces else first_layers
+    t_gemm = layers * t_gemm_layer + (t_head if last_paces else 0.0)
+    t_attn = layers * t_attn_layer
+    t_elementwise = layers * t_elementwise_layer + (t_loss if last_paces else 0.0)
     s = fsdp_shard(lo)
     local_params = m.params / (s * lo.tp * lo.pp)
     t_optim = local_params * ADAM_BYTES_PER_PARAM / hw.hbm_bandwidth
     t_fwd_block = block_forward_seconds(m, hw, lo, w, eff)
-    t_block = (t_gemm + t_attn + t_elementwise) / layers
+    t_block = t_layer
 
     out = {
         "compute: GEMM": t_gemm,
@@ -493,9 +543,10 @@ def predict_train(
         tokens = b * seq / lo.cp / (lo.tp if lo.sp else 1)
         sent = tokens * m.top_k * m.hidden * ACT_BYTES * (lo.ep - 1) / lo.ep
         calls = 2 * (2 + re_gemm)  # dispatch and combine: forward, backward, recompute
-        out["exposed: ep"] = layers * calls * link_for(hw, lo.tp, lo.ep).time(sent, lo.ep - 1)
+        moe = min(layers, m.moe_layers)  # the dense first layers route nothing
+        out["exposed: ep"] = moe * calls * link_for(hw, lo.tp, lo.ep).time(sent, lo.ep - 1)
     if lo.tp > 1:
-        exposed = _train_tp(m, lo, w, links["tp"])
+        exposed = _train_tp(m, hw, lo, w, links["tp"], eff)
         if exposed:
             out["exposed: tp"] = layers * exposed
     busy = sum(out.values())
@@ -504,7 +555,9 @@ def predict_train(
         bubble = pp_bubble(lo.schedule, lo.pp, mb, lo.virtual)
         out["pp bubble"] = busy * bubble / (1 - bubble)
         boundary = boundary_bytes(b // mb or 1, seq // lo.cp, m.hidden // lo.tp, ACT_BYTES)
-        out["exposed: pp sends"] = 2 * (lo.pp - 1) * links["pp"].time(boundary, 1)
+        forward = layers * t_fwd_block / mb  # F: one micro-batch's forward on the stage
+        send = links["pp"].time(boundary, 1)
+        out["exposed: pp sends"] = forward * pp_send_stretch(lo, mb, send / forward)
     seconds = sum(out.values())
     tokens = b * seq * lo.dp_shard * lo.dp_replicate
     rate = tokens / (seconds * lo.world)
@@ -518,24 +571,82 @@ def predict_train(
     )
 
 
-def _train_tp(m: ModelShape, lo: Layout, w: Workload, link: Link) -> float:
+def _train_tp(
+    m: ModelShape, hw: Hardware, lo: Layout, w: Workload, link: Link, eff: dict[str, float]
+) -> float:
     """Exposed TP time of one layer a step: lab 07's block bytes per phase
     (`paralab.tp.costs.block_bytes`), the forward's collectives twice under full AC (its
-    recompute replays them). Async TP hides by mechanism: torchtitan's (torch's micro-pipelined
-    all-gather-matmul and matmul-reduce-scatter) the forward's and the recompute's collectives,
-    the backward's stay exposed, as the PyTorch post that introduced it measures (~20 % faster
-    forward, ~8 % end to end on Llama 3 70B, discuss.pytorch.org/t/209487); Megatron's TP
-    communication overlap (userbuffers) pipelines both passes: nothing shows."""
+    recompute replays them). Megatron's TP communication overlap (userbuffers) pipelines both
+    passes: nothing shows. torchtitan's async TP is `_fused_tp_collectives`."""
     if lo.async_tp and w.engine == "megatron":
         return 0.0
     act = w.micro_batch * (w.seq // lo.cp) * m.hidden * ACT_BYTES
     repeats = {"forward": 2 if w.ac == "full" else 1, "backward": 1}
-    if lo.async_tp:
-        repeats["forward"] = 0
-    return sum(
-        repeats[phase] * link.time(sent, (2 if op == "all_reduce" else 1) * (lo.tp - 1), calls)
-        for (phase, op), (calls, sent) in block_bytes(act, lo.tp, sequence_parallel=lo.sp).items()
+    exposed = 0.0
+    for (phase, op), (calls, sent) in block_bytes(act, lo.tp, sequence_parallel=lo.sp).items():
+        steps = (2 if op == "all_reduce" else 1) * (lo.tp - 1)
+        if lo.async_tp and op != "all_reduce":
+            fused, calls, sent = _fused_tp_collectives(
+                m, hw, lo, w, link, eff, phase, op, calls, sent
+            )
+            exposed += repeats[phase] * fused
+        if calls:
+            exposed += repeats[phase] * link.time(sent, steps, calls)
+    return exposed
+
+
+def _fused_tp_collectives(
+    m: ModelShape,
+    hw: Hardware,
+    lo: Layout,
+    w: Workload,
+    link: Link,
+    eff: dict[str, float],
+    phase: str,
+    op: str,
+    calls: int,
+    sent: float,
+) -> tuple[float, int, float]:
+    """torchtitan's async TP: torch's `micro_pipeline_tp_pass` (torch 2.13,
+    torch/_inductor/fx_passes/micro_pipeline_tp.py), run by Inductor on every compiled graph,
+    the backward's too, fuses an all-gather into the matmul whose first operand it gathers
+    (`fuse_all_gather_matmul`) and a reduce-scatter into the matmul that produces it
+    (`fuse_matmul_reduce_scatter`); each then shows only what its transfer takes beyond its
+    matmul. With SP a block's gathers feed q, k, v and the MLP's up matmuls and its
+    reduce-scatters follow o and the down matmul; in the backward the gathered output
+    gradients feed o's and the down matmul's input-gradient matmuls, and the reduce-scatters
+    follow q, k, v's and the up matmuls' input gradients. The backward's other two gathers, of
+    the inputs the weight gradients need, are contracted over the gathered dimension: no
+    pattern matches them and they stay exposed. Returns the fused collectives' exposed time
+    and the calls and bytes left unfused."""
+    tokens = w.micro_batch * w.seq / lo.cp
+    o = m.hidden * m.attention_width
+    front = (attention_matmul(m) - o, (m.mlp_matrices - 1) * m.hidden * m.mlp_width())
+    back = (o, m.hidden * m.mlp_width())  # o and the down matmul
+    gathers_feed_front = phase == "forward"
+    weights = front if (op == "all_gather_single") == gathers_feed_front else back
+    fused = len(weights)  # one collective of each kind a sub-block (attention, MLP)
+    one = sent / calls
+    exposed = sum(
+        max(
+            0.0,
+            link.time(one, lo.tp - 1)
+            - compute_time(2 * tokens * wt / lo.tp, hw, w.dtype, eff["gemm"]),
+        )
+        for wt in weights
     )
+    return exposed, calls - fused, one * (calls - fused)
+
+
+def pp_send_stretch(lo: Layout, microbatches: int, latency: float) -> float:
+    """How much a step's sends lengthen it, in units of one micro-batch's forward: lab 08's
+    `paralab.pp.costs.exposed_link_formula` per schedule (1F1B pays on every micro-batch,
+    interleaved and ZB-H1 hide a send shorter than their slack). Where a send outlasts that
+    slack the closed form does not hold; there every micro-batch pays, as under 1F1B."""
+    try:
+        return exposed_link_formula(lo.schedule, lo.pp, microbatches, latency, lo.virtual)
+    except ValueError:
+        return exposed_link_formula("1f1b", lo.pp, microbatches, latency)
 
 
 SIMULATED_ACTIONS = 128
@@ -570,7 +681,10 @@ def _train_cp(
     "allgather" (the default) each pass all-gathers every K/V shard in one collective, issued
     before the first sub-SDPA (the diagonal block) and waited after it, so only that block hides
     it; the backward's fp32 dK, dV still travel a hop at a time (torch's `dkv_rotater` is
-    all-to-all), each behind a hop's backward block. With "alltoall" K/V move hop by hop too."""
+    all-to-all), each behind a hop's backward block. With "alltoall" K/V move hop by hop too.
+    Either way each of the cp - 1 later sub-SDPAs' partial output (and in the backward its
+    gradients) is merged into the running one between kernels (`ring_merge_time`, the
+    ring-flash-attention count a floor for torch's eager merge)."""
     cp, seq = lo.cp, w.seq
     recompute = RECOMPUTE[w.ac][1]
     if lo.cp_kind == "ulysses":
@@ -583,6 +697,9 @@ def _train_cp(
     attn_hop = 2 * seq * seq * m.attention_width / lo.tp / cp / cp
     hop_c = compute_time(attn_hop, hw, "bf16", eff["attention"])
     bwd_c = hop_c * BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED
+    q_elements = seq / cp * m.attention_width / lo.tp
+    merges = ring_merge_time(q_elements, cp - 1, hw, "forward") * (1 + recompute)
+    merges += ring_merge_time(q_elements, cp - 1, hw, "backward")
     if lo.cp_rotate == "allgather":
         gather = link.time(kv, cp - 1)
         fwd = max(0.0, gather - hop_c)
@@ -590,7 +707,7 @@ def _train_cp(
     else:
         fwd = ring_exposed(kv / (cp - 1), hop_c, cp, link)
         bwd = ring_exposed((kv + dkv) / (cp - 1), bwd_c, cp, link)
-    return fwd * (1 + recompute) + bwd
+    return fwd * (1 + recompute) + bwd + merges
 
 
 # ------------------------------------------------------------------ diffusion inference
