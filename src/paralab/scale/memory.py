@@ -2,9 +2,9 @@
 
 Every item is a count of tensors a torchtitan-style run (FSDP2 mixed precision: bf16 compute,
 fp32 master weights, fp32 gradient reduction, AdamW) keeps, per token or per parameter, times
-the bytes of its dtype. The peak is the start of the backward of the first stage's first layer
-(every saved activation alive, the loss's gradients and one layer's recomputed working set on
-top). The figure is *allocated* memory: torchtitan reports `torch.cuda.max_memory_reserved`,
+the bytes of its dtype. The peak is the start of the first stage's backward, at its last layer,
+the first to run (every saved activation alive, the loss's gradients and one layer's working
+set on top). The figure is *allocated* memory: torchtitan reports `torch.cuda.max_memory_reserved`,
 which the caching allocator's rounding and fragmentation put above it; neither that nor the CUDA
 context and NCCL's buffers (outside the allocator) are counted here.
 """
