@@ -55,10 +55,11 @@ not a measurement on the Hopper chips the cases ran on. Hopper figures found, fr
 hopper/benchmark_attn.py in Dao-AILab/flash-attention#1791 (causal, head dim 128, 8K tokens):
 FlashAttention-2 "fwd: 1.935ms, 284.1 TFLOPS", "bwd: 4.788ms, 287.1 TFLOPS" (101 %: FA2 is what
 ring-flash-attention calls and what torch's SDPA tries first) and FlashAttention-3, backward
-531.6 TFLOPS against forward 630.0 (84 %). Refitted with each, FA2's 101 % leaves three shipped
-rows outside the 25 % band (26-29 %: training attention then costs too little against the
+531.6 TFLOPS against forward 630.0 (84 %). Refitted with each, FA2's 101 % leaves two shipped
+rows outside the 25 % band (27 %: training attention then costs too little against the
 forward-only attention of the xDiT rows that share its efficiency); FA3's 84 % keeps all ten
-within (largest 23.9 %, with other fitted efficiencies), as the borrowed 79 % does. So the
+within (largest 22 %, with other fitted efficiencies), as the borrowed 79 % does
+(`tests/test_scale.py::test_the_backward_speed_ratio_refit`). So the
 shipped rows rule out FA2's ratio but do not choose between FA3's and FA4's: keeping FA4's 79 %
 is a choice, not a fit. A Hopper figure of one of the kernels the cases ran, torch's SDPA, now
 brackets it: on an H200 at three training shapes the backward ran at 0.73 to 0.88 of the
