@@ -112,7 +112,7 @@ def stage_memory(
     return items
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
     """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
     logits and the loss): the GPU that runs out first. Neither async TP nor the kind of cp

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import functools
+import gc
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -307,6 +310,19 @@ def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
     return grouped(shards[first]) if first < len(shards) else layout
 
 
+def memory_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout, str]]:
+    """The (layout, AC mode) pairs worth timing: `knob_choices`, and beside each with FSDP its
+    `hsdp_choice` where that differs."""
+    out = []
+    for chosen, mode in knob_choices(q, layout):
+        out.append((chosen, mode))
+        if chosen.dp_shard > 1:
+            hsdp = hsdp_choice(q, chosen, mode)
+            if hsdp != chosen:
+                out.append((hsdp, mode))
+    return out
+
+
 def plan_train(
     m: ModelShape,
     hw: Hardware,
@@ -317,25 +333,51 @@ def plan_train(
     dtype: str = "bf16",
     compile: bool = False,
     engine: str = "torchtitan",
+    oom: bool = True,
 ) -> list[Row]:
     """Every layout of exactly `gpus` GPUs, the ones that fit in HBM timed and ranked by step
-    time (the same job on the same GPUs: fastest step = most tokens/s/GPU), then the ones that
-    do not, by memory. Memory is counted first and only the fitting layouts are timed."""
+    time (the same job on the same GPUs: fastest step = most tokens/s/GPU), then (`oom`) the
+    ones that do not, by memory. Memory is counted first and only the fitting layouts are
+    timed."""
     q = TrainQuestion(m, hw, gpus, seq, global_batch, ac, dtype, compile, engine)
-    fitting, oom = [], []
-    for layout in train_layouts(q):
-        choices = knob_choices(q, layout)
-        if not choices:
-            oom.append(train_row(q, layout, q.ac or "full", timed=False))
-        for chosen, mode in choices:
-            fitting.append(train_row(q, chosen, mode))
-            if chosen.dp_shard > 1:
-                hsdp = hsdp_choice(q, chosen, mode)
-                if hsdp != chosen:
-                    fitting.append(train_row(q, hsdp, mode))
+    with cyclic_gc_paused():
+        fitting, too_big = search(q, oom)
     fitting.sort(key=lambda r: r.score)
-    oom.sort(key=lambda r: r.total_memory)
-    return fitting + oom
+    too_big.sort(key=lambda r: r.total_memory)
+    return fitting + too_big
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """A search allocates hundreds of thousands of rows, layouts and memory items, and keeps
+    them: none is cyclic garbage, yet Python's cyclic collector walked them all again at every
+    full collection (a third of the CPU of asking the 46 published rows' questions)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
+    """`plan_train`'s rows, unsorted: those that fit, timed, and (`oom`) those that do not."""
+    fitting, too_big = [], []
+    chosen_for: dict[Layout, list[tuple[Layout, str]]] = {}
+    for layout in train_layouts(q):
+        # Neither async TP nor the kind of cp changes memory (`memory.train_memory`): layouts
+        # that differ only there fit alike, so their knobs are chosen once (a third of the
+        # search's memory counts at cp > 1).
+        alike = replace(layout, async_tp=False, cp_kind="zigzag")
+        if alike not in chosen_for:
+            chosen_for[alike] = memory_choices(q, alike)
+        if oom and not chosen_for[alike]:
+            too_big.append(train_row(q, layout, q.ac or "full", timed=False))
+        for chosen, mode in chosen_for[alike]:
+            own = replace(chosen, async_tp=layout.async_tp, cp_kind=layout.cp_kind)
+            fitting.append(train_row(q, own, mode))
+    return fitting, too_big
 
 
 def what_would_fit(q: TrainQuestion) -> str:
@@ -852,7 +894,7 @@ WHY_NOT_FIRST = {
 @dataclass
 class RankCheck:
     """A published training row asked of the planner: the row's question (model, hardware,
-    GPUs, sequence, global batch, dtype, compile), once with every AC mode open and once at the
+    GPUs, sequence, global batch, dtype, compile) with every AC mode open, and on demand at the
     run's own AC mode."""
 
     name: str
@@ -864,8 +906,14 @@ class RankCheck:
     first: Row
     published: Row | None
     """The fastest fitting row with the published degrees."""
-    rank_at_ac: int | None
-    """The published degrees' rank when the planner is held to the run's AC mode."""
+    question: TrainQuestion
+    """The row's question, every AC mode open."""
+
+    @functools.cached_property
+    def rank_at_ac(self) -> int | None:
+        """The published degrees' rank when the planner is held to the run's AC mode: a second
+        search, run only when asked (a recompute reason, a table), not for every row."""
+        return tuple_rank(planned(replace(self.question, ac=self.ac)), self.degrees)[0]
 
     @property
     def gap(self) -> float:
@@ -894,17 +942,18 @@ class RankCheck:
         return "recompute" if item.startswith("compute") else item
 
 
-def plan_question(q: TrainQuestion) -> list[Row]:
+def plan_question(q: TrainQuestion, oom: bool = True) -> list[Row]:
     """`plan_train` of a question."""
     question = (q.model, q.hardware, q.gpus, q.seq, q.global_batch, q.ac, q.dtype)
-    return plan_train(*question, q.compile, q.engine)
+    return plan_train(*question, q.compile, q.engine, oom=oom)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # the published rows that share a question come together
 def planned(q: TrainQuestion) -> tuple[Row, ...]:
-    """`plan_question`, asked once: published rows that differ only in what the question
-    leaves out (async TP or not, the pipeline schedule) share it."""
-    return tuple(plan_question(q))
+    """The layouts that fit `q`, ranked, asked once: published rows that differ only in what
+    the question leaves out (async TP or not, the pipeline schedule) share it. A rank among
+    them reads no layout that does not fit, so none is counted."""
+    return tuple(plan_question(q, oom=False))
 
 
 def rank_published(case: Case, hw: Hardware | None = None) -> RankCheck:
@@ -915,10 +964,11 @@ def rank_published(case: Case, hw: Hardware | None = None) -> RankCheck:
         case.model, hw or case.hardware, case.gpus, w.seq, batch, None, w.dtype, w.compile, w.engine
     )
     rows = planned(q)
+    if not rows:
+        raise ValueError(f"{case.name}: no layout of {case.gpus} GPUs fits its question")
     rank, tuples = tuple_rank(rows, degrees(lo))
-    at_ac, _ = tuple_rank(planned(replace(q, ac=w.ac)), degrees(lo))
     published = next((r for r in rows if not r.oom and degrees(r.layout) == degrees(lo)), None)
-    return RankCheck(case.name, degrees(lo), w.ac, rank, tuples, rows[0], published, at_ac)
+    return RankCheck(case.name, degrees(lo), w.ac, rank, tuples, rows[0], published, q)
 
 
 def rank_table(checks: list[RankCheck]) -> str:

@@ -188,7 +188,7 @@ def link_for(hw: Hardware, stride: int, size: int) -> Link:
     return Link(hw.intra_link, hw.intra_busbw, STEP_LATENCY[hw.intra_link], 1, size)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp,
     tp), and "dp_shard_cp", the flattened dp_shard x cp group FSDP shards over (adjacent in the
@@ -377,7 +377,7 @@ def _scaled(ledger_bytes: int, itemsize: int) -> float:
     return ledger_bytes * itemsize / LEDGER_ITEMSIZE
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def fsdp_unit_bytes(numel: int, layout: Layout, inference: bool = False) -> dict[str, float]:
     """Lab 01's `traffic_formula` for one unit at real dtypes: bytes one rank sends per gather
     (bf16), per reduce-scatter and per replica all-reduce (fp32). Training shards over
@@ -441,7 +441,7 @@ def stage_split(m: ModelShape, lo: Layout, w: Workload) -> tuple[int, int]:
     return _balanced_split(m, lo.pp, Layout(cp=lo.cp, cp_kind=lo.cp_kind), w.seq, w.ac)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def _balanced_split(m: ModelShape, pp: int, lo: Layout, seq: int, ac: str) -> tuple[int, int]:
     w = Workload("train", seq=seq, ac=ac)
     gemm, attn = layer_forward_flops(m, lo, w)
