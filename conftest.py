@@ -20,6 +20,13 @@ import sys
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+# Every notebook kernel nbval starts runs its lab's single-process references with one intra-op
+# thread, as the ranks do (launch.py). With torch's default (one thread per core), a kernel's
+# OpenMP threads fight the other workers' processes for the 2 cores: lab 09 under the suite's
+# load took 139.8 s with the default and 23.9 s with one thread (`_build_nb.py --profile`).
+# notebooks._kernel_env does the same for the main command's kernels.
+os.environ["OMP_NUM_THREADS"] = "1"
+
 SLOWEST_FIRST = (
     "tests/test_grade_attacks.py",
     "tests/test_site.py",
