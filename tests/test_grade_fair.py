@@ -3,6 +3,7 @@ is bound to, withholds every package function that answers an exercise whole, ru
 Python lives, says why a grading process died, blames itself when every submission dies the same
 way, and lists what it grades when given no notebook."""
 
+import functools
 import json
 import os
 import subprocess
@@ -139,8 +140,16 @@ def test_no_package_function_answers_an_in_process_exercise_in_the_graders_copy(
         "print(json.dumps({n: answering(n, e, 0, 0) for n, e in expected.items()}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(package)}
+    # Under the sandbox's own caps, as a submission would call them: uncapped, one call
+    # (`forward_flops` given the string "selective" as its token count) filled a 3.9 GB string,
+    # half of the scan's CPU; capped, it raises MemoryError at once, as it would for a student.
     done = subprocess.run(
-        [sys.executable, "-c", scan], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", scan],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        preexec_fn=functools.partial(sandbox._limits, sandbox.MEMORY_BYTES),
     )
     found = json.loads(done.stdout.splitlines()[-1])
     assert found.keys() == set(names)
