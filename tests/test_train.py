@@ -175,23 +175,6 @@ def test_every_ac_mode_and_optimizer_on_8_ranks():
     )
 
 
-def test_lab05_pictures_draw():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from paralab import viz
-
-    fig = viz.plot_token_ownership([0, 0, 1, 1], [[0, 1], [2, 3], [0, 1], [2, 3]], 4)
-    fig.canvas.draw()
-    plt.close(fig)
-    cells = {("dp_shard", "forward"): (10, 10), ("cp", "recompute"): (4, 4)}
-    fig = viz.plot_group_phase_bytes({"a": cells, "b": cells})
-    fig.canvas.draw()
-    plt.close(fig)
-
-
 def _equal_counts_on_2_ranks():
     from paralab.train.tokens import RULES, masked_step
 
