@@ -7,7 +7,15 @@ import pytest
 import torch.distributed as dist
 
 from paralab.exercises import EXERCISES
-from paralab.grade import NOT_IMPLEMENTED, grade, report
+from paralab.grade import (
+    NOT_IMPLEMENTED,
+    WorldRun,
+    case_outputs,
+    grade,
+    launch_world,
+    report,
+    score,
+)
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
@@ -24,12 +32,38 @@ def _target(exercise):
     return getattr(__import__(module_name, fromlist=[attr]), attr)
 
 
+def _reference_then_each(learners, solution, cases, normalize, rank=None, world=None):
+    """On every rank: the reference's outputs, then each learner's, each on fresh inputs (fresh
+    cases build fresh process groups: what one learner left unreceived never reaches the next)."""
+    expected = [out for _, out in case_outputs(solution, cases, normalize, rank, world)]
+    return [case_outputs(fn, cases, normalize, rank, world) for fn in learners], expected
+
+
+def grade_each(exercise, learners):
+    """`grade(exercise, learner)` of each learner (visible cases), every learner of a world size in
+    one launch: a launch costs more than most bugs' cases. Where that launch fails as a whole (a
+    hang, a dead rank), each learner is graded alone instead, so one's failure is never another's."""
+    runs = [[] for _ in learners]
+    for world in exercise.world_sizes:
+        args = (learners, exercise.reference(), exercise.cases, exercise.normalize)
+        both, _, _ = launch_world(
+            _reference_then_each, world, args, exercise.timeout * len(learners)
+        )
+        if both is None:
+            return [grade(exercise, learner) for learner in learners]
+        for i, found in enumerate(runs):
+            found.append(
+                WorldRun(world, False, [each[i] for each, _ in both], [e for _, e in both])
+            )
+    return [score(exercise, found) for found in runs]
+
+
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_every_known_bug_fails_and_is_located(name):
     exercise = EXERCISES[name]
     assert exercise.bugs, f"{name} has no bug variant to prove its check can fail"
-    for what, bug, pointer in exercise.bugs:
-        outcome = grade(exercise, bug)
+    outcomes = grade_each(exercise, [bug for _, bug, _ in exercise.bugs])
+    for (what, _, pointer), outcome in zip(exercise.bugs, outcomes, strict=True):
         text = report(exercise, outcome)
         assert outcome.verdict in ("FAIL", "PARTIAL") and outcome.points < exercise.points, (
             f"{what}: {text}"
