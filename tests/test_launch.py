@@ -28,6 +28,14 @@ from paralab.launch import LaunchError, LaunchTimeout, run, start_forkserver
 MESSAGE_BYTES_AT_MOST = 30_000
 
 
+def _ones_input(op, rank, n):
+    """An 'edited' op_input: every rank contributes ones, so an all-reduce gives n."""
+    return torch.ones(n if op == "reduce_scatter" else 1, dtype=torch.float64)
+
+
+ONES_INPUT = {"paralab.collectives.runs": {"op_input": _ones_input}}
+
+
 def _rank_and_sum():
     t = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(t)
@@ -226,18 +234,28 @@ def test_bad_arguments_give_clear_errors():
         run(_rank_and_sum, 2, start_method="fork")
 
 
-def _timed_launch(**kwargs) -> float:
+def _timed_patched_launch(**kwargs) -> float:
+    """The package's own worker on 2 ranks with an edited `op_input`: the edit must reach them."""
+    from paralab.collectives import runs
+
     start = time.monotonic()
-    assert [r[0] for r in run(_rank_and_sum, 2, **kwargs)] == [0, 1]
-    return time.monotonic() - start
+    edited = run(runs.forward_job, 2, patches=ONES_INPUT, **kwargs)
+    seconds = time.monotonic() - start
+    assert [r["all_reduce"].tolist() for r in edited] == [[2.0], [2.0]], kwargs
+    return seconds
 
 
-def test_warm_forkserver_launch_beats_spawn():
-    """spawn pays `import torch` in every rank (~1 s each); the preloaded forkserver does not."""
-    _timed_launch()
-    warm = min(_timed_launch() for _ in range(2))
-    spawned = _timed_launch(start_method="spawn")
+def test_warm_forkserver_launch_beats_spawn_and_patches_reach_spawned_ranks():
+    """spawn pays `import torch` in every rank (~1 s each); the preloaded forkserver does not.
+    The spawned launch also shows `patches=` reaching ranks under spawn (spawned ranks cost an
+    import each: one spawned launch checks both)."""
+    from paralab.collectives import runs
+
+    _timed_patched_launch()
+    warm = min(_timed_patched_launch() for _ in range(2))
+    spawned = _timed_patched_launch(start_method="spawn")
     assert warm < spawned / 3, f"warm forkserver {warm:.2f} s vs spawn {spawned:.2f} s"
+    assert runs.op_input is not _ones_input  # the caller's process was never patched
 
 
 def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
@@ -333,26 +351,15 @@ def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path, private_tmp):
 
 
 # --------------------------------------------------------------------------- patches=
-def _ones_input(op, rank, n):
-    """An 'edited' op_input: every rank contributes ones, so an all-reduce gives n."""
-    return torch.ones(n if op == "reduce_scatter" else 1, dtype=torch.float64)
-
-
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_patches_reach_a_package_worker(start_method):
-    """The package's own worker, imported by the ranks, runs the replacement on every rank."""
+def test_patches_reach_a_package_worker():
+    """The package's own worker, imported by the ranks, runs the replacement on every rank
+    (under spawn too: `test_warm_forkserver_launch_beats_spawn_and_patches_reach_spawned_ranks`)."""
     from paralab.collectives import runs
 
-    edited = run(
-        runs.forward_job,
-        2,
-        start_method=start_method,
-        patches={"paralab.collectives.runs": {"op_input": _ones_input}},
-    )
+    edited = run(runs.forward_job, 2, patches=ONES_INPUT)
     assert [r["all_reduce"].tolist() for r in edited] == [[2.0], [2.0]]
-    if start_method == "forkserver":  # the unpatched result, once: spawn ranks cost an import each
-        plain = run(runs.forward_job, 2, start_method=start_method)
-        assert [r["all_reduce"].tolist() for r in plain] == [[10.0, 12.0], [10.0, 12.0]]
+    plain = run(runs.forward_job, 2)
+    assert [r["all_reduce"].tolist() for r in plain] == [[10.0, 12.0], [10.0, 12.0]]
     assert runs.op_input is not _ones_input  # the caller's process was never patched
 
 
@@ -557,13 +564,17 @@ def test_stale_rank_variables_fail_fast_naming_them(monkeypatch):
     assert time.monotonic() - start < 2
 
 
-def test_a_script_without_main_guard_runs_and_its_ranks_do_not_import_it(tmp_path, private_tmp):
+def test_an_unguarded_script_runs_once_and_what_only_it_can_name_is_refused_with_why(
+    tmp_path, private_tmp
+):
     """Ranks never import the parent's main script again: the top-level `run()` of an unguarded
-    script runs once, in the script, and the script's imports cost the ranks nothing."""
+    script runs once, in the script, and the script's imports cost the ranks nothing. So what
+    only the script can name (a cached function travels by name) is refused, saying why. One
+    script shows both: each claim is its own line of output or error."""
     script = _script(
         tmp_path,
         """
-        import os
+        import functools, os
         import torch.distributed as dist
         from paralab.launch import run
 
@@ -573,32 +584,19 @@ def test_a_script_without_main_guard_runs_and_its_ranks_do_not_import_it(tmp_pat
         def who():
             return dist.get_rank()
 
-        print("results", run(who, 2, timeout=60))
-        """,
-    )
-    runs = tmp_path / "top-level-runs.txt"
-    done = _run_script(script, private_tmp, env_extra={"TOP_LEVEL_RUNS": str(runs)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["results [0, 1]"]
-    assert runs.read_text().splitlines() == ["the script's top level ran"]
-
-
-def test_what_only_the_main_script_can_name_is_refused_with_why(tmp_path, private_tmp):
-    script = _script(
-        tmp_path,
-        """
-        import functools
-        from paralab.launch import run
-
         @functools.cache
         def square(x):
             return x * x
 
-        if __name__ == "__main__":
-            run(square, 2, 3, timeout=60)
+        print("results", run(who, 2, timeout=60), flush=True)
+        run(square, 2, 3, timeout=60)
+        print("square ran")
         """,
     )
-    done = _run_script(script, private_tmp)
+    runs = tmp_path / "top-level-runs.txt"
+    done = _run_script(script, private_tmp, env_extra={"TOP_LEVEL_RUNS": str(runs)})
+    assert done.stdout.splitlines() == ["results [0, 1]"], done.stderr
+    assert runs.read_text().splitlines() == ["the script's top level ran"]
     assert done.returncode == 1
     assert "ranks [0, 1] raised AttributeError: Can't get attribute 'square'" in done.stderr
     assert "ranks do not import the parent's `__main__`" in done.stderr
