@@ -646,12 +646,15 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
     """The forkserver is forked from the caller (no second `import torch`), after the caller ran
     a two-thread op, drew random numbers, set a signal handler and defined names in `__main__`:
     the ranks still start as a fresh interpreter's would (`paralab.launch`'s header), with the
-    caller's objects in gc's permanent generation."""
+    caller's objects in gc's permanent generation. The caller imported FSDP: its ranks start
+    with Dynamo preloaded, not the compiler (`PRELOAD_IF_IMPORTED`; the caller without FSDP is
+    `test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked`)."""
     script = _script(
         tmp_path,
         """
         import multiprocessing.forkserver, os, signal, sys
         import torch
+        import torch.distributed.fsdp
         from paralab.launch import run
 
         torch.set_num_threads(2)
@@ -675,6 +678,8 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
                 hasattr(__main__, "MARK"),
                 sys.stdin is None or sys.stdin.read() == "",
                 float((x @ x).sum()) == float((x @ x).sum()),
+                "torch._dynamo" in sys.modules,
+                "functorch.compile" in sys.modules,
             )
 
         print(run(probe, 2, timeout=60))
@@ -688,7 +693,7 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
     done = _run_script(script, private_tmp, input="the caller's stdin\n")
     assert done.returncode == 0, done.stderr
     ranks, forkserver = done.stdout.splitlines()
-    assert ranks == str([(True, True, 1, 67280421310721, True, False, True, True)] * 2)
+    assert ranks == str([(True, True, 1, 67280421310721, True, False, True, True, True, False)] * 2)
     assert forkserver == "True False", "the forkserver is the caller's fork, not a new interpreter"
 
 
@@ -735,7 +740,9 @@ def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
     """The engine facts behind `FORKSERVER_PRELOAD` and `PRELOAD_IF_IMPORTED`: the first
     `backward(grad)` imports symbolic_shapes, the first `fully_shard` imports Dynamo and the first
     `torch.compile` AOTAutograd. A caller that imported no FSDP, DTensor or Dynamo gets ranks
-    without them; one that imported FSDP gets ranks that start with FSDP and Dynamo loaded."""
+    without them; one that imported FSDP gets ranks that start with FSDP and Dynamo loaded (in
+    `test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state`, whose caller
+    imports FSDP: one fresh interpreter fewer)."""
     script = _script(
         tmp_path,
         """
@@ -743,12 +750,10 @@ def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
         import torch
         from paralab.launch import run
 
-        def probe(only_the_start):
+        def probe():
             import sys, torch
             from torch.distributed.fsdp import fully_shard
             started = "torch._dynamo" in sys.modules, "functorch.compile" in sys.modules
-            if only_the_start:
-                return started
             fully_shard(torch.nn.Linear(2, 2))
             sharded = "torch._dynamo" in sys.modules
             torch.compile(lambda x: x + 1, backend="aot_eager")(torch.ones(2))
@@ -758,7 +763,7 @@ def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
         before = SHAPES in sys.modules
         torch.ones(2, requires_grad=True).backward(torch.ones(2))
         print(before, SHAPES in sys.modules)
-        print(run(probe, 1, "torch.distributed.fsdp" in sys.modules, timeout=120)[0])
+        print(run(probe, 1, timeout=120)[0])
         """,
     )
     done = _run_script(script, private_tmp)
@@ -766,10 +771,3 @@ def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
     backward, plain = done.stdout.splitlines()
     assert backward == "False True", "the first backward(grad) imports symbolic_shapes"
     assert plain == "((False, False), True, True)", "fully_shard imports Dynamo; compile, AOT"
-    # What the first fully_shard and compile import was shown above: here only the start counts.
-    script.write_text("import torch.distributed.fsdp\n" + script.read_text())
-    done = _run_script(script, private_tmp)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[1] == "(True, False)", (
-        "a caller that imported FSDP gets ranks with Dynamo preloaded, not the compiler"
-    )
