@@ -12,7 +12,6 @@ context and NCCL's buffers (outside the allocator) are counted here.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from pathlib import Path
 
 import tomllib
@@ -20,7 +19,14 @@ import tomllib
 from paralab.pp.costs import in_flight_formula
 from paralab.scale.hardware import GiB
 from paralab.scale.models import ModelShape, model
-from paralab.scale.predict import Layout, Workload, fsdp_block_params, fsdp_shard, stage_split
+from paralab.scale.predict import (
+    Layout,
+    Workload,
+    changed,
+    fsdp_block_params,
+    fsdp_shard,
+    stage_split,
+)
 
 ACT = 2
 """bf16 activations."""
@@ -119,7 +125,7 @@ def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> di
     changes a tensor counted here: layouts that differ only there share the answer (the planner
     asks each)."""
     if lo.async_tp or lo.cp_kind != "zigzag":
-        return train_memory(m, replace(lo, async_tp=False, cp_kind="zigzag"), w, local_batch)
+        return train_memory(m, changed(lo, async_tp=False, cp_kind="zigzag"), w, local_batch)
     first = stage_memory(m, lo, w, local_batch, 0)
     if lo.pp == 1:
         return first

@@ -36,7 +36,15 @@ from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
 from paralab.scale.heldout import GENERALIZATION
 from paralab.scale.memory import train_memory
 from paralab.scale.models import MODELS, ModelShape, model
-from paralab.scale.predict import ENGINES, Layout, Prediction, Workload, link_for, predict
+from paralab.scale.predict import (
+    ENGINES,
+    Layout,
+    Prediction,
+    Workload,
+    changed,
+    link_for,
+    predict,
+)
 from paralab.tables import text_table
 from paralab.vae_lb.costs import encode_cost, exchange_bytes
 from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalance
@@ -283,7 +291,7 @@ def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout,
         first = bisect.bisect_left(counts, True, key=lambda k, ac=ac: fits(q, layout, ac, k))
         if first < len(counts) and counts[first] < fewest:
             fewest = counts[first]
-            out.append((replace(layout, microbatches=fewest if fewest > 1 else 0), ac))
+            out.append((changed(layout, microbatches=fewest if fewest > 1 else 0), ac))
     return out
 
 
@@ -303,7 +311,7 @@ def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
     shards = divisors(dp)[:-1]
 
     def grouped(shard: int) -> Layout:
-        return replace(layout, dp_shard=shard, dp_replicate=dp // shard)
+        return changed(layout, dp_shard=shard, dp_replicate=dp // shard)
 
     # a larger shard group only holds less: the first that fits, by bisection
     first = bisect.bisect_left(shards, True, key=lambda shard: fits(q, grouped(shard), ac))
@@ -369,13 +377,13 @@ def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
         # Neither async TP nor the kind of cp changes memory (`memory.train_memory`): layouts
         # that differ only there fit alike, so their knobs are chosen once (a third of the
         # search's memory counts at cp > 1).
-        alike = replace(layout, async_tp=False, cp_kind="zigzag")
+        alike = changed(layout, async_tp=False, cp_kind="zigzag")
         if alike not in chosen_for:
             chosen_for[alike] = memory_choices(q, alike)
         if oom and not chosen_for[alike]:
             too_big.append(train_row(q, layout, q.ac or "full", timed=False))
         for chosen, mode in chosen_for[alike]:
-            own = replace(chosen, async_tp=layout.async_tp, cp_kind=layout.cp_kind)
+            own = changed(chosen, async_tp=layout.async_tp, cp_kind=layout.cp_kind)
             fitting.append(train_row(q, own, mode))
     return fitting, too_big
 

@@ -24,7 +24,7 @@ mechanism, as the engines do it:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from paralab.cfgp.costs import cfgp_bytes
 from paralab.cp.costs import ring_bytes, shard_bytes, ulysses_gqa_bytes, usp_bytes
@@ -114,6 +114,19 @@ class Layout:
         return self.dp_shard * self.dp_replicate * self.cp * self.tp * self.pp * self.cfgp
 
 
+LAYOUT_FIELDS = frozenset(f.name for f in fields(Layout))
+
+
+def changed(layout: Layout, **changes: object) -> Layout:
+    """`dataclasses.replace` of a `Layout` at a fifth of its cost: the fields copied, `__init__`
+    (which only stores them) not run again. A planner search asks for about a million."""
+    if not changes.keys() <= LAYOUT_FIELDS:
+        raise TypeError(f"Layout has no field {sorted(changes.keys() - LAYOUT_FIELDS)}")
+    new = object.__new__(Layout)
+    vars(new).update(vars(layout), **changes)
+    return new
+
+
 @dataclass(frozen=True)
 class Workload:
     kind: str  # "train", "diffusion", "attention"
@@ -188,17 +201,21 @@ def link_for(hw: Hardware, stride: int, size: int) -> Link:
     return Link(hw.intra_link, hw.intra_busbw, STEP_LATENCY[hw.intra_link], 1, size)
 
 
-@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp,
     tp), and "dp_shard_cp", the flattened dp_shard x cp group FSDP shards over (adjacent in the
     mesh, so its stride is tp's size)."""
+    return _mesh_links(hw, *(getattr(layout, axis) for axis in TRAIN_MESH))
+
+
+@functools.lru_cache(maxsize=1 << 12)  # keyed by the mesh's sizes alone: a search's few hundred
+def _mesh_links(hw: Hardware, *sizes: int) -> dict[str, Link]:
     out, stride = {}, 1
+    mesh = dict(zip(TRAIN_MESH, sizes, strict=True))
     for axis in reversed(TRAIN_MESH):
-        size = getattr(layout, axis)
-        out[axis] = link_for(hw, stride, size)
-        stride *= size
-    out["dp_shard_cp"] = link_for(hw, layout.tp, layout.dp_shard * layout.cp)
+        out[axis] = link_for(hw, stride, mesh[axis])
+        stride *= mesh[axis]
+    out["dp_shard_cp"] = link_for(hw, mesh["tp"], mesh["dp_shard"] * mesh["cp"])
     return out
 
 
@@ -393,6 +410,13 @@ def fsdp_unit_bytes(numel: int, layout: Layout, inference: bool = False) -> dict
     }
 
 
+@functools.lru_cache(maxsize=1 << 12)  # keyed by what it reads: a search's few hundred
+def _train_unit_bytes(numel: int, shard: int, replicate: int) -> dict[str, float]:
+    """`fsdp_unit_bytes` of a training layout that shards over `shard` (dp_shard x cp) ranks
+    and replicates `replicate` times: all it reads of the layout."""
+    return fsdp_unit_bytes(numel, Layout(dp_shard=shard, dp_replicate=replicate))
+
+
 def prefetched(comm: float, compute: float, units: int) -> float:
     """Exposed time of `units` equal transfers, each prefetched behind one unit of compute:
     the first cannot hide, each later one shows only what exceeds its neighbour's compute."""
@@ -438,12 +462,14 @@ def stage_split(m: ModelShape, lo: Layout, w: Workload) -> tuple[int, int]:
     if lo.pp == 1:
         return 0, m.layers
     # tp and the micro-batch scale a layer and the head alike: the split does not depend on them
-    return _balanced_split(m, lo.pp, Layout(cp=lo.cp, cp_kind=lo.cp_kind), w.seq, w.ac)
+    return _balanced_split(m, lo.pp, lo.cp, lo.cp_kind, w.seq, w.ac)
 
 
-@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
-def _balanced_split(m: ModelShape, pp: int, lo: Layout, seq: int, ac: str) -> tuple[int, int]:
-    w = Workload("train", seq=seq, ac=ac)
+@functools.lru_cache(maxsize=1 << 16)  # keyed by plain numbers: a search asks a million times
+def _balanced_split(
+    m: ModelShape, pp: int, cp: int, cp_kind: str, seq: int, ac: str
+) -> tuple[int, int]:
+    lo, w = Layout(cp=cp, cp_kind=cp_kind), Workload("train", seq=seq, ac=ac)
     gemm, attn = layer_forward_flops(m, lo, w)
     re_gemm, re_attn = RECOMPUTE[w.ac]
     layer = gemm * (1 + BACKWARD_GEMM + re_gemm)
@@ -528,8 +554,8 @@ def predict_train(
     }
     if s * lo.dp_replicate > 1:
         link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
-        unit = fsdp_unit_bytes(fsdp_block_params(m, lo) // lo.tp, lo)
-        root = fsdp_unit_bytes(m.root_params() // lo.tp, lo)
+        unit = _train_unit_bytes(fsdp_block_params(m, lo) // lo.tp, s, lo.dp_replicate)
+        root = _train_unit_bytes(m.root_params() // lo.tp, s, lo.dp_replicate)
         ag = link.time(unit["all_gather"], s - 1)
         rs = link.time(unit["reduce_scatter"], s - 1)
         ar = links["dp_replicate"].time(unit["all_reduce"], 2 * (lo.dp_replicate - 1))
