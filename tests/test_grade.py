@@ -10,7 +10,8 @@ from paralab.exercises import EXERCISES
 from paralab.grade import (
     NOT_IMPLEMENTED,
     WorldRun,
-    case_outputs,
+    _both_outputs,
+    cases_of,
     grade,
     launch_world,
     report,
@@ -18,10 +19,69 @@ from paralab.grade import (
 )
 
 
+def _each_reference_then_learner(runs, rank=None, world=None):
+    """On every rank, for each (learner, solution, cases, normalize) in turn: what `grade` runs
+    there (the reference, then the learner, on fresh cases: fresh cases build fresh process
+    groups, so what one left unreceived never reaches the next)."""
+    return [_both_outputs(*run, rank, world) for run in runs]
+
+
+def grade_together(graded, seed=None):
+    """`grade(exercise, learner, seed)` of each (exercise, learner), everything of one world size
+    in one launch: a launch costs more than most exercises' cases. Where such a launch fails as a
+    whole (a hang, a dead rank), each is graded alone instead, so one's failure is never another's."""
+    plans = [
+        [(w, False) for w in e.world_sizes]
+        + ([(w, True) for w in e.hidden_worlds()] if seed is not None else [])
+        for e, _ in graded
+    ]
+    found = {}
+    for world in sorted({w for plan in plans for w, _ in plan}):
+        at = [(i, hidden) for i, plan in enumerate(plans) for w, hidden in plan if w == world]
+        runs = []
+        for i, hidden in at:
+            exercise, learner = graded[i]
+            cases = cases_of(exercise, hidden, seed or 0)
+            runs.append((learner, exercise.reference(), cases, exercise.normalize))
+        timeout = sum(graded[i][0].timeout for i, _ in at)
+        per_rank, _, _ = launch_world(_each_reference_then_learner, world, (runs,), timeout)
+        if per_rank is None:
+            return [grade(e, learner, seed) for e, learner in graded]
+        for k, (i, hidden) in enumerate(at):
+            found[i, world, hidden] = WorldRun(
+                world, hidden, [r[k][0] for r in per_rank], [r[k][1] for r in per_rank]
+            )
+    return [
+        score(e, [found[i, w, hidden] for w, hidden in plan])
+        for i, ((e, _), plan) in enumerate(zip(graded, plans, strict=True))
+    ]
+
+
+_GRADED: dict[str, dict] = {}
+
+
+def solutions_graded() -> dict:
+    """Every exercise's package solution, graded with the hidden cases of seed 1, by name."""
+    if "solutions" not in _GRADED:
+        names = sorted(EXERCISES)
+        outcomes = grade_together([(EXERCISES[n], _target(EXERCISES[n])) for n in names], seed=1)
+        _GRADED["solutions"] = dict(zip(names, outcomes, strict=True))
+    return _GRADED["solutions"]
+
+
+def bugs_graded() -> dict:
+    """Every known bug of every exercise, graded on the visible cases, by (exercise, index)."""
+    if "bugs" not in _GRADED:
+        keys = [(n, j) for n in sorted(EXERCISES) for j in range(len(EXERCISES[n].bugs))]
+        outcomes = grade_together([(EXERCISES[n], EXERCISES[n].bugs[j][1]) for n, j in keys])
+        _GRADED["bugs"] = dict(zip(keys, outcomes, strict=True))
+    return _GRADED["bugs"]
+
+
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_the_package_solution_passes_the_visible_and_the_hidden_cases(name):
     exercise = EXERCISES[name]
-    outcome = grade(exercise, _target(exercise), seed=1)
+    outcome = solutions_graded()[name]
     assert any(c.hidden for c in outcome.cases), f"{name} has no hidden case"
     assert outcome.verdict == "PASS", report(exercise, outcome)
     assert outcome.points == exercise.points
@@ -32,38 +92,12 @@ def _target(exercise):
     return getattr(__import__(module_name, fromlist=[attr]), attr)
 
 
-def _reference_then_each(learners, solution, cases, normalize, rank=None, world=None):
-    """On every rank: the reference's outputs, then each learner's, each on fresh inputs (fresh
-    cases build fresh process groups: what one learner left unreceived never reaches the next)."""
-    expected = [out for _, out in case_outputs(solution, cases, normalize, rank, world)]
-    return [case_outputs(fn, cases, normalize, rank, world) for fn in learners], expected
-
-
-def grade_each(exercise, learners):
-    """`grade(exercise, learner)` of each learner (visible cases), every learner of a world size in
-    one launch: a launch costs more than most bugs' cases. Where that launch fails as a whole (a
-    hang, a dead rank), each learner is graded alone instead, so one's failure is never another's."""
-    runs = [[] for _ in learners]
-    for world in exercise.world_sizes:
-        args = (learners, exercise.reference(), exercise.cases, exercise.normalize)
-        both, _, _ = launch_world(
-            _reference_then_each, world, args, exercise.timeout * len(learners)
-        )
-        if both is None:
-            return [grade(exercise, learner) for learner in learners]
-        for i, found in enumerate(runs):
-            found.append(
-                WorldRun(world, False, [each[i] for each, _ in both], [e for _, e in both])
-            )
-    return [score(exercise, found) for found in runs]
-
-
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_every_known_bug_fails_and_is_located(name):
     exercise = EXERCISES[name]
     assert exercise.bugs, f"{name} has no bug variant to prove its check can fail"
-    outcomes = grade_each(exercise, [bug for _, bug, _ in exercise.bugs])
-    for (what, _, pointer), outcome in zip(exercise.bugs, outcomes, strict=True):
+    for j, (what, _, pointer) in enumerate(exercise.bugs):
+        outcome = bugs_graded()[name, j]
         text = report(exercise, outcome)
         assert outcome.verdict in ("FAIL", "PARTIAL") and outcome.points < exercise.points, (
             f"{what}: {text}"
