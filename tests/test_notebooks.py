@@ -14,12 +14,22 @@ FLOAT = re.compile(r"(?<![\w.])[-+]?(\d+)\.(\d+)(?:[eE][-+]?\d+)?")
 MAX_SIGNIFICANT = 10
 
 
-def test_committed_notebooks_are_up_to_date():
-    done = subprocess.run(
-        [sys.executable, "_build_nb.py", "--check"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "up to date" in done.stdout
+def load_build_nb():
+    """`_build_nb.py` as a module: its `--check` runs in this process, not a fresh Python that
+    imports torch again."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_build_nb", ROOT / "_build_nb.py")
+    build_nb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_nb)
+    return build_nb
+
+
+def test_committed_notebooks_are_up_to_date(capsys):
+    code = load_build_nb().main(["--check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "up to date" in out
 
 
 def _compared_texts(cell):
@@ -112,7 +122,6 @@ def test_measure_counts_visible_code_verdict_rows_and_pictures():
 def test_check_names_a_corrupt_notebook_and_still_reports_every_other_lab(
     corruption, tmp_path, monkeypatch, capsys
 ):
-    import importlib.util
     import shutil
 
     from paralab import notebooks
@@ -123,11 +132,7 @@ def test_check_names_a_corrupt_notebook_and_still_reports_every_other_lab(
     broken = labs / "00_collectives_primer" / "collectives_primer_lab.ipynb"
     broken.write_text(corruption)
     monkeypatch.setattr(notebooks, "LABS", labs)
-    spec = importlib.util.spec_from_file_location("_build_nb", ROOT / "_build_nb.py")
-    build_nb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build_nb)
-
-    assert build_nb.main(["--check"]) == 1
+    assert load_build_nb().main(["--check"]) == 1
     lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert set(lines) == {"00_collectives_primer", "00_parallel_dims"}
     assert lines["00_collectives_primer"].startswith(f"stale: corrupt notebook {broken}")
