@@ -173,10 +173,51 @@ def plan_of(exercise: Exercise) -> list[tuple[int, bool]]:
 
 def expected(exercise: Exercise, world: int, hidden: bool, seed: int) -> list:
     """The package solution's outputs, computed once per batch in the grader's own process."""
-    key = (exercise.name, world, hidden, hidden_seed(seed, exercise) if hidden else None)
+    key = _expected_key(exercise, world, hidden, seed)
     if key not in _EXPECTED:
         _EXPECTED[key] = reference_world(exercise, world, hidden, key[3] or 0)
     return _EXPECTED[key]
+
+
+def _expected_key(exercise: Exercise, world: int, hidden: bool, seed: int) -> tuple:
+    return (exercise.name, world, hidden, hidden_seed(seed, exercise) if hidden else None)
+
+
+def _each_case_outputs(
+    runs: list[tuple], rank: int | None = None, world: int | None = None
+) -> list:
+    """On every rank: `case_outputs` of each (solution, cases, normalize) in turn, on fresh cases."""
+    return [case_outputs(*run, rank, world) for run in runs]
+
+
+def expect_all(exercises: list[Exercise], seed: int) -> None:
+    """`expected` of every planned world of `exercises`, the missing references of one world size
+    computed in one launch (a launch of ranks costs more than most references). Where that launch
+    or a reference in it fails, each is computed alone, so the error names its exercise."""
+    missing: dict[int, list[tuple[Exercise, bool]]] = {}
+    for exercise in exercises:
+        for world, hidden in plan_of(exercise):
+            if world and _expected_key(exercise, world, hidden, seed) not in _EXPECTED:
+                missing.setdefault(world, []).append((exercise, hidden))
+    for world, planned in missing.items():
+        runs = [
+            (
+                e.reference(),
+                cases_of(e, hidden, _expected_key(e, world, hidden, seed)[3] or 0),
+                e.normalize,
+            )
+            for e, hidden in planned
+        ]
+        timeout = sum(max(4 * e.timeout, 120) for e, _ in planned)
+        per_rank, _, _ = launch_world(_each_case_outputs, world, (runs,), timeout)
+        for k, (exercise, hidden) in enumerate(planned):
+            outputs = [rank[k] for rank in per_rank] if per_rank else None
+            if outputs and all(ok for rank in outputs for ok, _ in rank):
+                key = _expected_key(exercise, world, hidden, seed)
+                _EXPECTED[key] = [[out for _, out in rank] for rank in outputs]
+    for exercise in exercises:
+        for world, hidden in plan_of(exercise):
+            expected(exercise, world, hidden, seed)
 
 
 # --------------------------------------------------------------------------- what comes back
@@ -367,10 +408,8 @@ def grade_submission(
     feedback: dict[str, str] = {}
     seconds = 0.0
     if jobs:
-        for job in jobs:  # the references first: the grader's plan of cases
-            exercise = EXERCISES[job["exercise"]]
-            for world, hidden in plan_of(exercise):
-                expected(exercise, world, hidden, seed)
+        # the references first: the grader's plan of cases
+        expect_all([EXERCISES[job["exercise"]] for job in jobs], seed)
         with tempfile.TemporaryDirectory(prefix="paralab-submission-") as tmp:
             package = Path(tmp) / "src"
             shutil.copytree(pristine, package)
