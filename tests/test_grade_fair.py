@@ -208,6 +208,11 @@ def test_a_python_the_sandbox_would_hide_is_refused_up_front_in_one_line(monkeyp
     assert sandbox.unusable_python() is None
 
 
+MISSING_WORKER = "paralab_no_such_worker"
+"""A fault of the grader's own start: a worker module that does not exist. Outside the package, so
+that the process dies at once, not after paralab's first import (torch's, 1 CPU-s)."""
+
+
 def _feedback(tmp_path, who):
     return (tmp_path / who / f"{notebook_name(LAB02)[:-6]}.feedback.txt").read_text()
 
@@ -215,7 +220,7 @@ def _feedback(tmp_path, who):
 def test_a_process_that_dies_before_any_result_gives_its_cause(tmp_path, monkeypatch):
     from test_grade_notebooks import solve_in_place
 
-    monkeypatch.setattr(grading, "WORKER", "paralab.grade.no_such_worker")
+    monkeypatch.setattr(grading, "WORKER", MISSING_WORKER)
     nb = solve_in_place(release(LAB02), EXERCISES["merge_partials"])
     path = hand_in(tmp_path / "alice" / notebook_name(LAB02), nb)
     main([str(path), "--seed", "1", "--budget", "60"])
@@ -229,7 +234,7 @@ def test_when_every_submission_dies_the_same_way_the_grader_blames_itself(
 ):
     from test_grade_notebooks import solve_in_place
 
-    monkeypatch.setattr(grading, "WORKER", "paralab.grade.no_such_worker")
+    monkeypatch.setattr(grading, "WORKER", MISSING_WORKER)
     nb = solve_in_place(release(LAB02), EXERCISES["merge_partials"])
     paths = [hand_in(tmp_path / who / notebook_name(LAB02), nb) for who in ("alice", "bob")]
     code = main([str(p) for p in paths] + ["--seed", "1", "--budget", "60"])
