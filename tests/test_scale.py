@@ -1199,3 +1199,19 @@ def test_the_h200_kernel_rates_against_the_models_constants():
     assert FUSED_BYTES["norm"] < measured["rmsnorm compiled fwd"] < 1.3 * FUSED_BYTES["norm"]
     assert EAGER_BYTES["rope"] < measured["rope eager fwd (q)"] < 1.5 * EAGER_BYTES["rope"]
     assert measured["rmsnorm eager fwd"] < 1.5 * FUSED_BYTES["norm"] < EAGER_BYTES["norm"]
+
+
+def test_changed_copies_a_layout_as_replace_does_and_refuses_unknown_fields():
+    """The planner's cheap `dataclasses.replace`: the same layout, equal and hashing alike, the
+    original untouched; a misspelt field is refused as replace refuses it."""
+    from dataclasses import replace
+
+    from paralab.scale.predict import changed
+
+    lo = Layout(dp_shard=8, cp=2, cp_kind="ring", tp=4, sp=True, async_tp=True)
+    ours = changed(lo, async_tp=False, cp_kind="zigzag")
+    theirs = replace(lo, async_tp=False, cp_kind="zigzag")
+    assert ours == theirs and hash(ours) == hash(theirs) and repr(ours) == repr(theirs)
+    assert lo.async_tp and lo.cp_kind == "ring"
+    with pytest.raises(TypeError, match="tpp"):
+        changed(lo, tpp=2)
