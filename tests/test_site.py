@@ -46,7 +46,7 @@ CHROMIUM_FLAGS = [
 ]
 """No request interception (`context.route`): it turns the browser's HTTP cache off, so every
 page parsed and compiled the theme's and MathJax's scripts again, and sent each request through
-Playwright to this process and back (10 CPU-s of a crawl). A request to another host is still
+Playwright to this process and back (8 CPU-s of a crawl). A request to another host is still
 seen (the `request` event) and never reaches the network (its name does not resolve)."""
 
 
