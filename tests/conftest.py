@@ -14,18 +14,17 @@ def _one_thread_in_the_test_process():
 def _one_pristine_package_per_worker(tmp_path_factory):
     """The grader builds its stubbed, compiled package copy once per batch (1.5 CPU-s); the suite
     grades ~25 batches from the same sources, so each worker builds it once and every later batch
-    gets a copy of it (mtimes kept, so its bytecode stays valid)."""
-    import shutil
-
+    gets a copy of it (`copy_package`: hard links under bubblewrap; mtimes kept, so its bytecode
+    stays valid)."""
     from paralab.grade import __main__ as cli
+    from paralab.grade.submission import copy_package
 
     build, built = cli.pristine_package, []
 
     def copy_of_the_first(root):
         if not built:
             built.append(build(tmp_path_factory.mktemp("pristine") / "src"))
-        shutil.copytree(built[0], root)
-        return root
+        return copy_package(built[0], root)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "pristine_package", copy_of_the_first)

@@ -411,8 +411,7 @@ def grade_submission(
         # the references first: the grader's plan of cases
         expect_all([EXERCISES[job["exercise"]] for job in jobs], seed)
         with tempfile.TemporaryDirectory(prefix="paralab-submission-") as tmp:
-            package = Path(tmp) / "src"
-            shutil.copytree(pristine, package)
+            package = copy_package(pristine, Path(tmp) / "src")
             withhold_alternatives(package, sub.lab)
             run = run_sandboxed(
                 package,
@@ -526,7 +525,9 @@ def withhold_alternatives(package: Path, lab: str) -> None:
                 if (package / Path(*parts[:i])).with_suffix(".py").exists()
             )
             path = (package / Path(*parts[:split])).with_suffix(".py")
-            path.write_text(_withhold(path.read_text(), parts[split:]))
+            text = _withhold(path.read_text(), parts[split:])
+            path.unlink()  # a hard link to the pristine package's file (`copy_package`): replaced,
+            path.write_text(text)  # never written through
 
 
 def _withhold(code: str, names: list[str]) -> str:
@@ -546,6 +547,22 @@ def _withhold(code: str, names: list[str]) -> str:
     message = f"paralab's own {'.'.join(names)} {WITHHELD}"
     lines[start : node.end_lineno] = [f"{indent}raise NotImplementedError({message!r})"]
     return "\n".join(lines) + "\n"
+
+
+def copy_package(source: Path, target: Path) -> Path:
+    """`source` copied to `target`, for one submission. Under bubblewrap, which binds the copy
+    read-only, its files are hard links to `source`'s (0.03 CPU-s instead of 0.25: no file's bytes
+    are copied, and the times are the same, so the bytecode holds); without bubblewrap, where the
+    student's process can write its copy, a real copy."""
+    shutil.copytree(source, target, copy_function=_link_or_copy if bwrap() else shutil.copy2)
+    return target
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(source, target)
 
 
 def pristine_package(root: Path) -> Path:
