@@ -17,6 +17,7 @@ import torch
 from test_grade_notebooks import LAB02, LAB04, hand_in, notebook_name, release
 
 from paralab.exercises import EXERCISES
+from paralab.grade import __main__ as cli
 from paralab.grade import reference_world, sandbox
 from paralab.grade import submission as grading
 from paralab.grade.__main__ import main
@@ -129,7 +130,7 @@ def test_no_package_function_answers_an_in_process_exercise_in_the_graders_copy(
     names = [e.name for e in EXERCISES.values() if e.world_sizes == (0,)]
     expected = {name: reference_world(EXERCISES[name], 0) for name in names}
     torch.save(expected, tmp_path / "expected.pt")
-    package = grading.pristine_package(tmp_path / "src")
+    package = cli.pristine_package(tmp_path / "src")  # the grader's (conftest: built once)
     for lab in sorted({EXERCISES[name].lab for name in names}):
         grading.withhold_alternatives(package, lab)
     scan = (
