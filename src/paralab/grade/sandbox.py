@@ -76,8 +76,11 @@ PROCESS_ONLY = Isolation(
 )
 
 
+@functools.cache
 def bwrap() -> str | None:
-    """The bubblewrap executable, if this machine has one that works."""
+    """The bubblewrap executable, if this machine has one that works. Probed once a process: a
+    submission's package copy is hard links to the batch's pristine one only under bubblewrap,
+    which binds it read-only, so the copy and the run that uses it must make the same choice."""
     path = shutil.which("bwrap")
     if path is None or not sys.platform.startswith("linux"):
         return None
