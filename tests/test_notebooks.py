@@ -66,6 +66,41 @@ def test_compared_outputs_print_no_machine_dependent_digits(path):
     )
 
 
+def verdict_lines(nb) -> list[tuple[int, int]]:
+    """Every `N/M passed` line the committed notebook printed: (N, M)."""
+    from paralab.notebooks import CHECKS_LINE
+
+    return [
+        (int(passed), int(total))
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for text in _compared_texts(cell)
+        for passed, total in CHECKS_LINE.findall(text)
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_every_committed_verdict_table_passes(path):
+    """nbval compares a claim table with the committed one, so a failing claim rebuilt and
+    committed would compare equal from then on: the committed tables must all pass."""
+    lines = verdict_lines(nbformat.read(path, as_version=4))
+    failing = [f"{p}/{t} passed" for p, t in lines if p != t]
+    assert lines, f"{path.name}: no verdict table printed"
+    assert not failing, f"{path.name}: committed with failing claims: {failing}"
+
+
+def test_the_verdict_scan_sees_a_failing_table():
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "print(table)",
+                outputs=[nbformat.v4.new_output("stream", text="row  FAIL\n41/42 passed\n")],
+            )
+        ]
+    )
+    assert verdict_lines(nb) == [(41, 42)]
+
+
 def test_the_float_check_sees_a_long_float_and_spares_ignored_cells():
     cell = nbformat.v4.new_code_cell(
         "print(x)", outputs=[nbformat.v4.new_output("stream", text="got 0.6323941312666288\n")]
