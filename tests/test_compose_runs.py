@@ -3,9 +3,9 @@
 In the tests: 8 ranks dp_shard 2 × tp 2 × pp 2 (1F1B, m = 4; parameters and the ledger's
 bytes per group and phase), the same with tp outermost and in torchtitan's order (the same
 bits), 8 ranks dp_shard 2 × cp 2 × tp 2 through the public `train`, the bug clinic on 8 ranks
-with replicas, and the MoE row dp_shard 4 × tp 2 with ep 2 (its parameters, and its bytes
-from the routed counts; a known-wrong expert reduction through `train`; its MoE layers under
-SP, with two known-wrong mirrors). The 16-rank row
+with replicas, and the MoE row dp_shard 4 × tp 2 with ep 2 (through `train`, and its bytes
+from the routed counts; a known-wrong expert reduction; its MoE layers under SP, with two
+known-wrong mirrors checked against the intact run's reference). The 16-rank row
 dp_replicate 2 × cp 2 × tp 2 × pp 2 runs in the lab (`labs/10_four_d_composition`).
 """
 
@@ -104,23 +104,19 @@ def test_train_refuses_a_world_it_is_not_run_on():
         run(train, 2, 4, tp=2, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def moe_dp4():
-    """The MoE row dp_shard 4 x tp 2, ep 2: what `train(8, 8, dp_shard=4, tp=2, ep=2)` runs (the
-    same grid, order and steps), with step 0 under the ledger and its routed counts."""
+def test_moe_dp4_tp2_with_ep2_carved_from_dp_equals_one_process():
+    """The public `train` with experts: its expert model, its grid, equal to one process."""
     grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
-    return grid, run(moe_worker, 8, grid, timeout=120)
-
-
-def test_moe_dp4_tp2_with_ep2_carved_from_dp_equals_one_process(moe_dp4):
-    grid, out = moe_dp4
     assert grid.group(0, "ep") == (0, 2) and grid.group(0, "dp_shard_mod_ep") == (0, 4)
+    got = run(train, 8, 8, dp_shard=4, tp=2, ep=2, timeout=120)
+    all_pass(check_params(got, grid, moe=True))
+    assert any(".mlp.moe.experts.3.fc1.weight" in k for k in got[0])
+
+
+def test_moe_bytes_per_group_and_phase_equal_the_formula_from_the_routed_counts():
+    grid = Grid(8, dp_shard=4, tp=2, ep=2, etp=2)
+    out = run(moe_worker, 8, grid, timeout=120)
     all_pass(check_params([p for p, _, _ in out], grid, moe=True))
-    assert any(".mlp.moe.experts.3.fc1.weight" in k for k in out[0][0])
-
-
-def test_moe_bytes_per_group_and_phase_equal_the_formula_from_the_routed_counts(moe_dp4):
-    grid, out = moe_dp4
     all_pass(check_bytes([r for _, r, _ in out], grid, send_counts=[c for _, _, c in out]))
     groups = {g for g, _ in measured_bytes(out[0][1], grid, 0)}
     assert {"ep", "dp_shard_mod_ep", "tp", "dp_shard_cp"} <= groups
@@ -164,10 +160,8 @@ def test_moe_layers_under_sp_take_the_whole_gradient_and_wrong_mirrors_fail(moe_
         {"paralab.tp.mappings": {"duplicated_gather_backward": reduce_scatter_seq}},
         {"paralab.compose.moe": {"saw_every_token": lambda name: False}},
     ):
-        wrong = run(moe_worker, 8, grid, steps=1, timeout=120, patches=patches)
-        assert not all(
-            v.passed for v in check_params([p for p, _, _ in wrong], grid, steps=1, moe=True)
-        )
+        wrong = run(moe_worker, 8, grid, timeout=120, patches=patches)  # the intact run's steps
+        assert not all(v.passed for v in check_params([p for p, _, _ in wrong], grid, moe=True))
 
 
 def test_unequal_tokens_need_the_global_count_and_per_rank_means_fail():
