@@ -228,8 +228,7 @@ def notebook_path(source: Path) -> Path:
 def _kernel_env() -> None:
     """Kernels import this checkout's package, wherever it is (clones, worktrees), and run one
     intra-op thread, as ranks do: two labs run at once, each kernel beside its own ranks, and
-    OpenMP threads that outnumber the cores spin instead of working (lab 09 beside other work:
-    139.8 s with torch's default threads, 23.9 s with one)."""
+    OpenMP threads that outnumber the cores spin instead of working (measured in conftest.py)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     src = str(ROOT / "src")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
