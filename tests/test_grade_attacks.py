@@ -8,6 +8,7 @@ grader) run only where bubblewrap works; elsewhere those tests skip and say why.
 """
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -266,3 +267,75 @@ def test_an_unguarded_package_helper_that_answers_the_exercise_is_withheld(tmp_p
     )
     assert (row["points"], row["verdict"]) == (0, "REFUSED"), row
     assert "exchange_prediction_all_gather is withheld" in row["reason"], row
+
+
+PROBE = """
+import ctypes, json, os, resource, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PRELOADED = "torch" in sys.modules
+def writable(path):
+    try:
+        with open(os.path.join(path, ".probe"), "w"):
+            return True
+    except OSError:
+        return False
+def refused(fn, *args):
+    return fn(*args) != 0 and os.strerror(ctypes.get_errno())
+status = dict(l.split(":\\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)
+places = ("/", "/tmp", "/dev/shm", "/dev", "/grading", "/grading/src", "/usr", "/proc/sys/kernel",
+          sys.prefix)
+seen = {
+    "preloaded": PRELOADED,
+    "capabilities": [status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status["NoNewPrivs"].strip(),
+    "pid": [os.getpid(), os.getppid()],
+    "session": os.getsid(0) == os.getpid(),
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),
+    "loopback": socket.create_server(("127.0.0.1", 0)).getsockname()[0],
+    "writable": sorted(p for p in places if writable(p)),
+    "left": sorted(os.listdir("/tmp")) + sorted(os.listdir("/dev/shm")),
+    "batch": sorted(os.listdir("/grading/batch")) if os.path.isdir("/grading/batch") else [],
+    "mount": refused(libc.mount, b"tmpfs", b"/tmp", b"tmpfs", 0, None),
+    "umount": refused(libc.umount2, b"/tmp", 2),
+    "unshare": refused(libc.unshare, 0x20000),
+    "hostname": refused(libc.sethostname, b"x", 1),
+    "environment": sorted(os.environ.items()),
+    "cwd": os.getcwd(),
+    "limits": [resource.getrlimit(getattr(resource, f"RLIMIT_{r}")) for r in ("AS", "FSIZE", "CORE")],
+    "fds": len(os.listdir("/proc/self/fd")),
+    "ids": [os.getuid(), os.getgid(), os.getgroups()],
+}
+open("/tmp/note", "w").write("x")
+open("/dev/shm/note", "w").write("x")
+os.write(int(sys.argv[-1]), json.dumps(seen).encode())
+"""
+
+
+@pytest.mark.skipif(not SANDBOXED, reason=NO_SANDBOX)
+def test_a_process_forked_from_the_zygote_sees_what_a_fresh_sandbox_sees(tmp_path):
+    """The batch's zygote saves each submission an `import torch`. Read off from inside, what its
+    fork can see and do is what a bubblewrap sandbox of its own allows (or less), and nothing a
+    submission leaves behind reaches the next one."""
+    pristine = tmp_path / "src"
+    (pristine / "paralab" / "grade").mkdir(parents=True)
+    shutil.copy(
+        Path(paralab.__file__).parent / "grade" / "zygote.py", pristine / "paralab" / "grade"
+    )
+    package = tmp_path / "submission" / "src"
+    package.mkdir(parents=True)
+    (package / "probe.py").write_text(PROBE)
+    fresh = [sandbox.run_sandboxed(package, "probe", b"", 60) for _ in range(2)]
+    with sandbox.Zygote(pristine) as zygote:
+        forked = [sandbox.run_sandboxed(package, "probe", b"", 60, zygote=zygote) for _ in range(2)]
+    assert all(r.returncode == 0 for r in fresh + forked), [r.output_tail for r in fresh + forked]
+    first, again = (json.loads(r.result) for r in forked)
+    alone = json.loads(fresh[1].result)
+    assert (alone["preloaded"], first["preloaded"]) == (False, True), "forked, not started fresh"
+    assert "note" not in again["left"] and "note" not in alone["left"], "the last one's files"
+    assert first["capabilities"] == ["0" * 16] * 5 and first["no_new_privs"] == "1"
+    assert (first["processes"], first["interfaces"], first["batch"]) == ([1, 2], ["lo"], [])
+    assert first["session"], "its own session"
+    assert set(first["writable"]) == {"/tmp", "/dev/shm"} <= set(alone["writable"])
+    differ = {k for k in alone if alone[k] != again[k]}
+    assert differ == {"preloaded", "session", "writable"}, {k: (alone[k], again[k]) for k in differ}

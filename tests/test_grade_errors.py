@@ -8,6 +8,8 @@ import nbformat
 import pytest
 
 from paralab.exercises import EXERCISES
+from paralab.grade import sandbox
+from paralab.grade import submission as grading
 from paralab.grade.__main__ import main
 from paralab.grade.submission import Submission, _run_job, grade_submission
 
@@ -142,3 +144,16 @@ def test_the_instructors_readme_states_the_default_memory_cap():
 
     readme = (Path(__file__).resolve().parents[1] / "labs" / "README.md").read_text()
     assert f"`--memory`, {MEMORY_BYTES >> 30}G unless you say" in " ".join(readme.split())
+
+
+@pytest.mark.skipif(sandbox.bwrap() is None, reason="bubblewrap is not available here: no zygote")
+def test_a_zygote_that_cannot_start_gives_its_cause_not_a_hang(tmp_path):
+    pristine = tmp_path / "src"  # without paralab/grade/zygote.py
+    package = tmp_path / "submission" / "src"
+    package.mkdir(parents=True)
+    pristine.mkdir()
+    with sandbox.Zygote(pristine) as zygote:
+        run = sandbox.run_sandboxed(package, "probe", b"", 60, zygote=zygote)
+    assert run.returncode is None and not run.timed_out and run.seconds < 30, run
+    assert "zygote.py" in run.output_tail, run.output_tail
+    assert "never started" in grading._stopped(run, 60, sandbox.MEMORY_BYTES)[1]

@@ -17,6 +17,7 @@ from paralab.exercises import EXERCISES, for_lab
 from paralab.grade.sandbox import (
     MEMORY_BYTES,
     MIN_MEMORY_BYTES,
+    Zygote,
     gibibytes,
     isolation,
     preflight,
@@ -197,14 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     graded: list[Graded] = []
     with tempfile.TemporaryDirectory(prefix="paralab-grading-") as tmp:
         pristine = pristine_package(Path(tmp) / "src")
-        for sub in submissions:
-            result = grade_safely(sub, seed, args.budget, pristine, args.memory)
-            print(
-                f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
-                f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",
-                flush=True,
-            )
-            graded.append(result)
+        with Zygote(pristine) as zygote:
+            for sub in submissions:
+                result = grade_safely(sub, seed, args.budget, pristine, args.memory, zygote)
+                print(
+                    f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
+                    f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",
+                    flush=True,
+                )
+                graded.append(result)
     ours = grader_fault(graded)
     if ours:
         print(ours, file=sys.stderr, flush=True)

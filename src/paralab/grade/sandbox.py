@@ -24,10 +24,12 @@ kill. `isolation()` says which applies; the grader prints it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 MEMORY_BYTES = 3 << 30
 """Default address space per process (`--memory`): torch with gloo ranks needs about 0.9 GiB."""
@@ -46,6 +49,7 @@ RESULT_BYTES = 64 << 20
 """Largest result the grader reads back; beyond it the result is refused."""
 TMPFS_BYTES = 256 << 20
 INSIDE_PACKAGE = "/grading/src"
+INSIDE_BATCH = "/grading/batch"
 INSIDE_TMP = "/tmp"
 
 
@@ -167,7 +171,7 @@ def preflight() -> str | None:
     return None
 
 
-def _bwrap_command(executable: str, package: Path) -> list[str]:
+def _bwrap_command(executable: str, package: Path, zygote: bool = False) -> list[str]:
     command = [executable]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -187,8 +191,14 @@ def _bwrap_command(executable: str, package: Path) -> list[str]:
     for packages in _site_packages():  # a non-editable install of paralab holds its solutions
         if (Path(packages) / "paralab" / "__init__.py").exists():
             command += ["--tmpfs", str(Path(packages) / "paralab")]
-    command += ["--ro-bind", str(package), INSIDE_PACKAGE]
-    command += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if zygote:  # `package` is the batch's folder: each fork binds its own copy from it
+        command += ["--ro-bind", str(package), INSIDE_BATCH, "--dir", INSIDE_PACKAGE]
+    else:
+        command += ["--ro-bind", str(package), INSIDE_PACKAGE]
+    command += ["--unshare-all", "--die-with-parent", "--new-session"]
+    # The zygote keeps its capabilities (in its own user namespace) to give each fork its
+    # namespaces and mounts; each fork drops every one before the student's process starts.
+    command += ["--cap-add" if zygote else "--cap-drop", "ALL"]
     command += ["--chdir", INSIDE_TMP, "--clearenv"]
     for key, value in _environment(INSIDE_PACKAGE, INSIDE_TMP).items():
         command += ["--setenv", key, value]
@@ -225,6 +235,19 @@ def _read_capped(fd: int, into: bytearray, flags: dict) -> None:
             into += chunk
 
 
+def _start_reading(read_end: int) -> tuple[threading.Thread, bytearray, dict]:
+    result, flags = bytearray(), {"overflowed": False}
+    reader = threading.Thread(target=_read_capped, args=(read_end, result, flags), daemon=True)
+    reader.start()
+    return reader, result, flags
+
+
+def _tail(output: IO[bytes]) -> str:
+    """The last 4 KiB written, read without moving the offset a writer may share."""
+    size = os.fstat(output.fileno()).st_size
+    return os.pread(output.fileno(), 4096, max(0, size - 4096)).decode("utf-8", "replace")
+
+
 def _kill(process: subprocess.Popen) -> None:
     """The whole session the sandbox started (bubblewrap takes its PID namespace down with it)."""
     try:
@@ -240,10 +263,14 @@ def run_sandboxed(
     job: bytes,
     budget_s: float,
     memory_bytes: int = MEMORY_BYTES,
+    zygote: Zygote | None = None,
 ) -> SandboxRun:
     """`python -m module --result-fd N` on `job` (its stdin) in the sandbox, within `budget_s`,
-    each of its processes within `memory_bytes` of address space."""
+    each of its processes within `memory_bytes` of address space: forked from `zygote` where
+    one is given and bubblewrap works, else started fresh."""
     executable = bwrap()
+    if zygote is not None and executable:
+        return zygote.run(package, module, job, budget_s, memory_bytes)
     read_end, write_end = os.pipe()
     with tempfile.TemporaryDirectory(prefix="paralab-sandbox-") as tmp:
         workdir = Path(tmp) / "work"
@@ -271,9 +298,7 @@ def run_sandboxed(
                 preexec_fn=functools.partial(_limits, memory_bytes),
             )
         os.close(write_end)
-        result, flags = bytearray(), {"overflowed": False}
-        reader = threading.Thread(target=_read_capped, args=(read_end, result, flags), daemon=True)
-        reader.start()
+        reader, result, flags = _start_reading(read_end)
         timed_out = False
         try:
             process.wait(timeout=budget_s)
@@ -283,8 +308,134 @@ def run_sandboxed(
         reader.join(timeout=10)
         seconds = time.monotonic() - started
         with output_path.open("rb") as output:
-            output.seek(max(0, output_path.stat().st_size - 4096))
-            tail = output.read().decode("utf-8", "replace")
+            tail = _tail(output)
     return SandboxRun(
         bytes(result), tail, process.returncode, timed_out, flags["overflowed"], seconds
     )
+
+
+KILL_WAIT_S = 30
+"""How long the grader waits for a killed submission's supervisor to say it is gone."""
+
+
+class Zygote:
+    """The batch's zygote (`paralab.grade.zygote`, under bubblewrap): every submission's process
+    is a fork of one pristine process that has imported torch, in namespaces of its own, instead
+    of a fresh interpreter that imports torch again (about 2 CPU-s a submission). Package copies
+    must lie in the pristine package's folder, which the zygote's sandbox binds read-only.
+    Started at the batch's first run; stopped with the batch."""
+
+    def __init__(self, pristine: Path) -> None:
+        self.pristine = pristine
+        self._process: subprocess.Popen | None = None
+        self._control: socket.socket | None = None
+        self._log: IO[bytes] | None = None
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _start(self, executable: str) -> None:
+        batch = self.pristine.parent
+        source = self.pristine / "paralab" / "grade" / "zygote.py"
+        inside = f"{INSIDE_BATCH}/{source.relative_to(batch)}"
+        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = _bwrap_command(executable, batch, zygote=True)
+        command += ["--setenv", "PARALAB_ZYGOTE_FD", str(there.fileno()), sys.executable, "-c"]
+        command += [f"import runpy; runpy.run_path({inside!r}, run_name='__main__')"]
+        self._log = tempfile.TemporaryFile()  # its own output: why, if it dies
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=(there.fileno(),),
+            start_new_session=True,
+        )
+        there.close()
+        self._control = here
+
+    def run(
+        self, package: Path, module: str, job: bytes, budget_s: float, memory_bytes: int
+    ) -> SandboxRun:
+        """`run_sandboxed`'s run, forked from the zygote: `package` is a copy in the batch."""
+        if self._control is None:
+            self._start(bwrap() or "bwrap")
+        request = {
+            "copy": f"{INSIDE_BATCH}/{package.relative_to(self.pristine.parent)}",
+            "package": INSIDE_PACKAGE,
+            "workdir": INSIDE_TMP,
+            "environment": _environment(INSIDE_PACKAGE, INSIDE_TMP),
+            "module": module,
+            "memory_bytes": memory_bytes,
+            "output_bytes": OUTPUT_BYTES,
+            "tmpfs_bytes": TMPFS_BYTES,
+        }
+        read_end, write_end = os.pipe()
+        here, there = socket.socketpair()
+        with tempfile.TemporaryFile() as output, tempfile.TemporaryFile() as stdin:
+            stdin.write(job)
+            stdin.seek(0)
+            started = time.monotonic()
+            try:
+                fds = [stdin.fileno(), output.fileno(), write_end, there.fileno()]
+                socket.send_fds(self._control, [json.dumps(request).encode()], fds)
+            except OSError:  # the zygote is gone: no answer comes, and its output says why
+                pass
+            os.close(write_end)
+            there.close()
+            reader, result, flags = _start_reading(read_end)
+            with here:
+                answer, timed_out = _answer(here, budget_s)
+            reader.join(timeout=10)
+            seconds = time.monotonic() - started
+            tail = _tail(output)
+        if answer is None and self._log is not None:
+            tail = tail or _tail(self._log)
+        return SandboxRun(
+            bytes(result),
+            tail,
+            answer["returncode"] if answer else None,
+            timed_out,
+            flags["overflowed"],
+            seconds,
+        )
+
+    def close(self) -> None:
+        """Stop the zygote (its sandbox goes with it)."""
+        if self._control is not None:
+            self._control.close()  # the zygote's end of file: it returns
+            self._control = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill(self._process)
+            self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _answer(report: socket.socket, budget_s: float) -> tuple[dict | None, bool]:
+    """The supervisor's report of how the submission's process ended, and whether the budget ran
+    out first (then the supervisor is told to kill it, and reports that)."""
+    report.settimeout(budget_s)
+    timed_out = False
+    try:
+        data = report.recv(4096)
+    except TimeoutError:
+        timed_out = True
+        try:
+            report.sendall(b"kill")
+            report.settimeout(KILL_WAIT_S)
+            data = report.recv(4096)
+        except OSError:
+            data = b""
+    except OSError:
+        data = b""
+    return (json.loads(data) if data else None), timed_out

@@ -66,6 +66,7 @@ from paralab.grade.sandbox import (
     INSIDE_PACKAGE,
     MEMORY_BYTES,
     RESULT_BYTES,
+    Zygote,
     bwrap,
     gibibytes,
     run_sandboxed,
@@ -337,6 +338,8 @@ def _stopped(run: Any, budget_s: float, memory_bytes: int) -> tuple[str, str]:
         name = signal.Signals(-code).name
         hint = {"SIGXFSZ": " (over the output cap)", "SIGKILL": " (killed)"}.get(name, "")
         return "ERROR", f"the grading process was stopped by {name}{hint}"
+    if code is None:
+        return "ERROR", "the grading process never started, or ended without a word"
     return "ERROR", f"the grading process stopped (exit {code}) before this exercise's result"
 
 
@@ -368,8 +371,10 @@ def grade_submission(
     budget_s: float,
     pristine: Path,
     memory_bytes: int = MEMORY_BYTES,
+    zygote: Zygote | None = None,
 ) -> Graded:
-    """Rows and feedback for one submission, graded in its own throwaway copy of the package."""
+    """Rows and feedback for one submission, graded in its own throwaway copy of the package
+    (forked from the batch's `zygote`, if given)."""
     if sub.lab is None:
         return Graded(sub, [], [f"{sub.path}: cannot tell the lab from the file name; pass --lab"])
     exercises = for_lab(sub.lab)
@@ -410,7 +415,8 @@ def grade_submission(
     if jobs:
         # the references first: the grader's plan of cases
         expect_all([EXERCISES[job["exercise"]] for job in jobs], seed)
-        with tempfile.TemporaryDirectory(prefix="paralab-submission-") as tmp:
+        # beside the pristine package: the batch's zygote binds that folder
+        with tempfile.TemporaryDirectory(prefix="submission-", dir=pristine.parent) as tmp:
             package = copy_package(pristine, Path(tmp) / "src")
             withhold_alternatives(package, sub.lab)
             run = run_sandboxed(
@@ -419,6 +425,7 @@ def grade_submission(
                 json.dumps({"jobs": jobs}).encode(),
                 budget_s,
                 memory_bytes,
+                zygote,
             )
         seconds = run.seconds
         got = frames(run.result)
@@ -470,10 +477,11 @@ def grade_safely(
     budget_s: float,
     pristine: Path,
     memory_bytes: int = MEMORY_BYTES,
+    zygote: Zygote | None = None,
 ) -> Graded:
     """`grade_submission`, where anything that still goes wrong is this student's zero rows."""
     try:
-        return grade_submission(sub, seed, budget_s, pristine, memory_bytes)
+        return grade_submission(sub, seed, budget_s, pristine, memory_bytes, zygote)
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the batch
         why = f"the grader could not grade it ({type(exc).__name__})"
         rows = [_zero(sub, e, "ERROR", why) for e in for_lab(sub.lab or "")]
