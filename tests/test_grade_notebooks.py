@@ -93,48 +93,43 @@ def notebook_name(lab: str) -> str:
     return next((ROOT / "labs" / lab).glob("*_lab.ipynb")).name
 
 
-_BATCHES: dict[str, tuple] = {}
-
-
-def graded_lab(lab: str, tmp_path_factory) -> tuple:
-    """One batch per lab (so each stays within a test's timeout): its release solved in place,
-    and for lab 04 also a half-solved and an untouched one. (exit code, rows by key, folder)."""
-    if lab not in _BATCHES:
-        root = tmp_path_factory.mktemp(f"submissions-{lab}")
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> tuple:
+    """One batch: every lab's release solved in place, and for lab 04 also
+    a half-solved and an untouched one (one batch, so one zygote: see `paralab.grade.zygote`).
+    (exit code, rows by key, folder)."""
+    root = tmp_path_factory.mktemp("submissions")
+    for lab in LABS:
         nb = release(lab)
         for exercise in for_lab(lab):
             solve_in_place(nb, exercise)
         hand_in(root / f"solved-{lab}" / notebook_name(lab), nb)
-        if lab == LAB04:
-            half = release(LAB04)
-            for name in ("normalize_pixels", "plan_rebalance"):
-                solve_in_place(half, EXERCISES[name])
-            # a later cell no one marked for answers redefines a function wrongly: it does not count
-            half.cells.append(
-                nbformat.v4.new_code_cell("def normalize_pixels(video):\n    return video")
-            )
-            hand_in(root / "half" / notebook_name(LAB04), half)
-            hand_in(root / "untouched" / notebook_name(LAB04), release(LAB04))
-        code = main(
-            [str(p) for p in sorted(root.glob("*/*.ipynb"))]
-            + ["--seed", str(SEED), "--json", str(root / "scores.json")]
-            + ["--csv", str(root / "scores.csv")]
-        )
-        rows = json.loads((root / "scores.json").read_text())
-        _BATCHES[lab] = code, {(r["student"], r["exercise"]): r for r in rows}, root
-    return _BATCHES[lab]
+    half = release(LAB04)
+    for name in ("normalize_pixels", "plan_rebalance"):
+        solve_in_place(half, EXERCISES[name])
+    # a later cell no one marked for answers redefines a function wrongly: it does not count
+    half.cells.append(nbformat.v4.new_code_cell("def normalize_pixels(video):\n    return video"))
+    hand_in(root / "half" / notebook_name(LAB04), half)
+    hand_in(root / "untouched" / notebook_name(LAB04), release(LAB04))
+    code = main(
+        [str(p) for p in sorted(root.glob("*/*.ipynb"))]
+        + ["--seed", str(SEED), "--json", str(root / "scores.json")]
+        + ["--csv", str(root / "scores.csv")]
+    )
+    rows = json.loads((root / "scores.json").read_text())
+    return code, {(r["student"], r["exercise"]): r for r in rows}, root
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_the_release_solved_in_place_scores_full_marks(lab, tmp_path_factory):
-    _, rows, _ = graded_lab(lab, tmp_path_factory)
+def test_the_release_solved_in_place_scores_full_marks(lab, graded):
+    _, rows, _ = graded
     for exercise in for_lab(lab):
         row = rows[(f"solved-{lab}", exercise.name)]
         assert (row["points"], row["verdict"]) == (exercise.points, "PASS"), row
 
 
-def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(tmp_path_factory):
-    code, rows, _ = graded_lab(LAB04, tmp_path_factory)
+def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(graded):
+    code, rows, _ = graded
     assert code == 1
     points = {e.name: e.points for e in for_lab(LAB04)}
     assert rows[("half", "normalize_pixels")]["points"] == points["normalize_pixels"]
@@ -144,11 +139,12 @@ def test_half_solved_scores_exactly_its_points_and_untouched_scores_zero(tmp_pat
     assert {rows[("untouched", e)]["verdict"] for e in points} == {"not implemented yet"}
 
 
-def test_csv_has_one_row_per_student_and_exercise_plus_totals(tmp_path_factory):
-    _, rows, root = graded_lab(LAB04, tmp_path_factory)
+def test_csv_has_one_row_per_student_and_exercise_plus_totals(graded):
+    _, rows, root = graded
     with (root / "scores.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == len(rows) == 3 * (len(for_lab(LAB04)) + 1)
+    per_lab = [len(for_lab(lab)) + 1 for lab in LABS] + [len(for_lab(LAB04)) + 1] * 2
+    assert len(table) == len(rows) == sum(per_lab)
     feedback = (root / "half" / "vae_lb_lab.feedback.txt").read_text()
     assert "plan_rebalance: PASS" in feedback
 
