@@ -147,12 +147,11 @@ def test_the_instructors_readme_states_the_default_memory_cap():
 
 
 @pytest.mark.skipif(sandbox.bwrap() is None, reason="bubblewrap is not available here: no zygote")
-def test_a_zygote_that_cannot_start_gives_its_cause_not_a_hang(tmp_path):
-    pristine = tmp_path / "src"  # without paralab/grade/zygote.py
-    package = tmp_path / "submission" / "src"
-    package.mkdir(parents=True)
-    pristine.mkdir()
-    with sandbox.Zygote(pristine) as zygote:
+def test_a_zygote_that_cannot_start_gives_its_cause_not_a_hang():
+    with sandbox.Zygote() as zygote:
+        (zygote.root / "zygote.py").unlink()
+        package = zygote.root / "submission" / "src"
+        package.mkdir(parents=True)
         run = sandbox.run_sandboxed(package, "probe", b"", 60, zygote=zygote)
     assert run.returncode is None and not run.timed_out and run.seconds < 30, run
     assert "zygote.py" in run.output_tail, run.output_tail

@@ -17,10 +17,10 @@ from paralab.exercises import EXERCISES, for_lab
 from paralab.grade.sandbox import (
     MEMORY_BYTES,
     MIN_MEMORY_BYTES,
-    Zygote,
     gibibytes,
     isolation,
     preflight,
+    shared_zygote,
 )
 from paralab.grade.submission import (
     Graded,
@@ -196,17 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"each submission: {args.budget:g} s, {gibibytes(args.memory)} per process", flush=True)
     submissions = [read_submission(path, args.lab) for path in args.notebooks]  # before any runs
     graded: list[Graded] = []
-    with tempfile.TemporaryDirectory(prefix="paralab-grading-") as tmp:
+    zygote = shared_zygote()  # the batch's folder lies in its root, which its sandbox binds
+    with tempfile.TemporaryDirectory(prefix="batch-", dir=zygote.root) as tmp:
         pristine = pristine_package(Path(tmp) / "src")
-        with Zygote(pristine) as zygote:
-            for sub in submissions:
-                result = grade_safely(sub, seed, args.budget, pristine, args.memory, zygote)
-                print(
-                    f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
-                    f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",
-                    flush=True,
-                )
-                graded.append(result)
+        for sub in submissions:
+            result = grade_safely(sub, seed, args.budget, pristine, args.memory, zygote)
+            print(
+                f"{sub.path}  (student {sub.student}, lab {sub.lab}; its code ran "
+                f"{result.seconds:.0f} s)\n{score_table(result.rows)}\n",
+                flush=True,
+            )
+            graded.append(result)
     ours = grader_fault(graded)
     if ours:
         print(ours, file=sys.stderr, flush=True)

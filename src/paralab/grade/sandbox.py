@@ -23,6 +23,7 @@ kill. `isolation()` says which applies; the grader prints it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -319,14 +320,15 @@ KILL_WAIT_S = 30
 
 
 class Zygote:
-    """The batch's zygote (`paralab.grade.zygote`, under bubblewrap): every submission's process
-    is a fork of one pristine process that has imported torch, in namespaces of its own, instead
-    of a fresh interpreter that imports torch again (about 2 CPU-s a submission). Package copies
-    must lie in the pristine package's folder, which the zygote's sandbox binds read-only.
-    Started at the batch's first run; stopped with the batch."""
+    """A zygote (`paralab.grade.zygote`, under bubblewrap): every submission's process is a fork
+    of one pristine process that has imported torch, in namespaces of its own, instead of a
+    fresh interpreter that imports torch again (about 2 CPU-s a submission). Its sandbox binds
+    `root` read-only, so the package copies it runs must lie there. Started at the first run
+    (again if it died); `close` stops it and removes `root`."""
 
-    def __init__(self, pristine: Path) -> None:
-        self.pristine = pristine
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="paralab-grading-"))
+        shutil.copy(Path(__file__).with_name("zygote.py"), self.root / "zygote.py")
         self._process: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._log: IO[bytes] | None = None
@@ -338,13 +340,13 @@ class Zygote:
         self.close()
 
     def _start(self, executable: str) -> None:
-        batch = self.pristine.parent
-        source = self.pristine / "paralab" / "grade" / "zygote.py"
-        inside = f"{INSIDE_BATCH}/{source.relative_to(batch)}"
+        self._stop()
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = _bwrap_command(executable, batch, zygote=True)
+        command = _bwrap_command(executable, self.root, zygote=True)
         command += ["--setenv", "PARALAB_ZYGOTE_FD", str(there.fileno()), sys.executable, "-c"]
-        command += [f"import runpy; runpy.run_path({inside!r}, run_name='__main__')"]
+        command += [
+            f"import runpy; runpy.run_path('{INSIDE_BATCH}/zygote.py', run_name='__main__')"
+        ]
         self._log = tempfile.TemporaryFile()  # its own output: why, if it dies
         self._process = subprocess.Popen(
             command,
@@ -361,11 +363,11 @@ class Zygote:
     def run(
         self, package: Path, module: str, job: bytes, budget_s: float, memory_bytes: int
     ) -> SandboxRun:
-        """`run_sandboxed`'s run, forked from the zygote: `package` is a copy in the batch."""
-        if self._control is None:
+        """`run_sandboxed`'s run, forked from the zygote: `package` is a copy under `root`."""
+        if self._process is None or self._process.poll() is not None:
             self._start(bwrap() or "bwrap")
         request = {
-            "copy": f"{INSIDE_BATCH}/{package.relative_to(self.pristine.parent)}",
+            "copy": f"{INSIDE_BATCH}/{package.relative_to(self.root)}",
             "package": INSIDE_PACKAGE,
             "workdir": INSIDE_TMP,
             "environment": _environment(INSIDE_PACKAGE, INSIDE_TMP),
@@ -404,8 +406,7 @@ class Zygote:
             seconds,
         )
 
-    def close(self) -> None:
-        """Stop the zygote (its sandbox goes with it)."""
+    def _stop(self) -> None:
         if self._control is not None:
             self._control.close()  # the zygote's end of file: it returns
             self._control = None
@@ -419,6 +420,20 @@ class Zygote:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def close(self) -> None:
+        """Stop the zygote (its sandbox goes with it) and remove `root`."""
+        self._stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@functools.cache
+def shared_zygote() -> Zygote:
+    """One zygote for every batch this process grades, stopped when the process exits: it holds
+    nothing of any batch, and each fork is a sandbox of its own."""
+    zygote = Zygote()
+    atexit.register(zygote.close)
+    return zygote
 
 
 def _answer(report: socket.socket, budget_s: float) -> tuple[dict | None, bool]:

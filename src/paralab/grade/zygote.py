@@ -9,8 +9,9 @@ Why it looks the way it does:
   from the grader's socket only, and forks; what a submission runs begins in the fork, after the
   fork has made itself what a sandbox of its own would have been.
 - The zygote lives in a bubblewrap sandbox whose only job is to hold it: its mounts are the
-  submissions' (the Python installation and /usr read-only, the batch's package copies
-  read-only at `/grading/batch`). Each submission's fork then enters new mount, PID, network,
+  submissions' (the Python installation and /usr read-only, the grader's package copies
+  read-only at `/grading/batch`). It serves every batch its grader process grades: it holds
+  nothing of any of them. Each submission's fork then enters new mount, PID, network,
   IPC and UTS namespaces and, before the student's process exists, mounts a fresh /tmp,
   /dev/shm and /proc of its own, binds its own package copy read-only at `/grading/src`, hides
   the other copies, makes everything else read-only, brings up its own loopback and drops every
@@ -161,8 +162,10 @@ def _mounts(copy: str, tmpfs_bytes: int) -> None:
     read-only; the other submissions' copies hidden."""
     fresh = f"size={tmpfs_bytes},mode=0755"
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the zygote
-    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    _mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    # nosuid and nodev kept: bubblewrap mounted them so, and in a user namespace of its own (a
+    # grader that is not root) a remount may not drop them
+    for place in ("/", "/dev"):
+        _mount(None, place, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for place in ("/tmp", "/dev/shm"):
         _mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, fresh)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
