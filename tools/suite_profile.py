@@ -60,7 +60,7 @@ class Process:
 ROLES = (  # (role, a piece of the command line that marks it), the first match wins
     ("sandbox", "bwrap"),
     ("sandbox", "paralab.grade.submission"),
-    ("sandbox", "paralab/grade/zygote.py"),  # the grader's zygote, and its forks
+    ("sandbox", "/zygote.py"),  # the grader's zygote, and its forks
     ("kernel", "ipykernel_launcher"),
     ("browser", "chrom"),
     ("browser", "headless_shell"),

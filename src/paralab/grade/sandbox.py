@@ -191,7 +191,8 @@ def _bwrap_command(executable: str, package: Path, zygote: bool = False) -> list
         command += ["--ro-bind", root, root]
     for packages in _site_packages():  # a non-editable install of paralab holds its solutions
         if (Path(packages) / "paralab" / "__init__.py").exists():
-            command += ["--tmpfs", str(Path(packages) / "paralab")]
+            hider = str(Path(packages) / "paralab")  # empty and read-only: nothing to share
+            command += ["--size", "4096", "--tmpfs", hider, "--remount-ro", hider]
     if zygote:  # `package` is the batch's folder: each fork binds its own copy from it
         command += ["--ro-bind", str(package), INSIDE_BATCH, "--dir", INSIDE_PACKAGE]
     else:

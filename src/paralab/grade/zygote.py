@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import random
+import resource
 import runpy
 import select
 import signal
@@ -52,7 +53,7 @@ NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NE
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
-PR_SET_NO_NEW_PRIVS = 38
+PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 4, 22, 2
 CAPABILITY_VERSION_3 = 0x20080522
 SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
@@ -129,7 +130,7 @@ def _supervise(request: dict, fds: list[int]) -> None:
         os.kill(first, signal.SIGKILL)  # and with it every process in the namespace
     _, status = os.waitpid(first, 0)
     told = os.read(status_read, 64)  # the student's process's own status, passed on by the
-    returncode = int(told) if told else os.waitstatus_to_exitcode(status)  # first process
+    returncode = int(told) if told.lstrip(b"-").isdigit() else os.waitstatus_to_exitcode(status)
     try:
         report.sendall(json.dumps({"returncode": returncode, "killed": killed}).encode())
     except OSError:  # the grader is gone
@@ -141,12 +142,20 @@ def _first_process(request: dict, process_fds: list[int], status_write: int) -> 
     process, reap whatever is left to it, and end (which ends every process in the namespace)
     when the student's process does, passing its status on."""
     _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # Not the zygote's output, limits or memory to a student's process: it writes where the
+    # submission writes, under the same caps, and cannot be traced or read (/proc/1) from inside.
+    for where in (1, 2):
+        os.dup2(process_fds[1], where)
+    _limit(request)
+    _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     _mounts(request["copy"], request["tmpfs_bytes"])
     _loopback_up()
     _drop_capabilities()
+    _deny_keyrings()
     student = os.fork()
     if student == 0:
         os.close(status_write)
+        _call("prctl", PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any process of its own
         _student_process(request, process_fds)
     for fd in process_fds:
         os.close(fd)
@@ -158,7 +167,7 @@ def _first_process(request: dict, process_fds: list[int], status_write: int) -> 
 
 
 def _mounts(copy: str, tmpfs_bytes: int) -> None:
-    """This submission's file system: its own /tmp, /dev/shm, /proc and package; the rest
+    """This submission's file system: its own /tmp, /dev/shm, /dev/pts, /proc and package; the rest
     read-only; the other submissions' copies hidden."""
     fresh = f"size={tmpfs_bytes},mode=0755"
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the zygote
@@ -168,6 +177,9 @@ def _mounts(copy: str, tmpfs_bytes: int) -> None:
         _mount(None, place, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for place in ("/tmp", "/dev/shm"):
         _mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, fresh)
+    _mount(
+        "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620"
+    )
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_COVERED:
         path = f"/proc/{name}"
@@ -197,6 +209,43 @@ def _drop_capabilities() -> None:
     _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
+def _limit(request: dict) -> None:
+    """The caps every process of a submission runs under (`sandbox._limits`)."""
+    memory = request["memory_bytes"]
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (request["output_bytes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+KEYRING_CALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+"""(audit architecture, the numbers of add_key, request_key and keyctl) per machine."""
+
+
+def _deny_keyrings() -> None:
+    """The kernel's keyrings refused (EPERM). Every fork shares the zygote's user namespace and
+    with it the user's keyring, which a fresh sandbox (a user namespace of its own) does not
+    share: left open, it would carry a note from one submission to the next. Any other
+    architecture's system calls (i386, x32) are refused too."""
+    arch, numbers = KEYRING_CALLS[os.uname().machine]
+    load, jump_eq, jump_set, ret = 0x20, 0x15, 0x45, 0x06
+    deny, allow = 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
+    program = [
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jump_eq, 1, 0, arch),
+        (ret, 0, 0, deny),
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (jump_set, 4, 0, 0x40000000),  # x32: to the last line
+        *((jump_eq, 3 - i, 0, number) for i, number in enumerate(numbers)),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+    ]
+    filters = (ctypes.c_uint64 * len(program))(
+        *(code | jt << 16 | jf << 24 | k << 32 for code, jt, jf, k in program)
+    )
+    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(filters))
+    _call("prctl", PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0)
+
+
 def _student_process(request: dict, process_fds: list[int]) -> None:
     """What `python -m MODULE --result-fd 3` would be, started fresh in the sandbox: its own
     session, limits, environment, folder and package path."""
@@ -212,12 +261,7 @@ def _student_process(request: dict, process_fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["environment"], PWD=request["workdir"])
     os.chdir(request["workdir"])
-    import resource  # noqa: PLC0415 - only here, after the fork
-
-    memory = request["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (request["output_bytes"],) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _limit(request)
     sys.path[:] = [request["package"], *(p for p in sys.path if p)]
     importlib.invalidate_caches()
     random.seed()  # a fresh process's own, not the zygote's
@@ -236,6 +280,10 @@ def _student_process(request: dict, process_fds: list[int]) -> None:
 
 
 if __name__ == "__main__":
+    # Nothing a submission can write is ever on the zygote's path or its folder: `-c` put the
+    # working folder first on sys.path, and a fork's first process could reach it (/proc/1/cwd).
+    sys.path[:] = [p for p in sys.path if p]
+    os.chdir("/")
     import torch  # noqa: F401 - the import every submission's process would pay for
 
     serve(socket.socket(fileno=int(os.environ.pop("PARALAB_ZYGOTE_FD"))))
