@@ -180,9 +180,13 @@ def test_the_sandbox_runs_a_python_whose_venv_lives_under_tmp(tmp_path_factory):
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
         check=True,
     )
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "venv_mark.py").write_text("")  # only in the venv: visible only if it is bound
     package = tmp_path_factory.mktemp("package")
     (package / "probe.py").write_text(
-        "import os, sys\nos.write(int(sys.argv[-1]), sys.prefix.encode())\n"
+        "import os, subprocess, sys, venv_mark\n"
+        "again = subprocess.run([sys.executable, '-c', 'pass']).returncode\n"
+        "os.write(int(sys.argv[-1]), f'{sys.prefix} {again}'.encode())\n"
     )
     # sandbox.py needs only the standard library: loaded from its file, not through `paralab`
     # (whose first import is torch's, 1 CPU-s this check does not need)
@@ -194,11 +198,17 @@ def test_the_sandbox_runs_a_python_whose_venv_lives_under_tmp(tmp_path_factory):
         "print(sandbox.preflight())\n"
         f"run = sandbox.run_sandboxed(Path({str(package)!r}), 'probe', b'', 60)\n"
         "print(run.returncode, run.result.decode(), run.output_tail.strip()[-200:])\n"
+        "import shutil\n"
+        "with sandbox.Zygote() as zygote:  # a fork covers /tmp with its own: bound back too\n"
+        f"    copy = shutil.copytree({str(package)!r}, zygote.root / 'copy')\n"
+        "    run = sandbox.run_sandboxed(copy, 'probe', b'', 60, zygote=zygote)\n"
+        "print(run.returncode, run.result.decode(), run.output_tail.strip()[-200:])\n"
     )
     done = subprocess.run(
         [str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True
     )
-    assert done.stdout.splitlines()[:2] == ["None", f"0 {venv} "], done.stdout + done.stderr
+    ran = ["None", f"0 {venv} 0 ", f"0 {venv} 0 "]
+    assert done.stdout.splitlines()[:3] == ran, done.stdout + done.stderr
 
 
 def test_a_python_the_sandbox_would_hide_is_refused_up_front_in_one_line(monkeypatch):

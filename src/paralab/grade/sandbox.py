@@ -376,6 +376,9 @@ class Zygote:
             "memory_bytes": memory_bytes,
             "output_bytes": OUTPUT_BYTES,
             "tmpfs_bytes": TMPFS_BYTES,
+            "python_under_tmp": [
+                r for r in _python_roots() if r.startswith(INSIDE_TMP + "/")
+            ],  # bound back over the fork's own /tmp, as `_bwrap_command` binds them
         }
         read_end, write_end = os.pipe()
         here, there = socket.socketpair()

@@ -148,7 +148,7 @@ def _first_process(request: dict, process_fds: list[int], status_write: int) -> 
         os.dup2(process_fds[1], where)
     _limit(request)
     _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
-    _mounts(request["copy"], request["tmpfs_bytes"])
+    _mounts(request["copy"], request["tmpfs_bytes"], request["python_under_tmp"])
     _loopback_up()
     _drop_capabilities()
     _deny_keyrings()
@@ -166,17 +166,24 @@ def _first_process(request: dict, process_fds: list[int], status_write: int) -> 
             os._exit(0)
 
 
-def _mounts(copy: str, tmpfs_bytes: int) -> None:
+def _mounts(copy: str, tmpfs_bytes: int, under_tmp: list[str]) -> None:
     """This submission's file system: its own /tmp, /dev/shm, /dev/pts, /proc and package; the rest
-    read-only; the other submissions' copies hidden."""
+    read-only; the other submissions' copies hidden. `under_tmp`: the Python installation's
+    folders that live under /tmp (a venv made there), bound back read-only over the fresh one."""
     fresh = f"size={tmpfs_bytes},mode=0755"
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the zygote
     # nosuid and nodev kept: bubblewrap mounted them so, and in a user namespace of its own (a
     # grader that is not root) a remount may not drop them
     for place in ("/", "/dev"):
         _mount(None, place, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    held = [os.open(root, os.O_PATH | os.O_DIRECTORY) for root in under_tmp]  # before hidden
     for place in ("/tmp", "/dev/shm"):
         _mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, fresh)
+    for root, fd in zip(under_tmp, held):
+        os.makedirs(root, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
+        _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
     _mount(
         "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620"
     )
