@@ -8,6 +8,8 @@ grader) run only where bubblewrap works; elsewhere those tests skip and say why.
 """
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -330,6 +332,16 @@ def test_a_process_forked_from_the_zygote_sees_what_a_fresh_sandbox_sees():
         (package / "probe.py").write_text(PROBE)
         fresh = [sandbox.run_sandboxed(package, "probe", b"", 60) for _ in range(2)]
         forked = [sandbox.run_sandboxed(package, "probe", b"", 60, zygote=zygote) for _ in range(2)]
+        holder = os.fork()  # as the launcher's forkserver is: a copy of the zygote's socket
+        if holder == 0:
+            time.sleep(60)
+            os._exit(0)
+        started = time.monotonic()
+        zygote.close()
+        stopped_in = time.monotonic() - started
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+    assert stopped_in < 10, f"the zygote stopped {stopped_in:.0f} s after it was told"
     assert all(r.returncode == 0 for r in fresh + forked), [r.output_tail for r in fresh + forked]
     first, again = (json.loads(r.result) for r in forked)
     alone = json.loads(fresh[1].result)

@@ -24,6 +24,7 @@ kill. `isolation()` says which applies; the grader prints it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -412,7 +413,11 @@ class Zygote:
 
     def _stop(self) -> None:
         if self._control is not None:
-            self._control.close()  # the zygote's end of file: it returns
+            # An empty message, not just our end closed: a process this one forked since (the
+            # launcher's forkserver, for the references) holds a copy of the socket open.
+            with contextlib.suppress(OSError):
+                self._control.send(b"")
+            self._control.close()
             self._control = None
         if self._process is not None:
             try:

@@ -81,7 +81,7 @@ def serve(control: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, REQUEST_FDS)
-        if not message:
+        if not message:  # the grader's empty message, or its end closed
             return
         sys.stdout.flush()
         sys.stderr.flush()
