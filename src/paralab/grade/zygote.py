@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import random
+import re
 import resource
 import runpy
 import select
@@ -52,6 +53,9 @@ CLONE_NEWNET = 0x40000000
 NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+READ_ONLY = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+"""A bind made read-only, keeping the nosuid and nodev that bubblewrap's mounts carry (in a user
+namespace of its own, a grader that is not root, a remount may not drop them)."""
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 47, 4
 PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 4, 22, 2
 CAPABILITY_VERSION_3 = 0x20080522
@@ -85,7 +89,12 @@ def serve(control: socket.socket) -> None:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        if os.fork() == 0:
+        try:
+            supervisor = os.fork()
+        except OSError:  # no process to spare: this request's sockets close, the grader says so
+            traceback.print_exc()
+            supervisor = -1
+        if supervisor == 0:
             code = 1
             try:
                 control.close()
@@ -130,7 +139,7 @@ def _supervise(request: dict, fds: list[int]) -> None:
         os.kill(first, signal.SIGKILL)  # and with it every process in the namespace
     _, status = os.waitpid(first, 0)
     told = os.read(status_read, 64)  # the student's process's own status, passed on by the
-    returncode = int(told) if told.lstrip(b"-").isdigit() else os.waitstatus_to_exitcode(status)
+    returncode = int(told) if re.fullmatch(rb"-?\d+", told) else os.waitstatus_to_exitcode(status)
     try:
         report.sendall(json.dumps({"returncode": returncode, "killed": killed}).encode())
     except OSError:  # the grader is gone
@@ -142,6 +151,7 @@ def _first_process(request: dict, process_fds: list[int], status_write: int) -> 
     process, reap whatever is left to it, and end (which ends every process in the namespace)
     when the student's process does, passing its status on."""
     _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as PID 1: ignored from inside, like bwrap's
     # Not the zygote's output, limits or memory to a student's process: it writes where the
     # submission writes, under the same caps, and cannot be traced or read (/proc/1) from inside.
     for where in (1, 2):
@@ -172,18 +182,15 @@ def _mounts(copy: str, tmpfs_bytes: int, under_tmp: list[str]) -> None:
     folders that live under /tmp (a venv made there), bound back read-only over the fresh one."""
     fresh = f"size={tmpfs_bytes},mode=0755"
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the zygote
-    # nosuid and nodev kept: bubblewrap mounted them so, and in a user namespace of its own (a
-    # grader that is not root) a remount may not drop them
     for place in ("/", "/dev"):
-        _mount(None, place, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _mount(None, place, None, READ_ONLY)
     held = [os.open(root, os.O_PATH | os.O_DIRECTORY) for root in under_tmp]  # before hidden
     for place in ("/tmp", "/dev/shm"):
         _mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, fresh)
     for root, fd in zip(under_tmp, held):
         os.makedirs(root, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", root, None, MS_BIND | MS_REC)
-        _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        os.close(fd)
+        _mount(None, root, None, READ_ONLY | _noexec(fd))
     _mount(
         "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620"
     )
@@ -192,10 +199,19 @@ def _mounts(copy: str, tmpfs_bytes: int, under_tmp: list[str]) -> None:
         path = f"/proc/{name}"
         if os.path.exists(path):
             _mount(path, path, None, MS_BIND | MS_REC)
-            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            _mount(None, path, None, READ_ONLY)
     _mount(copy, "/grading/src", None, MS_BIND | MS_REC)
-    _mount(None, "/grading/src", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    _mount(None, "/grading/src", None, READ_ONLY | _noexec(os.open(copy, os.O_PATH)))
     _mount("tmpfs", "/grading/batch", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4096")
+
+
+def _noexec(fd: int) -> int:
+    """MS_NOEXEC where the folder open at `fd` lies on a noexec mount (a /tmp mounted so): the
+    remount may not drop it either. Closes `fd`."""
+    try:
+        return MS_NOEXEC if os.fstatvfs(fd).f_flag & os.ST_NOEXEC else 0
+    finally:
+        os.close(fd)
 
 
 def _loopback_up() -> None:
