@@ -65,3 +65,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("figures")
         for nodeid, name, value in _FIGURES:
             terminalreporter.write_line(f"{name}: {value}  ({nodeid})")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """xdist's workers leave through `os._exit`, past `atexit`: stop the grader's shared zygote
+    here, or its folder outlives the worker (the zygote itself dies with it)."""
+    sandbox = sys.modules.get("paralab.grade.sandbox")
+    if sandbox is not None and sandbox.shared_zygote.cache_info().currsize:
+        sandbox.shared_zygote().close()

@@ -3,6 +3,7 @@ path of a missing notebook, the flag to pass when a file name names no lab, the 
 a traceback raised on a rank, the memory cap a submission ran out of."""
 
 import json
+import os
 
 import nbformat
 import pytest
@@ -156,3 +157,17 @@ def test_a_zygote_that_cannot_start_gives_its_cause_not_a_hang():
     assert run.returncode is None and not run.timed_out and run.seconds < 30, run
     assert "zygote.py" in run.output_tail, run.output_tail
     assert "never started" in grading._stopped(run, 60, sandbox.MEMORY_BYTES)[1]
+
+
+def test_a_fork_of_the_grader_leaves_its_zygote_alone():
+    """A process forked from the grader (a forkserver, a rank) holds a copy of the zygote: if it
+    exits through `atexit`, it must not stop the grader's zygote or remove its folder."""
+    zygote = sandbox.Zygote()
+    child = os.fork()
+    if child == 0:
+        zygote.close()
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert zygote.root.is_dir(), "the fork removed the grader's zygote folder"
+    zygote.close()
+    assert not zygote.root.exists()

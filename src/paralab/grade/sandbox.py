@@ -329,6 +329,7 @@ class Zygote:
     (again if it died); `close` stops it and removes `root`."""
 
     def __init__(self) -> None:
+        self._owner = os.getpid()  # a process forked from this one holds copies, not the zygote
         self.root = Path(tempfile.mkdtemp(prefix="paralab-grading-"))
         shutil.copy(Path(__file__).with_name("zygote.py"), self.root / "zygote.py")
         self._process: subprocess.Popen | None = None
@@ -431,7 +432,10 @@ class Zygote:
             self._log = None
 
     def close(self) -> None:
-        """Stop the zygote (its sandbox goes with it) and remove `root`."""
+        """Stop the zygote (its sandbox goes with it) and remove `root`; in the process that
+        started it only (a fork of it that exits through `atexit` must not)."""
+        if os.getpid() != self._owner:
+            return
         self._stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
