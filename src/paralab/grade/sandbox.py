@@ -19,6 +19,9 @@ pipe and budget, in its own session and working directory, against its own packa
 cleared environment; but its file system, network and signals are NOT isolated: it can read and
 write whatever the grader's user can, and a child that starts its own session outlives the
 kill. `isolation()` says which applies; the grader prints it.
+
+Under bubblewrap the student's process is not started fresh but forked from a `Zygote` that has
+imported torch once (`paralab.grade.zygote`); the fork makes itself the sandbox above first.
 """
 
 from __future__ import annotations

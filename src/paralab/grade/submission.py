@@ -374,7 +374,7 @@ def grade_submission(
     zygote: Zygote | None = None,
 ) -> Graded:
     """Rows and feedback for one submission, graded in its own throwaway copy of the package
-    (forked from the batch's `zygote`, if given)."""
+    (forked from `zygote`, if given)."""
     if sub.lab is None:
         return Graded(sub, [], [f"{sub.path}: cannot tell the lab from the file name; pass --lab"])
     exercises = for_lab(sub.lab)
@@ -415,7 +415,7 @@ def grade_submission(
     if jobs:
         # the references first: the grader's plan of cases
         expect_all([EXERCISES[job["exercise"]] for job in jobs], seed)
-        # beside the pristine package: the batch's zygote binds that folder
+        # beside the pristine package, under the folder the zygote's sandbox binds
         with tempfile.TemporaryDirectory(prefix="submission-", dir=pristine.parent) as tmp:
             package = copy_package(pristine, Path(tmp) / "src")
             withhold_alternatives(package, sub.lab)

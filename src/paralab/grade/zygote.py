@@ -271,7 +271,7 @@ def _deny_keyrings() -> None:
 
 def _student_process(request: dict, process_fds: list[int]) -> None:
     """What `python -m MODULE --result-fd 3` would be, started fresh in the sandbox: its own
-    session, limits, environment, folder and package path."""
+    session, environment, folder and package path (its limits are its first process's)."""
     os.setsid()
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in process_fds]
     for fd in process_fds:
@@ -284,7 +284,6 @@ def _student_process(request: dict, process_fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["environment"], PWD=request["workdir"])
     os.chdir(request["workdir"])
-    _limit(request)
     sys.path[:] = [request["package"], *(p for p in sys.path if p)]
     importlib.invalidate_caches()
     random.seed()  # a fresh process's own, not the zygote's
