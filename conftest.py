@@ -28,6 +28,11 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # notebooks._kernel_env does the same for the main command's kernels.
 os.environ["OMP_NUM_THREADS"] = "1"
 
+# nbval compares the notebooks' text outputs, never their PNGs: the kernels draw each picture
+# (a picture that cannot be drawn still fails its cell) but do not encode it
+# (paralab.viz.common.PICTURES_AS_TEXT, 10 CPU-s of the suite).
+os.environ["PARALAB_PICTURES_AS_TEXT"] = "1"
+
 SLOWEST_FIRST = (
     "tests/test_grade_notebooks.py",
     "tests/test_grade_attacks.py",
