@@ -4,15 +4,11 @@ labs/00_collectives_primer/02_collectives_inside_autograd.md and the lab 00 chap
 these tests by name: which reduce ops `torch.distributed.nn`'s all-reduce differentiates
 correctly with its same-op backward, that the overlay mesh's cp and cfgp slices are different
 process groups although the upstream docstring says they "share the same backing process
-group", that a bad `dp_replicate` is refused with a `ValueError` even under `python -O`
-(upstream's check is an `assert`, so `-O` lets -2 through as if it were -1), and that `cfgp=2`
-needs `enable_inference_mode=True`.
+group", and that `cfgp=2` needs `enable_inference_mode=True`. That a bad `dp_replicate` is
+refused even under `python -O` is tests/test_parallel_dims.py's, beside every other bad value.
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -92,22 +88,6 @@ def test_cp_and_cfgp_of_one_overlay_mesh_are_different_groups():
         assert groups["same group"] is False
         assert groups["cp"] == [rank - rank % 2, rank - rank % 2 + 1]
         assert groups["cfgp"] == [rank % 2, rank % 2 + 2]
-
-
-def test_dp_replicate_minus_two_raises_even_under_python_O():
-    code = (
-        "from paralab.parallel_dims import ParallelDims\n"
-        "assert False, 'this line proves asserts are off'\n"
-        "try:\n"
-        "    ParallelDims(8, dp_shard=4, dp_replicate=-2)\n"
-        "except ValueError as error:\n"
-        "    print(error)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert "dp_replicate" in result.stdout and "-2" in result.stdout
 
 
 def test_cfgp_2_needs_inference_mode():

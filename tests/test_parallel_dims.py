@@ -76,12 +76,15 @@ def test_a_dp_shard_that_does_not_divide_blames_dp_shard_not_an_inferred_replica
     assert "dp_replicate=2" not in str(info.value)
 
 
-def test_validation_does_not_depend_on_asserts():
-    """`python -O` strips asserts: every bad value must still be refused."""
+def test_dp_replicate_minus_two_and_every_bad_value_raise_even_under_python_O():
+    """`python -O` strips asserts: every bad value must still be refused. Upstream checks a
+    negative dp_replicate with an `assert`, so under -O a -2 is inferred like -1."""
     probe = textwrap.dedent("""
+        assert False, "this line proves asserts are off"
         from paralab import ParallelDims
         for kwargs in (dict(cp=2.0), dict(cp=True), dict(dp_shard=3), dict(lb=3), dict(cp=0),
-                       dict(enable_inference_mode="no"), dict(cfgp=2)):
+                       dict(enable_inference_mode="no"), dict(cfgp=2),
+                       dict(dp_shard=4, dp_replicate=-2)):
             try:
                 ParallelDims(8, **kwargs)
                 print("ACCEPTED", kwargs)
@@ -93,7 +96,9 @@ def test_validation_does_not_depend_on_asserts():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ACCEPTED" not in done.stdout
-    assert done.stdout.count("refused:") == 7
+    refusals = done.stdout.splitlines()
+    assert len(refusals) == 8 and all(line.startswith("refused:") for line in refusals)
+    assert "dp_replicate" in refusals[-1] and "-2" in refusals[-1]
 
 
 def _two_rank_descriptor_on_this_group():
