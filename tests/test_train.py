@@ -1,9 +1,10 @@
 """paralab.train: the data rule, the byte formulas, the wrappers, and composed runs on real ranks.
 
 The lab trains each configuration on 4 ranks with the AC modes and the optimizer that teach
-it; these tests pin the pieces it relies on and run what it no longer does: every AC mode
-with Adam on 4 ranks (and a causal ring through the public `train`), and the whole matrix
-(every AC mode x SGD and Adam) of three layouts on 8 ranks, with torchtitan's HSDP reading.
+it; these tests pin the pieces it relies on and run what it no longer does, in one 4-rank
+launch: every AC mode with Adam (and a causal ring through the public `train`), the matrix
+(every AC mode x SGD and Adam) of three layouts, and torchtitan's HSDP reading; and on 8
+ranks the one thing 4 cannot show, FSDP's padded shards.
 What the lab itself checks in its claim tables, which nbval re-runs (the six order cases on
 2 ranks, the padded batch on 4 ranks, compile with AC in one process), is not repeated here.
 """
@@ -27,6 +28,7 @@ from paralab.train.model import SequenceShard, build_model
 from paralab.train.parallelism import AC_MODES, CPAttention
 from paralab.train.runs import (
     full_parameters,
+    meshes_freed,
     run_titan,
     run_variants,
     sample_and_positions,
@@ -92,23 +94,74 @@ def test_wrappers_land_where_cosmos_puts_them():
         CPAttention("tree", None, False)
 
 
-def _adam_on_4_ranks():
-    """Adam under every AC mode (the lab trains these with SGD), and a causal ring via `train`."""
-    jobs = [
+MATRIX_4 = [
+    (dict(dp_replicate=2, dp_shard=2, cp=4), "ring"),
+    (dict(dp_replicate=2, dp_shard=2, cp=4), "ulysses"),
+    (dict(dp_replicate=2, dp_shard=2, cp=1), "ring"),  # the VLM shape: no cp
+]
+"""HSDP with a cp 4 ring, the same with Ulysses cp 4, the VLM row: on 4 ranks the replica, shard
+and cp groups stay three different sets of ranks (with cp 2 the cp group would be the shard's)."""
+
+OPTIMIZERS = ("sgd", "adam")
+
+TITAN_DIMS = dict(dp_replicate=2, dp_shard=2, cp=2)
+"""torchtitan's HSDP reading with a cp 2 ring: 2 replicas x dp_shard_cp 2 (its dp_shard is 1)."""
+
+PADDED_8 = (dict(dp_shard=8, cp=4), dict(attention="ulysses", ac="full", optimizer="adam"))
+"""dp_shard 8: the 4-row head is padded to 8 rows, so four ranks hold empty shards (fused Adam
+steps them); 4 ranks cannot pad any of this model's parameters."""
+
+
+def _matrix_jobs():
+    """Every (layout, AC mode) pair, the optimizer alternating so that every (layout, optimizer)
+    and every (AC mode, optimizer) pair runs too: the optimizer steps after the gradients AC and
+    the layout produce, so pairs cover what the full product would (9 runs, not 18). Starting
+    the alternation at Adam leaves out the lab's own rows (HSDP cp 4 ring, full AC, Adam; the
+    VLM row, AC none, SGD), which nbval checks."""
+    return [
+        (dims, dict(attention=attention, ac=ac, optimizer=OPTIMIZERS[(i + j + 1) % 2]))
+        for i, (dims, attention) in enumerate(MATRIX_4)
+        for j, ac in enumerate(AC_MODES)
+    ]
+
+
+def _adam_jobs():
+    """Adam under every AC mode on the lab's dp_shard 4, cp 2 ring (the lab trains it with SGD)."""
+    return [
         (dict(dp_shard=4, cp=2), dict(attention="ring", ac=ac, optimizer="adam")) for ac in AC_MODES
     ]
-    causal = train(
-        ParallelDims(4, dp_shard=4, cp=2),
-        attention="ring",
-        ac="full",
-        optimizer="adam",
-        causal=True,
-    )
-    return {"by_ac": [job["params"] for job in run_variants(jobs)], "causal": causal}
 
 
-def test_adam_under_every_ac_mode_and_the_causal_ring_match_one_process():
-    per_rank = run(_adam_on_4_ranks, 4, timeout=240)
+def _everything_on_4_ranks():
+    """One launch: the Adam runs, a causal ring via the public `train`, the matrix under the
+    ledger, and torchtitan's HSDP reading next to the overlay's on the same ranks."""
+    out = {}
+    with meshes_freed():  # each layout's groups go when its runs are done
+        out["by_ac"] = [job["params"] for job in run_variants(_adam_jobs())]
+        out["causal"] = train(
+            ParallelDims(4, dp_shard=4, cp=2),
+            attention="ring",
+            ac="full",
+            optimizer="adam",
+            causal=True,
+        )
+    out["matrix"] = []
+    for dims in [d for i, (d, _) in enumerate(MATRIX_4) if d not in [e for e, _ in MATRIX_4[:i]]]:
+        with meshes_freed():  # the jobs come layout by layout, in MATRIX_4's order
+            out["matrix"] += run_variants([j for j in _matrix_jobs() if j[0] == dims], ledger=True)
+    with meshes_freed():
+        out["overlay"] = run_variants([(TITAN_DIMS, dict(attention="ring"))])[0]["params"]
+    out["titan"] = run_titan(2, 2, dict(attention="ring"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def on_4_ranks():
+    return run(_everything_on_4_ranks, 4, timeout=600)
+
+
+def test_adam_under_every_ac_mode_and_the_causal_ring_match_one_process(on_4_ranks):
+    per_rank = on_4_ranks
     expected = reference(samples=2, optimizer="adam")
     for i, ac in enumerate(AC_MODES):
         assert_match([r["by_ac"][i] for r in per_rank], [expected] * 4, atol=1e-12, name=ac)
@@ -120,46 +173,16 @@ def test_adam_under_every_ac_mode_and_the_causal_ring_match_one_process():
     )
 
 
-MATRIX_8 = [
-    (dict(dp_replicate=2, dp_shard=4, cp=2), "ring"),
-    (dict(dp_shard=8, cp=4), "ulysses"),
-    (dict(dp_replicate=2, dp_shard=4, cp=1), "ring"),  # the VLM shape: no cp
-]
-"""The layouts the lab shows on 4 ranks, at 8: HSDP with a cp 2 ring, Ulysses cp 4, the VLM row."""
-
-
-OPTIMIZERS = ("sgd", "adam")
-
-
-def _matrix_jobs():
-    """Every (layout, AC mode) pair, the optimizer alternating so that every (layout, optimizer)
-    and every (AC mode, optimizer) pair runs too: the optimizer steps after the gradients AC and
-    the layout produce, so pairs cover what the full product would (9 runs on 8 ranks, not 18)."""
-    return [
-        (dims, dict(attention=attention, ac=ac, optimizer=OPTIMIZERS[(i + j) % 2]))
-        for i, (dims, attention) in enumerate(MATRIX_8)
-        for j, ac in enumerate(AC_MODES)
-    ]
-
-
-def _matrix_on_8_ranks():
-    return {
-        "checks": run_variants(_matrix_jobs(), ledger=True),
-        "titan": run_titan(2, 2, dict(attention="ring")),
-    }
-
-
-def test_every_ac_mode_and_optimizer_on_8_ranks():
-    """Each (layout, AC mode) and each with both optimizers: every rank's parameters after 3 steps = one process, and
-    every rank's ledger = the closed form in every (group, phase) cell; torchtitan's HSDP reading
-    (2 replicas x dp_shard_cp 4) = the overlay reading, bitwise."""
-    per_rank = run(_matrix_on_8_ranks, 8, timeout=600)
-    for i, (dims, variant) in enumerate(_matrix_jobs()):
-        pd = ParallelDims(8, **dims)
-        expected = reference(samples=8 // pd.cp, optimizer=variant["optimizer"])
+def assert_params_and_bytes(per_rank, checks, jobs, steps=3):
+    """Every rank's parameters = one process within 1e-12, every rank's ledger = the closed form
+    in every (group, phase) cell, for each (dims, variant) job."""
+    world = len(per_rank)
+    for i, (dims, variant) in enumerate(jobs):
+        pd = ParallelDims(world, **dims)
+        expected = reference(samples=world // pd.cp, optimizer=variant["optimizer"])
         assert_match(
-            [r["checks"][i]["params"] for r in per_rank],
-            [expected] * 8,
+            [checks(r)[i]["params"] for r in per_rank],
+            [expected] * world,
             atol=1e-12,
             name=f"{dims} {variant}",
         )
@@ -167,12 +190,26 @@ def test_every_ac_mode_and_optimizer_on_8_ranks():
             pd.dp_shard, pd.dp_replicate, pd.cp, variant["attention"], variant["ac"]
         )
         for rank, r in enumerate(per_rank):
-            measured = measured_step_bytes(r["checks"][i]["records"], rank, pd, steps=3)
+            measured = measured_step_bytes(checks(r)[i]["records"], rank, pd, steps=steps)
             assert measured == formula, (dims, variant, rank)
-    assert per_rank[0]["titan"]["fsdp_mesh"] == (2, 4)
-    assert_match(
-        [r["titan"]["params"] for r in per_rank], [r["checks"][0]["params"] for r in per_rank]
-    )
+
+
+def test_every_ac_mode_and_optimizer_on_4_ranks(on_4_ranks):
+    """Each (layout, AC mode), and each with both optimizers: parameters after 3 steps = one
+    process, the ledger = the closed form; torchtitan's HSDP reading (2 replicas x dp_shard_cp 2,
+    cp 2) = the overlay reading, bitwise."""
+    assert_params_and_bytes(on_4_ranks, lambda r: r["matrix"], _matrix_jobs())
+    assert on_4_ranks[0]["titan"]["fsdp_mesh"] == (2, 2)
+    assert_match([r["titan"]["params"] for r in on_4_ranks], [r["overlay"] for r in on_4_ranks])
+
+
+def test_padded_shards_on_8_ranks_match_one_process_and_the_closed_form():
+    """dp_shard 8 with Ulysses cp 4: FSDP pads the head's 4 rows to 8, and the ledger's bytes
+    equal `shard_bytes_of_unit`'s padded closed form on every rank."""
+    shapes = [s for unit in unit_shapes() for s in unit]
+    assert any(s[0] % 8 for s in shapes) and not any(s[0] % 4 for s in shapes)
+    per_rank = run(run_variants, 8, [PADDED_8], ledger=True, timeout=300)
+    assert_params_and_bytes(per_rank, lambda r: r, [PADDED_8])
 
 
 def _equal_counts_on_2_ranks():

@@ -32,8 +32,10 @@
 # vision-language model trains in, lab 00's workload table, whose sequences need no cp); and
 # compiled once (a causal ring, so the zigzag shards are checked too). Every byte of every
 # step against its closed form: modelled bytes, counted at the `torch.distributed` API by the
-# ledger, not measured on a wire. (Every AC mode × SGD and Adam on 8 ranks, the same
-# composition at twice the ranks, is `tests/test_train.py::test_every_ac_mode_and_optimizer_on_8_ranks`.)
+# ledger, not measured on a wire. (Every AC mode × SGD and Adam on three 4-rank layouts,
+# Ulysses with cp 4 among them, is `tests/test_train.py::test_every_ac_mode_and_optimizer_on_4_ranks`;
+# FSDP's padded shards, which take 8 ranks on this model,
+# `tests/test_train.py::test_padded_shards_on_8_ranks_match_one_process_and_the_closed_form`.)
 # Before that, two tiny 2-rank runs: `apply_cp` alone (each rank's prediction = one process at
 # its positions) and `apply_fsdp` alone (the shards stack to the full weight); in this
 # process, the bytes saved for backward per AC mode against a closed form, and AC then
@@ -804,8 +806,8 @@ print(verdict_table(param_rows, "parameters after 3 steps vs one process (float6
 # `run_titan` builds that 3-D mesh, takes the cp group from it, loads the sample of its dp
 # coordinate, and shards on the flattened mesh. The flattened group is the same set of ranks as
 # the overlay's dp group, in the same order, so the parameters should not differ by a bit.
-# Here on 4 ranks, without replicas; the reading with replicas (8 ranks, 2 replicas × dp_shard
-# 2 × cp 2) is checked in `tests/test_train.py::test_every_ac_mode_and_optimizer_on_8_ranks`.
+# Here without replicas; the reading with replicas (2 replicas × dp_shard 1 × cp 2, FSDP on
+# 2 × dp_shard_cp 2) is checked in `tests/test_train.py::test_every_ac_mode_and_optimizer_on_4_ranks`.
 
 # %%
 # show: paralab.train.runs.titan_meshes

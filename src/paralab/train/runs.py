@@ -202,6 +202,21 @@ def dims_of(dims: dict) -> ParallelDims:
     return _BUILT[key]
 
 
+@contextlib.contextmanager
+def meshes_freed():
+    """Forget the meshes `dims_of` builds inside the block and destroy every process group made
+    in it when it ends. A launch that trains one layout after another would otherwise keep each
+    finished layout's gloo groups alive, and live groups cost every rank CPU (measured)."""
+    built, groups = set(_BUILT), set(dist.distributed_c10d._world.pg_map)
+    try:
+        yield
+    finally:
+        for key in set(_BUILT) - built:
+            del _BUILT[key]
+        for group in set(dist.distributed_c10d._world.pg_map) - groups:
+            dist.destroy_process_group(group)
+
+
 def run_variants(
     jobs: list[tuple[dict, dict]], *, steps: int = 3, ledger: bool = False
 ) -> list[dict]:
