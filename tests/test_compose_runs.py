@@ -123,7 +123,7 @@ def _rows(rows: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def rows():
-    per_rank = run(_rows, 8, ROWS, timeout=600)
+    per_rank = run(_rows, 8, ROWS, timeout=300)
 
     def row(name: str) -> list:
         """Every rank's result of row `name`; RowFailed if it raised."""
