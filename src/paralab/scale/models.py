@@ -142,6 +142,14 @@ class ModelShape:
             object.__setattr__(self, "matmul_per_layer", lm_layer_matmul(self))
         if self.kind == "lm" and not self.params:
             object.__setattr__(self, "params", lm_params(self))
+        sizes = (self.layers, self.hidden, self.heads, self.head_dim, self.ffn, self.params)
+        object.__setattr__(self, "_hash", hash(sizes))
+
+    def __hash__(self) -> int:
+        """The hash of its sizes, computed once: every cache of the time and memory models is
+        keyed by the model, and a planner search asks them millions of times. Integers hash
+        alike in every process, so a pickled copy's stays valid."""
+        return self._hash
 
     @property
     def attention_width(self) -> int:

@@ -205,7 +205,8 @@ def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp,
     tp), and "dp_shard_cp", the flattened dp_shard x cp group FSDP shards over (adjacent in the
     mesh, so its stride is tp's size)."""
-    return _mesh_links(hw, *(getattr(layout, axis) for axis in TRAIN_MESH))
+    lo = layout  # the sizes in TRAIN_MESH's order
+    return _mesh_links(hw, lo.pp, lo.dp_replicate, lo.dp_shard, lo.cp, lo.tp)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # keyed by the mesh's sizes alone: a search's few hundred
@@ -257,6 +258,7 @@ class Prediction:
         }[measured_key]
 
 
+@functools.cache  # the planner asks for each of its layouts
 def flops_per_token(m: ModelShape, seq: int) -> float:
     """Model FLOPs of one trained token, as torchtitan's MFU counts them: 6 x the parameters
     outside the embedding, plus 12 x layers x heads x head_dim x seq for attention. For a
@@ -512,15 +514,37 @@ def ring_backward_bytes(m: ModelShape, tp: int, seq: int, cp: int) -> dict[str, 
     return {"kv": kv["backward"] - kv["forward"], "dkv": grads["backward"] - grads["forward"]}
 
 
-def predict_train(
-    m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
-) -> Prediction:
-    """One optimizer step on every GPU: `micro_batch` sequences of `seq` tokens per dp rank."""
-    lo, seq, b = layout, w.seq, w.micro_batch
-    links = train_links(hw, lo)
-    re_gemm, re_attn = RECOMPUTE[w.ac]
+def stage_compute(
+    m: ModelShape, hw: Hardware, lo: Layout, w: Workload, eff: dict[str, float]
+) -> tuple[dict[str, float], int, float, float]:
+    """The busiest pipeline stage's compute in a step on one rank: the items "compute: GEMM",
+    "compute: attention" and "elementwise (HBM)", the layers the stage runs, one layer's
+    seconds and one block's forward (what FSDP's prefetches hide behind). The busiest stage is
+    the last (its layers, the head and the loss) or another. It reads tp, cp (and its kind),
+    pp and SP of the layout: a search's layouts that differ in dp, ep, async TP or the
+    schedule share one answer."""
+    return _stage_compute(
+        m, hw, w, eff["gemm"], eff["attention"], lo.tp, lo.cp, lo.cp_kind, lo.pp, lo.sp
+    )
 
-    # the busiest stage sets the pace: the last (its layers, the head and the loss) or another
+
+@functools.lru_cache(maxsize=1 << 14)  # keyed by what it reads: a search's few thousand
+def _stage_compute(
+    m: ModelShape,
+    hw: Hardware,
+    w: Workload,
+    gemm_efficiency: float,
+    attention_efficiency: float,
+    tp: int,
+    cp: int,
+    cp_kind: str,
+    pp: int,
+    sp: bool,
+) -> tuple[dict[str, float], int, float, float]:
+    lo = Layout(tp=tp, cp=cp, cp_kind=cp_kind, pp=pp, sp=sp)
+    eff = {"gemm": gemm_efficiency, "attention": attention_efficiency}
+    seq, b = w.seq, w.micro_batch
+    re_gemm, re_attn = RECOMPUTE[w.ac]
     first_layers, last_layers = stage_split(m, lo, w)
     gemm_fwd_layer, attn_fwd_layer = layer_forward_flops(m, lo, w)
     head_fwd = head_forward_flops(m, lo, w)
@@ -537,35 +561,33 @@ def predict_train(
     t_layer = t_gemm_layer + t_attn_layer + t_elementwise_layer
     last_paces = last_layers * t_layer + t_head + t_loss >= first_layers * t_layer
     layers = last_layers if last_paces else first_layers
-    t_gemm = layers * t_gemm_layer + (t_head if last_paces else 0.0)
-    t_attn = layers * t_attn_layer
-    t_elementwise = layers * t_elementwise_layer + (t_loss if last_paces else 0.0)
+    items = {
+        "compute: GEMM": layers * t_gemm_layer + (t_head if last_paces else 0.0),
+        "compute: attention": layers * t_attn_layer,
+        "elementwise (HBM)": layers * t_elementwise_layer + (t_loss if last_paces else 0.0),
+    }
+    return items, layers, t_layer, block_forward_seconds(m, hw, lo, w, eff)
+
+
+def predict_train(
+    m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
+) -> Prediction:
+    """One optimizer step on every GPU: `micro_batch` sequences of `seq` tokens per dp rank."""
+    lo, seq, b = layout, w.seq, w.micro_batch
+    re_gemm = RECOMPUTE[w.ac][0]
+    compute, layers, t_block, t_fwd_block = stage_compute(m, hw, lo, w, eff)
     s = fsdp_shard(lo)
     local_params = m.params / (s * lo.tp * lo.pp)
     t_optim = local_params * ADAM_BYTES_PER_PARAM / hw.hbm_bandwidth
-    t_fwd_block = block_forward_seconds(m, hw, lo, w, eff)
-    t_block = t_layer
 
-    out = {
-        "compute: GEMM": t_gemm,
-        "compute: attention": t_attn,
-        "elementwise (HBM)": t_elementwise,
-        "optimizer (HBM)": t_optim,
-    }
+    out = {**compute, "optimizer (HBM)": t_optim}
     if s * lo.dp_replicate > 1:
-        link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
-        unit = _train_unit_bytes(fsdp_block_params(m, lo) // lo.tp, s, lo.dp_replicate)
-        root = _train_unit_bytes(m.root_params() // lo.tp, s, lo.dp_replicate)
-        ag = link.time(unit["all_gather"], s - 1)
-        rs = link.time(unit["reduce_scatter"], s - 1)
-        ar = links["dp_replicate"].time(unit["all_reduce"], 2 * (lo.dp_replicate - 1))
-        t_bwd_block = t_block - t_fwd_block
-        fwd = prefetched(ag, t_fwd_block, layers)
-        bwd = prefetched(ag + rs + ar, t_bwd_block, layers)
-        root_t = link.time(root["all_gather"] + root["reduce_scatter"], 2 * (s - 1))
-        out["exposed: dp (FSDP)"] = fwd + bwd + root_t
+        out["exposed: dp (FSDP)"] = _exposed_fsdp(
+            m, hw, lo.dp_shard, lo.dp_replicate, lo.cp, lo.tp, lo.ep, layers, t_fwd_block, t_block
+        )
     if lo.cp > 1:
-        out["exposed: cp"] = layers * b * _train_cp(m, hw, lo, w, links["cp"], eff)
+        cp = _layer_cp(m, hw, seq, w.ac, lo.tp, lo.cp, lo.cp_kind, lo.cp_rotate, eff["attention"])
+        out["exposed: cp"] = layers * b * cp
     if lo.ep > 1:
         tokens = b * seq / lo.cp / (lo.tp if lo.sp else 1)
         sent = tokens * m.top_k * m.hidden * ACT_BYTES * (lo.ep - 1) / lo.ep
@@ -573,7 +595,7 @@ def predict_train(
         moe = min(layers, m.moe_layers)  # the dense first layers route nothing
         out["exposed: ep"] = moe * calls * link_for(hw, lo.tp, lo.ep).time(sent, lo.ep - 1)
     if lo.tp > 1:
-        exposed = _train_tp(m, hw, lo, w, links["tp"], eff)
+        exposed = _layer_tp(m, hw, w, lo.tp, lo.cp, lo.sp, lo.async_tp, eff["gemm"])
         if exposed:
             out["exposed: tp"] = layers * exposed
     busy = sum(out.values())
@@ -583,7 +605,7 @@ def predict_train(
         out["pp bubble"] = busy * bubble / (1 - bubble)
         boundary = boundary_bytes(b // mb or 1, seq // lo.cp, m.hidden // lo.tp, ACT_BYTES)
         forward = layers * t_fwd_block / mb  # F: one micro-batch's forward on the stage
-        send = links["pp"].time(boundary, 1)
+        send = train_links(hw, lo)["pp"].time(boundary, 1)
         out["exposed: pp sends"] = forward * pp_send_stretch(lo, mb, send / forward)
     seconds = sum(out.values())
     tokens = b * seq * lo.dp_shard * lo.dp_replicate
@@ -596,6 +618,54 @@ def predict_train(
         tflops_per_gpu=model_flops / 1e12,
         mfu=model_flops / hw.peak_bf16,
     )
+
+
+@functools.lru_cache(maxsize=1 << 16)  # keyed by what it reads: a search's tens of thousands
+def _exposed_fsdp(
+    m: ModelShape,
+    hw: Hardware,
+    dp_shard: int,
+    dp_replicate: int,
+    cp: int,
+    tp: int,
+    ep: int,
+    layers: int,
+    t_fwd_block: float,
+    t_block: float,
+) -> float:
+    """FSDP's exposed seconds a step on a stage of `layers` blocks: each block's all-gather
+    prefetched behind a block's forward, and again with its reduce-scatter (and HSDP's
+    all-reduce) behind a block's backward; the root's once. Layouts that differ in the kind
+    of cp, async TP or the schedule share it."""
+    lo = Layout(dp_shard=dp_shard, dp_replicate=dp_replicate, cp=cp, tp=tp, ep=ep)
+    links, s = train_links(hw, lo), fsdp_shard(lo)
+    link = links["dp_shard_cp"] if s > 1 else links["dp_replicate"]
+    unit = _train_unit_bytes(fsdp_block_params(m, lo) // lo.tp, s, lo.dp_replicate)
+    root = _train_unit_bytes(m.root_params() // lo.tp, s, lo.dp_replicate)
+    ag = link.time(unit["all_gather"], s - 1)
+    rs = link.time(unit["reduce_scatter"], s - 1)
+    ar = links["dp_replicate"].time(unit["all_reduce"], 2 * (lo.dp_replicate - 1))
+    t_bwd_block = t_block - t_fwd_block
+    fwd = prefetched(ag, t_fwd_block, layers)
+    bwd = prefetched(ag + rs + ar, t_bwd_block, layers)
+    root_t = link.time(root["all_gather"] + root["reduce_scatter"], 2 * (s - 1))
+    return fwd + bwd + root_t
+
+
+@functools.lru_cache(maxsize=1 << 14)  # keyed by what it reads: a search's few thousand
+def _layer_tp(
+    m: ModelShape,
+    hw: Hardware,
+    w: Workload,
+    tp: int,
+    cp: int,
+    sp: bool,
+    async_tp: bool,
+    gemm_efficiency: float,
+) -> float:
+    """`_train_tp` of the layouts with these degrees: all it reads of a layout."""
+    lo = Layout(tp=tp, cp=cp, sp=sp, async_tp=async_tp)
+    return _train_tp(m, hw, lo, w, train_links(hw, lo)["tp"], {"gemm": gemm_efficiency})
 
 
 def _train_tp(
@@ -697,6 +767,24 @@ def _q_and_kv_shards(m: ModelShape, tp: int, seq: int, cp: int) -> tuple[int, in
         shard_bytes(1, m.heads // tp, seq, m.head_dim, cp, ACT_BYTES),
         shard_bytes(1, m.kv_heads // tp, seq, m.head_dim, cp, ACT_BYTES),
     )
+
+
+@functools.lru_cache(maxsize=1 << 14)  # keyed by what it reads: a search's few thousand
+def _layer_cp(
+    m: ModelShape,
+    hw: Hardware,
+    seq: int,
+    ac: str,
+    tp: int,
+    cp: int,
+    cp_kind: str,
+    cp_rotate: str,
+    attention_efficiency: float,
+) -> float:
+    """`_train_cp` of the layouts and workloads with these: all it reads of them."""
+    lo = Layout(tp=tp, cp=cp, cp_kind=cp_kind, cp_rotate=cp_rotate)
+    w = Workload("train", seq, ac=ac)
+    return _train_cp(m, hw, lo, w, train_links(hw, lo)["cp"], {"attention": attention_efficiency})
 
 
 def _train_cp(
