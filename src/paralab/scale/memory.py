@@ -118,14 +118,24 @@ def stage_memory(
     return items
 
 
-@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
     """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
     logits and the loss): the GPU that runs out first. Neither async TP nor the kind of cp
-    changes a tensor counted here: layouts that differ only there share the answer (the planner
-    asks each)."""
+    changes a tensor counted here (each is counted as zigzag cp), and of the workload only the
+    sequence and the AC mode do: layouts and workloads that differ only there share one count
+    (the planner asks each)."""
     if lo.async_tp or lo.cp_kind != "zigzag":
-        return train_memory(m, changed(lo, async_tp=False, cp_kind="zigzag"), w, local_batch)
+        lo = changed(lo, async_tp=False, cp_kind="zigzag")
+    return _heavier_stage(m, lo, _memory_workload(w.seq, w.ac), local_batch)
+
+
+@functools.cache  # a few dozen
+def _memory_workload(seq: int, ac: str) -> Workload:
+    return Workload("train", seq, ac=ac)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
+def _heavier_stage(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
     first = stage_memory(m, lo, w, local_batch, 0)
     if lo.pp == 1:
         return first
