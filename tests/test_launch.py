@@ -23,6 +23,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import paralab.cp.blocks as cp_blocks
+from paralab.cp.ring import ring_attention  # a spawned rank loads it with this module, unpatched
 from paralab.launch import LaunchError, LaunchTimeout, run, start_forkserver
 
 MESSAGE_BYTES_AT_MOST = 30_000
@@ -238,28 +240,51 @@ def test_bad_arguments_give_clear_errors():
         run(_rank_and_sum, 2, start_method="fork")
 
 
-def _timed_patched_launch(**kwargs) -> float:
-    """The package's own worker on 2 ranks with an edited `op_input`: the edit must reach them."""
+def _marking_merge(*args):
+    """A stand-in merge: the ring's output becomes all sevens wherever it merged two blocks."""
+    out, lse = _MERGE(*args)
+    return torch.full_like(out, 7.0), lse
+
+
+_MERGE = cp_blocks.merge_partials
+MARKING_MERGE = {"paralab.cp.blocks": {"merge_partials": _marking_merge}}
+
+
+def _collectives_and_ring() -> tuple[list[float], bool]:
+    """On each of 2 ranks: the package's collectives worker, and ring attention on a fixed input
+    (this rank's output shard), which imported `merge_partials` from `paralab.cp.blocks`."""
     from paralab.collectives import runs
 
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 3, dtype=torch.float64) for _ in range(3))
+    shard = slice(4 * dist.get_rank(), 4 * dist.get_rank() + 4)
+    ring = ring_attention(q[:, :, shard], k[:, :, shard], v[:, :, shard])
+    return runs.forward_job()["all_reduce"].tolist(), bool(torch.all(ring == 7.0))
+
+
+def _timed_patched_launch(**kwargs) -> float:
+    """The package's collectives and ring on 2 ranks, an edited `op_input` and a `merge_partials`
+    patched by its defining module's key: both edits must reach every rank."""
     start = time.monotonic()
-    edited = run(runs.forward_job, 2, patches=ONES_INPUT, **kwargs)
+    edited = run(_collectives_and_ring, 2, patches={**ONES_INPUT, **MARKING_MERGE}, **kwargs)
     seconds = time.monotonic() - start
-    assert [r["all_reduce"].tolist() for r in edited] == [[2.0], [2.0]], kwargs
+    assert edited == [([2.0], True), ([2.0], True)], kwargs
     return seconds
 
 
 def test_warm_forkserver_launch_beats_spawn_and_patches_reach_spawned_ranks():
     """spawn pays `import torch` in every rank (~1 s each); the preloaded forkserver does not.
-    The spawned launch also shows `patches=` reaching ranks under spawn (spawned ranks cost an
-    import each: one spawned launch checks both)."""
+    The spawned launch also shows `patches=` reaching ranks under spawn, both an edit of the
+    collectives and the defining-module key reaching the ring (`tests/test_patches.py` checks
+    it under forkserver): spawned ranks cost an import each, so one spawned launch checks all."""
     from paralab.collectives import runs
 
     _timed_patched_launch()
     warm = min(_timed_patched_launch() for _ in range(2))
     spawned = _timed_patched_launch(start_method="spawn")
     assert warm < spawned / 3, f"warm forkserver {warm:.2f} s vs spawn {spawned:.2f} s"
-    assert runs.op_input is not _ones_input  # the caller's process was never patched
+    # the caller's process was never patched
+    assert runs.op_input is not _ones_input and cp_blocks.merge_partials is _MERGE
 
 
 def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
