@@ -124,9 +124,14 @@ def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> di
     changes a tensor counted here (each is counted as zigzag cp), and of the workload only the
     sequence and the AC mode do: layouts and workloads that differ only there share one count
     (the planner asks each)."""
+    return _heavier_stage(m, memory_alike(lo), _memory_workload(w.seq, w.ac), local_batch)
+
+
+def memory_alike(lo: Layout) -> Layout:
+    """`lo` as `train_memory` counts it, async TP off and cp zigzag; `lo` itself if so already."""
     if lo.async_tp or lo.cp_kind != "zigzag":
-        lo = changed(lo, async_tp=False, cp_kind="zigzag")
-    return _heavier_stage(m, lo, _memory_workload(w.seq, w.ac), local_batch)
+        return changed(lo, async_tp=False, cp_kind="zigzag")
+    return lo
 
 
 @functools.cache  # a few dozen

@@ -181,6 +181,8 @@ class ModelShape:
 
     def routed_expert_params(self) -> int:
         """Every routed expert's weights, all layers: what ep splits (0 for a dense model)."""
+        if not self.experts:
+            return 0
         return self.moe_layers * self.experts * self.mlp_weights(self.ffn)
 
     def idle_expert_params(self) -> int:

@@ -34,7 +34,7 @@ from paralab.scale.cases import SHIPPED, Case, load_cases
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
 from paralab.scale.heldout import GENERALIZATION
-from paralab.scale.memory import train_memory
+from paralab.scale.memory import memory_alike, train_memory
 from paralab.scale.models import MODELS, ModelShape, model
 from paralab.scale.predict import (
     ENGINES,
@@ -187,8 +187,15 @@ def workload(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0) -> tupl
     they take the layout as it is and one pass's sequences."""
     passes = passes or accumulation(layout)
     per_pass = q.global_batch // (layout.dp_shard * layout.dp_replicate) // passes
-    w = Workload("train", q.seq, per_pass, dtype=q.dtype, ac=ac, compile=q.compile, engine=q.engine)
-    return w, passes
+    return train_workload(q.seq, per_pass, q.dtype, ac, q.compile, q.engine), passes
+
+
+@functools.cache  # a search asks for a few dozen, hundreds of thousands of times
+def train_workload(
+    seq: int, micro_batch: int, dtype: str, ac: str, compile: bool, engine: str
+) -> Workload:
+    """A training workload, made once: it is frozen, so every layout asking shares it."""
+    return Workload("train", seq, micro_batch, dtype=dtype, ac=ac, compile=compile, engine=engine)
 
 
 def fits(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0) -> bool:
@@ -384,13 +391,19 @@ def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
         # Neither async TP nor the kind of cp changes memory (`memory.train_memory`): layouts
         # that differ only there fit alike, so their knobs are chosen once (a third of the
         # search's memory counts at cp > 1).
-        alike = changed(layout, async_tp=False, cp_kind="zigzag")
-        if alike not in chosen_for:
-            chosen_for[alike] = memory_choices(q, alike)
-        if oom and not chosen_for[alike]:
+        alike = memory_alike(layout)
+        choices = chosen_for.get(alike)
+        if choices is None:
+            choices = chosen_for[alike] = memory_choices(q, alike)
+        if oom and not choices:
             too_big.append(train_row(q, layout, q.ac or "full", timed=False))
-        for chosen, mode in chosen_for[alike]:
-            own = changed(chosen, async_tp=layout.async_tp, cp_kind=layout.cp_kind)
+        for chosen, mode in choices:
+            # the chosen knobs, on the layout's own async TP and kind of cp
+            own = (
+                chosen
+                if layout is alike
+                else changed(chosen, async_tp=layout.async_tp, cp_kind=layout.cp_kind)
+            )
             fitting.append(train_row(q, own, mode))
     return fitting, too_big
 
