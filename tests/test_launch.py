@@ -17,7 +17,9 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,26 +71,35 @@ def _children_alive() -> list[str]:
     return [p.name for p in multiprocessing.active_children() if p.name.startswith("paralab-rank")]
 
 
-@pytest.fixture(autouse=True)
-def private_tmp(monkeypatch, tmp_path_factory) -> Path:
-    """Every test's temp files go to a folder of its own, which must be empty afterwards:
-    no launch may leave a rendezvous dir, a rank's `pymp-*` or anything else behind.
+def _temp_root() -> Path:
+    """A folder of its own for a test's temp files, which must be empty afterwards: no launch may
+    leave a rendezvous dir, a rank's `pymp-*` or anything else behind.
 
     It sits right in the temp dir, not in the deeper `tmp_path`: a forkserver's socket
     lives in it, and a socket path may not exceed 107 bytes.
     """
     multiprocessing.util.get_temp_dir()  # this process's own, made once, removed at its exit
     start_forkserver()  # and its forkserver's socket dir, likewise
+    return Path(tempfile.mkdtemp(prefix="launch-test-"))
+
+
+def _left_in(root: Path) -> list[str]:
+    """What is still in a `_temp_root`; torch's per-user compile cache is shared by every
+    process and kept on purpose."""
+    return sorted(p.name for p in root.iterdir() if not p.name.startswith("torchinductor_"))
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(monkeypatch, tmp_path_factory) -> Path:
+    """Every test's temp files go to a `_temp_root` of its own, empty afterwards."""
     tmp_path_factory.getbasetemp()  # pytest's, made once, before the temp dir moves
-    root = Path(tempfile.mkdtemp(prefix="launch-test-"))
+    root = _temp_root()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     monkeypatch.setenv("TMPDIR", str(root))
     try:
         yield root
         assert not _children_alive()
-        # torch's per-user compile cache is shared by every process and kept on purpose
-        left = [p.name for p in root.iterdir() if not p.name.startswith("torchinductor_")]
-        assert sorted(left) == []
+        assert _left_in(root) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -287,54 +298,101 @@ def test_warm_forkserver_launch_beats_spawn_and_patches_reach_spawned_ranks():
     assert runs.op_input is not _ones_input and cp_blocks.merge_partials is _MERGE
 
 
-def test_a_notebook_defined_function_runs_on_ranks(tmp_path):
+@pytest.fixture(scope="module")
+def kernel_cells(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """One Jupyter kernel for every kernel-side claim: a notebook's cells run in it, each cell's
+    printed line kept. The kernel's TMPDIR is a `_temp_root` of its own."""
     import nbformat
     from nbclient import NotebookClient
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            textwrap.dedent("""
-            import torch, torch.distributed as dist
-            from paralab.launch import run
+    cells = [
+        """
+        import sys, torch
+        from paralab.launch import run
 
-            class Box:
-                def __init__(self, value):
-                    self.value = value
+        SHAPES = "torch.fx.experimental.symbolic_shapes"
+        before = SHAPES in sys.modules
+        torch.ones(2, requires_grad=True).backward(torch.ones(2))
+        print(before, SHAPES in sys.modules)
+        """,
+        """
+        import torch.distributed as dist
 
-            def gather_ranks(offset):
-                t = torch.tensor([dist.get_rank() + offset])
-                out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
-                dist.all_gather(out, t)
-                return Box(torch.cat(out).tolist())
+        class Box:
+            def __init__(self, value):
+                self.value = value
 
-            print([b.value for b in run(gather_ranks, 3, 10)])
-        """)
-        ),
-        nbformat.v4.new_code_cell(
-            textwrap.dedent("""
-            from paralab.collectives import runs
+        def gather_ranks(offset):
+            t = torch.tensor([dist.get_rank() + offset])
+            out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, t)
+            return Box(torch.cat(out).tolist())
 
-            def op_input(op, rank, n):  # a reader's edit of the shown function
-                return torch.full((n if op == "reduce_scatter" else 1,), 7.0, dtype=torch.float64)
+        print([b.value for b in run(gather_ranks, 3, 10)])
+        """,
+        """
+        from paralab.collectives import runs
 
-            edited = run(runs.forward_job, 2, patches={"paralab.collectives.runs": {"op_input": op_input}})
-            print([r["all_reduce"].tolist() for r in edited])
-        """)
-        ),
-        nbformat.v4.new_code_cell(
-            "import multiprocessing.forkserver\n"
-            "print(multiprocessing.forkserver._forkserver._forkserver_pid)"
-        ),
+        def op_input(op, rank, n):  # a reader's edit of the shown function
+            return torch.full((n if op == "reduce_scatter" else 1,), 7.0, dtype=torch.float64)
+
+        edited = run(runs.forward_job, 2, patches={"paralab.collectives.runs": {"op_input": op_input}})
+        print([r["all_reduce"].tolist() for r in edited])
+        """,
+        """
+        def probe():
+            import sys, torch
+            from torch.distributed.fsdp import fully_shard
+            started = "torch._dynamo" in sys.modules, "functorch.compile" in sys.modules
+            fully_shard(torch.nn.Linear(2, 2))
+            sharded = "torch._dynamo" in sys.modules
+            torch.compile(lambda x: x + 1, backend="aot_eager")(torch.ones(2))
+            return started, sharded, "functorch.compile" in sys.modules
+
+        print(run(probe, 1, timeout=120)[0])
+        """,
+        """
+        import multiprocessing.forkserver
+        print(multiprocessing.forkserver._forkserver._forkserver_pid)
+        """,
     ]
-    NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    assert nb.cells[0].outputs[0]["text"].strip() == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
-    assert nb.cells[1].outputs[0]["text"].strip() == "[[14.0], [14.0]]"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(cell)) for cell in cells]
+    path = tmp_path_factory.mktemp("notebook")  # the kernel's working dir
+    root = _temp_root()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tempfile, "tempdir", str(root))
+            patch.setenv("TMPDIR", str(root))
+            NotebookClient(
+                nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path)}}
+            ).execute()
+        yield SimpleNamespace(printed=[c.outputs[0]["text"].strip() for c in nb.cells], tmp=root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_notebook_defined_function_runs_on_ranks(kernel_cells):
+    printed = kernel_cells.printed
+    assert printed[1] == "[[10, 11, 12], [10, 11, 12], [10, 11, 12]]"
+    assert printed[2] == "[[14.0], [14.0]]"
     # The kernel may have been stopped by SIGTERM (Jupyter's after 2.5 s) before its exit
     # handlers ran: then its forkserver removes its socket dir as it ends. Wait for that end.
-    assert _ended_within(int(nb.cells[2].outputs[0]["text"]), 30.0)
+    assert _ended_within(int(printed[4]), 30.0)
+    assert _left_in(kernel_cells.tmp) == []
+
+
+def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(kernel_cells):
+    """The engine facts behind `FORKSERVER_PRELOAD` and `PRELOAD_IF_IMPORTED`: the first
+    `backward(grad)` imports symbolic_shapes, the first `fully_shard` imports Dynamo and the first
+    `torch.compile` AOTAutograd. A caller that imported no FSDP, DTensor or Dynamo (a notebook's
+    kernel, whose first launch forked its forkserver: `kernel_cells`) gets ranks without them;
+    one that imported FSDP gets ranks that start with FSDP and Dynamo loaded (in
+    `test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state`, whose caller
+    imports FSDP)."""
+    backward, plain = kernel_cells.printed[0], kernel_cells.printed[3]
+    assert backward == "False True", "the first backward(grad) imports symbolic_shapes"
+    assert plain == "((False, False), True, True)", "fully_shard imports Dynamo; compile, AOT"
 
 
 def test_under_torchrun_fn_runs_in_process_and_gathers(tmp_path, private_tmp):
@@ -745,42 +803,3 @@ def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, priv
         "['swapped']",
         "True",
     ]
-
-
-def test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked(
-    tmp_path, private_tmp
-):
-    """The engine facts behind `FORKSERVER_PRELOAD` and `PRELOAD_IF_IMPORTED`: the first
-    `backward(grad)` imports symbolic_shapes, the first `fully_shard` imports Dynamo and the first
-    `torch.compile` AOTAutograd. A caller that imported no FSDP, DTensor or Dynamo gets ranks
-    without them; one that imported FSDP gets ranks that start with FSDP and Dynamo loaded (in
-    `test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state`, whose caller
-    imports FSDP: one fresh interpreter fewer)."""
-    script = _script(
-        tmp_path,
-        """
-        import sys
-        import torch
-        from paralab.launch import run
-
-        def probe():
-            import sys, torch
-            from torch.distributed.fsdp import fully_shard
-            started = "torch._dynamo" in sys.modules, "functorch.compile" in sys.modules
-            fully_shard(torch.nn.Linear(2, 2))
-            sharded = "torch._dynamo" in sys.modules
-            torch.compile(lambda x: x + 1, backend="aot_eager")(torch.ones(2))
-            return started, sharded, "functorch.compile" in sys.modules
-
-        SHAPES = "torch.fx.experimental.symbolic_shapes"
-        before = SHAPES in sys.modules
-        torch.ones(2, requires_grad=True).backward(torch.ones(2))
-        print(before, SHAPES in sys.modules)
-        print(run(probe, 1, timeout=120)[0])
-        """,
-    )
-    done = _run_script(script, private_tmp)
-    assert done.returncode == 0, done.stderr
-    backward, plain = done.stdout.splitlines()
-    assert backward == "False True", "the first backward(grad) imports symbolic_shapes"
-    assert plain == "((False, False), True, True)", "fully_shard imports Dynamo; compile, AOT"
