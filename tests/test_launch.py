@@ -555,52 +555,6 @@ def test_a_segfault_names_the_signal_and_shows_the_output():
     assert "Segmentation fault" in message and "_segfault_on" in message  # faulthandler's stack
 
 
-def test_two_ctrl_c_during_cleanup_leave_no_rank_alive(tmp_path, private_tmp):
-    """Ranks that ignore SIGTERM keep the cleanup waiting its grace; Ctrl-C then must not cut it."""
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    script = _script(
-        tmp_path,
-        """
-        import os, signal, sys, time
-        from paralab.launch import run
-
-        def stubborn(pid_dir):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            open(os.path.join(pid_dir, str(os.getpid())), "w").close()
-            time.sleep(120)
-
-        if __name__ == "__main__":
-            try:
-                run(stubborn, 4, sys.argv[1], timeout=100)
-            except KeyboardInterrupt:
-                print("interrupted", flush=True)
-        """,
-    )
-    job = subprocess.Popen(
-        [sys.executable, str(script), str(pid_dir)],
-        env=_python_env(private_tmp),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while len(list(pid_dir.iterdir())) < 4 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        pids = [int(p.name) for p in pid_dir.iterdir()]
-        assert len(pids) == 4, job.stderr.read() if job.poll() is not None else "ranks not up"
-        for pause in (0.5, 0.4, 0.0):  # the first starts the cleanup, the others land inside it
-            job.send_signal(signal.SIGINT)
-            time.sleep(pause)
-        out, err = job.communicate(timeout=60)
-    finally:
-        job.kill()
-    assert "interrupted" in out, err[-2000:]
-    assert [pid for pid in pids if _alive(pid)] == []
-
-
 def _nested_run(inner_world):
     return run(_rank_and_sum, inner_world)
 
@@ -633,44 +587,6 @@ def test_stale_rank_variables_fail_fast_naming_them(monkeypatch):
     with pytest.raises(RuntimeError, match="but TORCHELASTIC_RUN_ID is not"):
         run(_rank_and_sum, 2)
     assert time.monotonic() - start < 2
-
-
-def test_an_unguarded_script_runs_once_and_what_only_it_can_name_is_refused_with_why(
-    tmp_path, private_tmp
-):
-    """Ranks never import the parent's main script again: the top-level `run()` of an unguarded
-    script runs once, in the script, and the script's imports cost the ranks nothing. So what
-    only the script can name (a cached function travels by name) is refused, saying why. One
-    script shows both: each claim is its own line of output or error."""
-    script = _script(
-        tmp_path,
-        """
-        import functools, os
-        import torch.distributed as dist
-        from paralab.launch import run
-
-        with open(os.environ["TOP_LEVEL_RUNS"], "a") as runs:
-            runs.write("the script's top level ran\\n")
-
-        def who():
-            return dist.get_rank()
-
-        @functools.cache
-        def square(x):
-            return x * x
-
-        print("results", run(who, 2, timeout=60), flush=True)
-        run(square, 2, 3, timeout=60)
-        print("square ran")
-        """,
-    )
-    runs = tmp_path / "top-level-runs.txt"
-    done = _run_script(script, private_tmp, env_extra={"TOP_LEVEL_RUNS": str(runs)})
-    assert done.stdout.splitlines() == ["results [0, 1]"], done.stderr
-    assert runs.read_text().splitlines() == ["the script's top level ran"]
-    assert done.returncode == 1
-    assert "ranks [0, 1] raised AttributeError: Can't get attribute 'square'" in done.stderr
-    assert "ranks do not import the parent's `__main__`" in done.stderr
 
 
 def _make_temp_files():
@@ -711,22 +627,30 @@ def test_warm_launch_on_8_ranks_median(record_property):
     )
 
 
-def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
-    tmp_path, private_tmp
-):
-    """The forkserver is forked from the caller (no second `import torch`), after the caller ran
-    a two-thread op, drew random numbers, set a signal handler and defined names in `__main__`:
-    the ranks still start as a fresh interpreter's would (`paralab.launch`'s header), with the
-    caller's objects in gc's permanent generation. The caller imported FSDP: its ranks start
-    with Dynamo preloaded, not the compiler (`PRELOAD_IF_IMPORTED`; the caller without FSDP is
-    `test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked`)."""
+# ------------------------------------------------------- a user's script, in a fresh interpreter
+# Each script below starts as `python job.py` does (paying `import torch` again): the claims are
+# about a caller's first launch. One script serves every claim that its first launch leaves
+# true; each claim is its own line of output, exit code or file.
+
+
+@pytest.fixture(scope="module")
+def unguarded_script(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """A script without a `__main__` guard whose caller imported FSDP, ran a two-thread op, drew
+    random numbers, set a signal handler and defined names in `__main__` before its first launch;
+    then a launch of a function it defines and one of a cached function only it can name. Its
+    output, exit code, how often its top level ran and what it left in its TMPDIR."""
+    tmp_path = tmp_path_factory.mktemp("unguarded")
     script = _script(
         tmp_path,
         """
-        import multiprocessing.forkserver, os, signal, sys
+        import functools, multiprocessing.forkserver, os, signal, sys
         import torch
+        import torch.distributed as dist
         import torch.distributed.fsdp
         from paralab.launch import run
+
+        with open(os.environ["TOP_LEVEL_RUNS"], "a") as runs:
+            runs.write("the script's top level ran\\n")
 
         torch.set_num_threads(2)
         torch.randn(1500, 1500) @ torch.randn(1500, 1500)  # the intra-op pool now exists
@@ -759,23 +683,76 @@ def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(
             parent = int(stat.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline") as cmdline:
             print(parent == os.getpid(), "forkserver import main" in cmdline.read())
+
+        def who():
+            return dist.get_rank()
+
+        @functools.cache
+        def square(x):
+            return x * x
+
+        print("results", run(who, 2, timeout=60), flush=True)
+        run(square, 2, 3, timeout=60)
+        print("square ran")
         """,
     )
-    done = _run_script(script, private_tmp, input="the caller's stdin\n")
-    assert done.returncode == 0, done.stderr
-    ranks, forkserver = done.stdout.splitlines()
+    runs = tmp_path / "top-level-runs.txt"
+    root = _temp_root()
+    try:
+        done = _run_script(
+            script, root, input="the caller's stdin\n", env_extra={"TOP_LEVEL_RUNS": str(runs)}
+        )
+        top_level_runs = runs.read_text().splitlines() if runs.exists() else []
+        yield SimpleNamespace(done=done, top_level_runs=top_level_runs, left=_left_in(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_forkserver_is_a_fork_of_the_caller_that_hands_ranks_a_fresh_state(unguarded_script):
+    """The forkserver is forked from the caller (no second `import torch`), after the caller ran
+    a two-thread op, drew random numbers, set a signal handler and defined names in `__main__`:
+    the ranks still start as a fresh interpreter's would (`paralab.launch`'s header), with the
+    caller's objects in gc's permanent generation. The caller imported FSDP: its ranks start
+    with Dynamo preloaded, not the compiler (`PRELOAD_IF_IMPORTED`; the caller without FSDP is
+    `test_the_preload_holds_what_ranks_would_import_lazily_and_only_where_asked`)."""
+    done = unguarded_script.done
+    printed = done.stdout.splitlines()
+    assert len(printed) == 3, done.stderr  # then the line of the unguarded script's test
+    ranks, forkserver = printed[:2]
     assert ranks == str([(True, True, 1, 67280421310721, True, False, True, True, True, False)] * 2)
     assert forkserver == "True False", "the forkserver is the caller's fork, not a new interpreter"
+    assert unguarded_script.left == []
 
 
-def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, private_tmp):
-    """A forkserver forked inside a `patched` block would hand its replacement to every later
-    rank: there the launcher starts a fresh interpreter instead, and `patches=` stays the one way
-    onto the ranks."""
+def test_an_unguarded_script_runs_once_and_what_only_it_can_name_is_refused_with_why(
+    unguarded_script,
+):
+    """Ranks never import the parent's main script again: the top-level `run()` of an unguarded
+    script runs once, in the script, and the script's imports cost the ranks nothing. So what
+    only the script can name (a cached function travels by name) is refused, saying why. The
+    script is `unguarded_script`, whose first two lines are the forkserver test's."""
+    done = unguarded_script.done
+    assert done.stdout.splitlines()[2:] == ["results [0, 1]"], done.stderr
+    assert unguarded_script.top_level_runs == ["the script's top level ran"]
+    assert done.returncode == 1
+    assert "ranks [0, 1] raised AttributeError: Can't get attribute 'square'" in done.stderr
+    assert "ranks do not import the parent's `__main__`" in done.stderr
+    assert unguarded_script.left == []
+
+
+@pytest.fixture(scope="module")
+def patch_open_script(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """A script whose first launch runs inside a `patched` block, and whose last launch has
+    ranks that ignore SIGTERM, interrupted by Ctrl-C (SIGINT) three times once they are up.
+    Its output, exit code, whether it ended within 60 s of the last Ctrl-C, the ranks' pids,
+    those still alive, and what it left in its TMPDIR."""
+    tmp_path = tmp_path_factory.mktemp("patch-open")
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
     script = _script(
         tmp_path,
         """
-        import multiprocessing.forkserver
+        import multiprocessing.forkserver, os, signal, sys, time
         from paralab.launch import run
         from paralab.patches import patched
 
@@ -792,14 +769,80 @@ def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(tmp_path, priv
         print(run(probe, 1, timeout=60, patches={"paralab.tables": {"text_table": swapped}}))
         pid = multiprocessing.forkserver._forkserver._forkserver_pid
         with open(f"/proc/{pid}/cmdline") as cmdline:
-            print("forkserver import main" in cmdline.read())
+            print("forkserver import main" in cmdline.read(), flush=True)
+
+        def stubborn(pid_dir):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+            time.sleep(120)
+
+        try:
+            run(stubborn, 4, sys.argv[1], timeout=100)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a last Ctrl-C may come after cleanup
+            print("interrupted", flush=True)
         """,
     )
-    done = _run_script(script, private_tmp)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    root = _temp_root()
+    job = subprocess.Popen(
+        [sys.executable, str(script), str(pid_dir)],
+        env=_python_env(root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(pid_dir.iterdir())) < 4 and job.poll() is None:
+            if time.monotonic() > deadline:
+                job.kill()
+            time.sleep(0.2)
+        pids = [int(p.name) for p in pid_dir.iterdir()]
+        if len(pids) == 4:
+            for pause in (0.5, 0.4, 0.0):  # the first starts the cleanup, the others land inside it
+                job.send_signal(signal.SIGINT)
+                time.sleep(pause)
+        try:
+            out, err = job.communicate(timeout=60)
+            ended = True
+        except subprocess.TimeoutExpired:  # each test says what it misses
+            job.kill()
+            out, err = job.communicate()
+            ended = False
+        yield SimpleNamespace(
+            out=out,
+            err=err,
+            ended=ended,
+            returncode=job.returncode,
+            pids=pids,
+            alive=[pid for pid in pids if _alive(pid)],
+            left=_left_in(root),
+        )
+    finally:
+        job.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_patch_open_at_the_first_launch_never_reaches_the_ranks(patch_open_script):
+    """A forkserver forked inside a `patched` block would hand its replacement to every later
+    rank: there the launcher starts a fresh interpreter instead, and `patches=` stays the one way
+    onto the ranks."""
+    assert patch_open_script.returncode == 0, patch_open_script.err
+    assert patch_open_script.out.splitlines()[:4] == [
         "['text_table', 'text_table']",
         "['text_table', 'text_table']",
         "['swapped']",
         "True",
     ]
+    assert patch_open_script.left == []
+
+
+def test_two_ctrl_c_during_cleanup_leave_no_rank_alive(patch_open_script):
+    """Ranks that ignore SIGTERM keep the cleanup waiting its grace; Ctrl-C then must not cut it.
+    The script is `patch_open_script`, whose first four lines are the patch test's."""
+    assert len(patch_open_script.pids) == 4, patch_open_script.err or "ranks not up"
+    assert patch_open_script.ended, "the script still ran 60 s after the last Ctrl-C"
+    assert patch_open_script.out.splitlines()[4:] == ["interrupted"], patch_open_script.err[-2000:]
+    assert patch_open_script.alive == []
+    assert patch_open_script.left == []
