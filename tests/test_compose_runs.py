@@ -28,13 +28,12 @@ from paralab.compose.runs import (
     check_params,
     compose_worker,
     cross_node_bytes,
-    groups_freed,
     measured_bytes,
     moe_worker,
     padded_batch,
 )
 from paralab.exercises.lab10 import per_rank_means, replica_setup
-from paralab.launch import run
+from paralab.launch import groups_freed, run
 from paralab.patches import patched
 from paralab.tp.mappings import reduce_scatter_seq
 

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
+from paralab.launch import groups_freed
 from paralab.ledger import Ledger, in_phase
 from paralab.parallel_dims import ParallelDims
 from paralab.patches import patched
@@ -204,17 +205,16 @@ def dims_of(dims: dict) -> ParallelDims:
 
 @contextlib.contextmanager
 def meshes_freed():
-    """Forget the meshes `dims_of` builds inside the block and destroy every process group made
-    in it when it ends. A launch that trains one layout after another would otherwise keep each
-    finished layout's gloo groups alive, and live groups cost every rank CPU (measured)."""
-    built, groups = set(_BUILT), set(dist.distributed_c10d._world.pg_map)
+    """Forget the meshes `dims_of` builds inside the block and destroy their process groups
+    (`launch.groups_freed`) when it ends: a launch that trains one layout after another would
+    otherwise keep each finished layout's gloo groups alive."""
+    built = set(_BUILT)
     try:
-        yield
+        with groups_freed():
+            yield
     finally:
         for key in set(_BUILT) - built:
             del _BUILT[key]
-        for group in set(dist.distributed_c10d._world.pg_map) - groups:
-            dist.destroy_process_group(group)
 
 
 def run_variants(
