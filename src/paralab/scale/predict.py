@@ -205,8 +205,7 @@ def train_links(hw: Hardware, layout: Layout) -> dict[str, Link]:
     """Each training axis' link, from torchtitan's mesh order (pp, dp_replicate, dp_shard, cp,
     tp), and "dp_shard_cp", the flattened dp_shard x cp group FSDP shards over (adjacent in the
     mesh, so its stride is tp's size)."""
-    lo = layout  # the sizes in TRAIN_MESH's order
-    return _mesh_links(hw, lo.pp, lo.dp_replicate, lo.dp_shard, lo.cp, lo.tp)
+    return _mesh_links(hw, *(getattr(layout, axis) for axis in TRAIN_MESH))
 
 
 @functools.lru_cache(maxsize=1 << 12)  # keyed by the mesh's sizes alone: a search's few hundred
