@@ -146,9 +146,10 @@ def _everything_on_4_ranks():
             causal=True,
         )
     out["matrix"] = []
-    for dims in [d for i, (d, _) in enumerate(MATRIX_4) if d not in [e for e, _ in MATRIX_4[:i]]]:
-        with meshes_freed():  # the jobs come layout by layout, in MATRIX_4's order
-            out["matrix"] += run_variants([j for j in _matrix_jobs() if j[0] == dims], ledger=True)
+    for dims, attention in MATRIX_4:  # _matrix_jobs' order: row by row, then the AC modes
+        jobs = [(d, v) for d, v in _matrix_jobs() if (d, v["attention"]) == (dims, attention)]
+        with meshes_freed():
+            out["matrix"] += run_variants(jobs, ledger=True)
     with meshes_freed():
         out["overlay"] = run_variants([(TITAN_DIMS, dict(attention="ring"))])[0]["params"]
     out["titan"] = run_titan(2, 2, dict(attention="ring"))
