@@ -10,7 +10,7 @@ from paralab.cp.costs import ring_bytes, shard_bytes
 from paralab.scale import FITTED, Layout, Workload, hardware, load_cases, model, predict
 from paralab.scale.__main__ import main as scale_main
 from paralab.scale.cases import SHIPPED, parse_case
-from paralab.scale.fit import fit, predict_case, relative_error
+from paralab.scale.fit import fit, predict_case, predicted_value, relative_error
 from paralab.scale.plan import main as plan_main
 from paralab.scale.plan import plan_inference, plan_train, why
 from paralab.scale.predict import (
@@ -177,7 +177,7 @@ def test_shipped_cases_are_within_25_percent_and_the_check_says_so(tmp_path, cap
             (row["predicted"] - row["measured"]) / row["measured"]
         )
         assert abs(row["relative_error"]) <= 0.25
-    assert "10/10 within 25%" in capsys.readouterr().out
+    assert "12/12 within 25%" in capsys.readouterr().out
 
 
 def test_the_check_fails_on_a_case_the_model_misses(tmp_path):
@@ -330,7 +330,7 @@ def test_hunyuanvideo_errors_point_the_way_the_lab_says():
 
 def test_cosmos_rows_are_mostly_attention():
     rows = {c.name: c for c in load_cases()}
-    for name, share in (("1 h100-nvl", 0.91), ("8 h100-nvl", 0.81)):
+    for name, share in (("1 h100-nvl", 0.89), ("8 h100-nvl", 0.72)):
         p = predict_case(rows[f"cosmos-transfer2.5-2b edge 35 steps {name}"])
         assert round(p.breakdown["compute: attention"] / p.seconds, 2) == share
         assert (
@@ -578,7 +578,7 @@ def test_held_out_rows_are_not_fitted_and_exactly_the_listed_ones_miss(tmp_path,
     missed = {r["name"] for r in rows if abs(r["relative_error"]) > 0.25}
     assert missed == set(MISSES)
     assert f"{86 - len(MISSES)}/86 within 25%" in capsys.readouterr().out
-    assert len(MISSES) == 29
+    assert len(MISSES) == 27
     for case in held:
         assert "@" in case.source and ":" in case.source
 
@@ -607,6 +607,92 @@ def test_cosmos_base_and_distilled_rows_imply_seconds_outside_the_denoiser():
     )
     assert round(h200[0], 2) == 4.92 and round(forward, 2) == 6.64
     assert round(forward / h200[0], 2) == 1.35
+    # the distilled rows' reason: what lies outside the forwards against the modelled VAE
+    from paralab.scale.heldout import MISSES
+    from paralab.scale.models import wan21_vae_flops
+    from paralab.scale.predict import VAE_ITEM
+
+    reason = MISSES["cosmos-transfer2.5-2b edge distilled 4 steps 1 h100-nvl"]
+    outside = {}
+    for hw in ("h100-nvl", "b200"):
+        for n in (1, 4, 8):
+            pair = [
+                rows.get(f"cosmos-transfer2.5-2b edge {b}35 steps {n} {hw}") for b in ("", "base ")
+            ]
+            distilled = rows[f"cosmos-transfer2.5-2b edge distilled 4 steps {n} {hw}"]
+            outside[hw, n] = f"{fixed_seconds(next(filter(None, pair)), distilled)[1]:.1f}"
+        vae = predict_case(distilled).breakdown[VAE_ITEM]
+        assert f"{vae:.1f} s on {'a B200' if hw == 'b200' else 'an H100'}" in reason
+    assert (
+        ", ".join(outside["h100-nvl", n] for n in (1, 4)) + " and 16.0 s on 1, 4 and 8 H100"
+        in reason
+    )
+    assert "14.8, 9.6 and 9.2 s on B200s" in reason and outside["b200", 8] == "9.2"
+    encode, decode = wan21_vae_flops(93, 704 * 1280)
+    assert f"{round((2 * encode + decode) / 1e12):,} TFLOP a 93-frame chunk" in reason
+    assert f"share of peak FastVAE's A800 rows give ({FITTED['h100-sxm']['conv']};" in reason
+
+
+def test_lab_11_readmes_table_is_the_shipped_check():
+    """Lab 11's README table, row by row in CASES.toml's order: predicted to 3 significant
+    figures or better, and the signed error to 0.1 %."""
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "labs/11_scale/README.md"
+    text = readme.read_text().split("## Checked against published measurements")[1]
+    rows = text.split("\n\n")[1].splitlines()[2:]
+    cases = load_cases()
+    assert len(rows) == len(cases) == 12
+    for line, case in zip(rows, cases):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        predicted = float(cells[2].split()[0].replace(",", ""))
+        assert predicted == pytest.approx(predicted_value(case), rel=5e-3), case.name
+        error = float(cells[4].replace("−", "-").replace("%", "").strip())
+        assert error == round(100 * relative_error(case), 1), case.name
+
+
+def test_wan21_vae_flops_are_the_upstream_modules_count():
+    """`wan21_vae_flops` against torch.utils.flop_counter.FlopCounterMode over `WanVAE_` of
+    nvidia-cosmos/cosmos-transfer2.5@c9ad44b:cosmos_transfer2/_src/predict2/tokenizers/
+    wan2pt1.py with `_video_vae`'s config, encode then decode on meta tensors (run once outside
+    this repository, which does not vendor that code): (frames, pixels) -> (encode, decode)."""
+    from paralab.scale.models import wan21_vae_flops
+
+    counted = {
+        (93, 704 * 1280): (428_058_759_659_520, 717_099_934_679_040),
+        (81, 720 * 1280): (381_674_137_190_400, 639_218_375_884_800),
+        (49, 480 * 720): (85_874_256_691_200, 144_387_292_262_400),
+        (17, 256 * 256): (5_690_192_035_840, 9_567_545_589_760),
+    }
+    for (frames, pixels), flops in counted.items():
+        assert wan21_vae_flops(frames, pixels) == flops
+
+
+def test_the_vae_is_timed_whole_on_every_rank_and_only_where_priced():
+    from paralab.scale.heldout import GENERALIZATION
+    from paralab.scale.predict import VAE_ITEM
+
+    rows = {c.name: c for c in load_cases()} | {c.name: c for c in load_cases(GENERALIZATION)}
+    one = predict_case(rows["cosmos-transfer2.5-2b edge 35 steps 1 h100-nvl"]).breakdown
+    eight = predict_case(rows["cosmos-transfer2.5-2b edge 35 steps 8 h100-nvl"]).breakdown
+    distilled = predict_case(rows["cosmos-transfer2.5-2b edge distilled 4 steps 8 h100-nvl"])
+    # two encodes and a decode of 93 x 704 x 1280 at the fitted 0.23 of 835 TFLOP/s
+    vae = (2 * 428_058_759_659_520 + 717_099_934_679_040) / (0.23 * 835e12)
+    assert FITTED["h100-nvl"]["conv"] == FITTED["h100-sxm"]["conv"] == 0.23
+    assert one[VAE_ITEM] == eight[VAE_ITEM] == distilled.breakdown[VAE_ITEM] == pytest.approx(vae)
+    assert round(vae, 1) == 8.2
+    # the A800 rows it is fitted on, and nothing else is priced: no other model has a VAE
+    fastvae = [c for c in load_cases() if c.workload.kind == "vae"]
+    assert [round(relative_error(c), 3) for c in fastvae] == [0.04, -0.038]
+    for case in load_cases(GENERALIZATION):
+        priced = VAE_ITEM in predict_case(case).breakdown
+        assert priced == case.model.name.startswith("cosmos-transfer2.5")
+    nvl = hardware("h100-nvl")
+    cosmos = model("cosmos-transfer2.5-2b")
+    with_video = plan_inference(cosmos, nvl, 8, 84480, 35, video=(93, 704, 1280))
+    without = plan_inference(cosmos, nvl, 8, 84480, 35)
+    assert with_video[0].prediction.breakdown[VAE_ITEM] == pytest.approx(vae)
+    assert VAE_ITEM not in without[0].prediction.breakdown
 
 
 def test_the_reasons_quoted_figures():
@@ -803,7 +889,7 @@ def test_cp_at_8k_wins_the_70b_question_by_dropping_ac():
 )
 def test_the_backward_speed_ratio_refit(request, monkeypatch, ratio, outside):
     """`BACKWARD_ATTENTION_SPEED`'s docstring and lab 11's README: refitted with Hopper's
-    FA2 ratio, two shipped rows leave the 25 % band (27 %); with FA3's all ten stay in (22 %)."""
+    FA2 ratio, two shipped rows leave the 25 % band (27 %); with FA3's all twelve stay in (22 %)."""
     import sys
 
     def clear_caches():
@@ -1148,6 +1234,13 @@ def test_chapter_2s_held_out_table_and_claims_are_the_codes():
     assert round(100 * (gain - 1), 1) == 9.7 and "gains 9.7 %" in MISSES[async_fp8]
     # the misses the bullets name are MISSES, and MISSES is exactly what misses
     assert {n for n, e in errors.items() if abs(e) > 0.25} == set(MISSES)
+    distilled = [n for n in errors if "edge distilled" in n]
+    assert (len(distilled), sum(n in MISSES for n in distilled)) == (9, 7)
+    assert "Seven of Cosmos-Transfer2.5's nine distilled rows" in prose
+    assert {n for n in MISSES if "edge base" in n} == {
+        f"cosmos-transfer2.5-2b edge base 35 steps {g}"
+        for g in ("1 h200-nvl", "4 h200-nvl", "1 b200")
+    }
     assert model("gpt-1.7b").vocab == 131072  # Megatron's GPT, as its table states
     qwen = next(c for c in held if "qwen3" in c.name).model
     assert (qwen.experts, qwen.ffn, qwen.hidden) == (128, 768, 2048)

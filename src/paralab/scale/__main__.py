@@ -67,7 +67,10 @@ def error_table(rows: list[dict], heading: str = "case") -> str:
 def print_constants() -> None:
     print("fitted efficiencies (share of peak), per fit group:")
     for group, effs in FITTED.items():
-        print(f"  {group:10s} GEMM {effs['gemm']:.2f}  attention {effs['attention']:.2f}")
+        print(
+            f"  {group:10s} GEMM {effs['gemm']:.2f}  attention {effs['attention']:.2f}"
+            f"  VAE conv {effs['conv']:.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

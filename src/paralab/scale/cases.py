@@ -20,7 +20,8 @@ into tokens/s with a token's FLOPs counted the way the source counts them: `flop
 "torchtitan"` (the default, `paralab.scale.predict.flops_per_token`) or `"megatron"`
 (`megatron_flops_per_token`); MFU is over the dense bf16 peak.
 
-`workload`: `kind` ("train", "diffusion", "attention"), `seq` or `tokens`, `micro_batch`, `steps`,
+`workload`: `kind` ("train", "diffusion", "attention", "vae"), `seq` or `tokens`, `micro_batch`,
+`steps`, `video` ([frames, height, width], what a priced autoencoder encodes and decodes),
 `dtype` ("bf16", "fp8"), `ac` ("none", "selective", "full"), `compile`, `engine`
 ("torchtitan", "megatron": whose kernels and overlap), and this package's extra
 `forward_only` ("attention" rows timed without the backward). `layout`: `dp_shard`,
@@ -84,7 +85,10 @@ def parse_case(raw: dict) -> Case:
     given = [k for k in MEASURES if k in measured]
     if len(given) != 1:
         raise ValueError(f"case {name!r}: measured needs exactly one of {MEASURES}, got {given}")
-    workload = Workload(**_known(raw["workload"], Workload, name, {"tokens": "seq"}))
+    known = _known(raw["workload"], Workload, name, {"tokens": "seq"})
+    if "video" in known:
+        known["video"] = tuple(known["video"])
+    workload = Workload(**known)
     if workload.engine not in ENGINES:
         raise ValueError(f"case {name!r}: engine must be one of {ENGINES}, got {workload.engine!r}")
     flops = measured.get("flops", "torchtitan")

@@ -63,6 +63,10 @@ SOURCES = {
     "configs/registry_defaults/net_transfer.py (TRANSFER2_CONTROL2WORLD_NET_14B: the 2B net with "
     "model_channels 5120, num_heads 40, num_blocks 36); the matmul and parameter counts a block "
     "are this model's cross-attention DiT estimate (14 h^2 and 15 h^2), not the config's",
+    "wan2.1-vae": "nvidia-cosmos/cosmos-transfer2.5@c9ad44b:cosmos_transfer2/_src/predict2/"
+    "tokenizers/wan2pt1.py (_video_vae: dim 96, dim_mult [1, 2, 4, 4], num_res_blocks 2, "
+    "temperal_downsample [False, True, True], z_dim 16; Encoder3d, Decoder3d, Resample, "
+    "AttentionBlock), the Wan2.1 VAE Cosmos-Transfer2.5 encodes and decodes with",
 }
 
 
@@ -117,6 +121,11 @@ class ModelShape:
     patch: tuple[int, int, int] = (1, 2, 2)
     vae: tuple[int, int] = (4, 8)
     """Temporal and spatial compression of the VAE."""
+    autoencoder: str = ""
+    """The video VAE whose FLOPs the time model counts (`AUTOENCODERS`); "": not priced."""
+    vae_passes: tuple[int, int] = (0, 0)
+    """(encodes, decodes) of the whole video inside the seconds a source times, run by every
+    rank of the video's group (the tokenizer's context-parallel path off)."""
     branches: int = 1
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
     experts: int = 0
@@ -392,6 +401,8 @@ MODELS: dict[str, ModelShape] = {
             params=32 * (14 * _COSMOS_H**2 + 2 * 1024 * _COSMOS_H + 6 * 256 * _COSMOS_H),
             cross_tokens=512,
             branches=2,
+            autoencoder="wan2.1",
+            vae_passes=(2, 1),
             source=SOURCES["cosmos-transfer2.5-2b"],
         ),
         ModelShape(
@@ -412,9 +423,95 @@ MODELS: dict[str, ModelShape] = {
 whose blocks add a cross-attention (q and out projections, 2h^2, on the video tokens)."""
 
 
+# ------------------------------------------------------------------ video autoencoders
+def _conv(outputs: int, c_in: int, c_out: int, kernel: int) -> int:
+    """FLOPs of a convolution: 2 x kernel x c_in multiply-adds for each of `outputs` x c_out."""
+    return 2 * outputs * c_in * c_out * kernel
+
+
+def _residual(outputs: int, c_in: int, c_out: int) -> int:
+    """Two 3x3x3 convolutions, plus a 1x1x1 shortcut when the width changes."""
+    shortcut = _conv(outputs, c_in, c_out, 1) if c_in != c_out else 0
+    return _conv(outputs, c_in, c_out, 27) + _conv(outputs, c_out, c_out, 27) + shortcut
+
+
+def _frame_attention(frames: int, pixels: int, width: int) -> int:
+    """One head over each frame's pixels: 1x1 qkv and out projections, then QK^T and AV."""
+    return frames * (_conv(pixels, width, 4 * width, 1) + 4 * pixels * pixels * width)
+
+
+def wan21_vae_flops(frames: int, pixels: int) -> tuple[int, int]:
+    """(encode, decode) FLOPs of the Wan2.1 VAE over `frames` frames of `pixels` pixels each.
+
+    Causal convolutions with a cache give each output frame one kernel's work, so each level
+    costs its frames x pixels. Widths 96, 192, 384, 384; space halves three times, time twice
+    (frames 1 + (f-1)/2, then 1 + (f-1)/4), by a stride-2 time convolution on every frame but
+    the first. The decoder mirrors it with one more residual block a level, doubling frames by
+    a time convolution to twice the channels. Norms and SiLUs are left out (no FLOPs counted)."""
+    f1, f2, f3 = frames, 1 + (frames - 1) // 2, 1 + (frames - 1) // 4
+    p1, p2, p3, p4 = pixels, pixels // 4, pixels // 16, pixels // 64
+    encode = (
+        _conv(f1 * p1, 3, 96, 27)
+        + 2 * _residual(f1 * p1, 96, 96)
+        + _conv(f1 * p2, 96, 96, 9)  # 3x3 stride 2, each frame
+        + _residual(f1 * p2, 96, 192)
+        + _residual(f1 * p2, 192, 192)
+        + _conv(f1 * p3, 192, 192, 9)
+        + _conv((f2 - 1) * p3, 192, 192, 3)  # time stride 2
+        + _residual(f2 * p3, 192, 384)
+        + _residual(f2 * p3, 384, 384)
+        + _conv(f2 * p4, 384, 384, 9)
+        + _conv((f3 - 1) * p4, 384, 384, 3)
+        + 4 * _residual(f3 * p4, 384, 384)  # two blocks, then the middle's two
+        + _frame_attention(f3, p4, 384)
+        + _conv(f3 * p4, 384, 32, 27)  # mean and log-variance
+        + _conv(f3 * p4, 32, 32, 1)
+    )
+    decode = (
+        _conv(f3 * p4, 16, 16, 1)
+        + _conv(f3 * p4, 16, 384, 27)
+        + 5 * _residual(f3 * p4, 384, 384)  # the middle's two, then three
+        + _frame_attention(f3, p4, 384)
+        + _conv((f3 - 1) * p4, 384, 768, 3)  # each latent frame but the first into two
+        + _conv(f2 * p3, 384, 192, 9)  # upsample 2x, 3x3
+        + _residual(f2 * p3, 192, 384)
+        + 2 * _residual(f2 * p3, 384, 384)
+        + _conv((f2 - 1) * p3, 384, 768, 3)
+        + _conv(f1 * p2, 384, 192, 9)
+        + 3 * _residual(f1 * p2, 192, 192)
+        + _conv(f1 * p1, 192, 96, 9)
+        + 3 * _residual(f1 * p1, 96, 96)
+        + _conv(f1 * p1, 96, 3, 27)
+    )
+    return encode, decode
+
+
+AUTOENCODERS = {"wan2.1": wan21_vae_flops}
+"""Video VAEs the time model prices, by `ModelShape.autoencoder`: (frames, pixels) -> (encode,
+decode) FLOPs. The other DiTs' VAEs (HunyuanVideo's, CogVideoX's for ConsisID) are not counted."""
+
+AUTOENCODER_MODELS = {
+    "wan2.1-vae": ModelShape(
+        "wan2.1-vae",
+        "vae",
+        0,
+        0,
+        0,
+        0,
+        autoencoder="wan2.1",
+        vae_passes=(1, 1),
+        source=SOURCES["wan2.1-vae"],
+    )
+}
+"""The VAE alone, for cases that time its encode or decode (`vae_passes` (1, 0) or (0, 1));
+`model` finds it, the planner does not offer it."""
+
+
 def model(spec: str | dict) -> ModelShape:
     """A preset by name, or an inline table: `{kind, layers, hidden, heads, ...}`."""
     if isinstance(spec, str):
+        if spec in AUTOENCODER_MODELS:
+            return AUTOENCODER_MODELS[spec]
         if spec not in MODELS:
             raise ValueError(f"unknown model {spec!r}; presets: {sorted(MODELS)}")
         return MODELS[spec]
@@ -423,13 +520,16 @@ def model(spec: str | dict) -> ModelShape:
         from dataclasses import replace
 
         base = model(fields.pop("preset"))
+        if "vae_passes" in fields:
+            fields["vae_passes"] = tuple(fields["vae_passes"])
         return replace(base, name=fields.pop("name", base.name), **fields)
     fields.setdefault("name", "inline")
     fields.setdefault("head_dim", fields["hidden"] // fields["heads"])
     if "patch" in fields:
         fields["patch"] = tuple(fields["patch"])
-    if "vae" in fields:
-        fields["vae"] = tuple(fields["vae"])
+    for key in ("vae", "vae_passes"):
+        if key in fields:
+            fields[key] = tuple(fields[key])
     if fields["kind"] == "dit" and not fields.get("matmul_per_layer"):
         fields["matmul_per_layer"] = 12 * fields["hidden"] ** 2
         fields.setdefault("params", fields["layers"] * 18 * fields["hidden"] ** 2)

@@ -11,8 +11,8 @@ says where the run's own degrees come.
 
 Inference plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the
 weights, cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser,
-shown as its exchange seconds and the busiest rank's encode load). `python -m paralab.plan
---help`.
+shown as its exchange seconds and the busiest rank's encode load). A video's VAE passes, which
+no rank splits, are timed for the Cosmos models. `python -m paralab.plan --help`.
 """
 
 from __future__ import annotations
@@ -443,8 +443,9 @@ def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, fl
 def vae_lb_effect(
     hw: Hardware, layout: Layout, gpus: int, videos: list[tuple[int, int, int]]
 ) -> tuple[float, float]:
-    """What lb changes: the VAE encode before the denoiser, which the time model does not price
-    (no VAE FLOPs or efficiency; the cases time the denoiser alone). The raw `videos`
+    """What lb changes: the VAE encode before the denoiser. The time model prices one video's
+    passes on every rank of its group (`predict.vae_seconds`); what lb balances, uneven batches
+    of raw videos over the ranks, is given here as the busiest rank's pixels. The raw `videos`
     (frames, height, width) are dealt round-robin to the video groups (cp x cfgp ranks each,
     every rank of a group holding the group's videos); each lb group of consecutive ranks runs
     lab 04's closest-fit plan on their `encode_cost`s. Returns the busiest rank's encode cost
@@ -488,10 +489,13 @@ def plan_inference(
     tokens: int,
     steps: int,
     videos: list[tuple[int, int, int]] | None = None,
+    video: tuple[int, int, int] = (0, 0, 0),
 ) -> list[Row]:
     """Layouts of one video on `gpus` GPUs, fastest first (the other dp ranks' videos aside):
     every (dp_shard, cp, cfgp, lb) that `ParallelDims` accepts. `videos`: the raw videos the
-    groups encode first (default one `RAW_VIDEO` each); lb only changes that encode."""
+    groups encode first (default one `RAW_VIDEO` each); lb only changes that encode. `video`:
+    (frames, height, width) of the video the `tokens` come from, for the VAE's seconds (a
+    model whose autoencoder is priced); (0, 0, 0) leaves them out."""
     rows = []
     eff = FITTED[hw.efficiency_from]
     for cfgp in (1, 2) if m.branches == 2 else (1,):
@@ -518,7 +522,7 @@ def plan_inference(
                         cfgp=cfgp,
                         lb=lb,
                     )
-                    w = Workload("diffusion", seq=tokens, steps=steps)
+                    w = Workload("diffusion", seq=tokens, steps=steps, video=video)
                     p = predict(m, hw, layout, w, eff)
                     raw = videos or [RAW_VIDEO] * (gpus // (cp * cfgp))
                     load, exchange = vae_lb_effect(hw, layout, gpus, raw)
@@ -817,7 +821,9 @@ def main(argv: list[str] | None = None) -> int:
         "--layout", default="", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
     )
     parser.add_argument("--json", default="", help="write every row as a JSON list (- = stdout)")
-    parser.add_argument("--tokens", type=int, default=0, help="inference: tokens of one video")
+    parser.add_argument(
+        "--tokens", type=int, default=0, help="inference: tokens of one video (VAE not timed)"
+    )
     parser.add_argument("--steps", type=int, default=35, help="inference: denoising steps")
     parser.add_argument(
         "--videos",
@@ -865,14 +871,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"layers, --seq {args.seq} and --global-batch {gb}"
                 )
     else:
-        tokens = args.tokens or m.video_tokens(1280, 704, 93)
+        frames, height, width = RAW_VIDEO
+        tokens = args.tokens or m.video_tokens(width, height, frames)
+        video = (0, 0, 0) if args.tokens else RAW_VIDEO
         try:
             videos = [tuple(int(x) for x in v.split("x")) for v in args.videos.split(",") if v]
         except ValueError:
             parser.error(f"--videos {args.videos!r}: expected FxHxW,... (e.g. 93x704x1280)")
         if any(len(v) != 3 or min(v) <= 0 for v in videos):
             parser.error(f"--videos {args.videos!r}: each video is FxHxW, positive integers")
-        rows = plan_inference(m, hw, args.gpus, tokens, args.steps, videos or None)
+        rows = plan_inference(m, hw, args.gpus, tokens, args.steps, videos or None, video)
     if args.json:
         text = json.dumps([row_json(r) for r in rows], indent=1)
         if args.json == "-":

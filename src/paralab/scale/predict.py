@@ -1,14 +1,14 @@
 """Seconds from FLOPs and bytes: a roofline for compute, alpha-beta for every collective.
 
 Compute: a roofline per operation, the slower of FLOPs / (peak x efficiency), with one fitted
-efficiency per hardware and kernel class (GEMM, attention: `fit.FITTED`), and the bytes it moves
-over HBM bandwidth (`compute_time`; a training layer's matmuls: `gemm_pass_bytes`). What moves
-bytes and does no matmul is timed by its bytes alone: the norms, residual adds, RoPE, the MLP's
-activation, a MoE layer's permutation and fp8's casts (`elementwise_bytes`, eager or fused by
-the engine), the loss (`loss_bytes`) and the optimizer step. Communication: the bytes one rank
-sends come from the labs' own `costs.py` (evaluated here at real sizes and dtypes), the time of
-a collective is alpha x steps + bytes / busbw on the link its group crosses. Overlap, per
-mechanism, as the engines do it:
+efficiency per hardware and kernel class (GEMM, attention, a video VAE's convolutions:
+`fit.FITTED`), and the bytes it moves over HBM bandwidth (`compute_time`; a training layer's
+matmuls: `gemm_pass_bytes`). What moves bytes and does no matmul is timed by its bytes alone:
+the norms, residual adds, RoPE, the MLP's activation, a MoE layer's permutation and fp8's casts
+(`elementwise_bytes`, eager or fused by the engine), the loss (`loss_bytes`) and the optimizer
+step. Communication: the bytes one rank sends come from the labs' own `costs.py` (evaluated here
+at real sizes and dtypes), the time of a collective is alpha x steps + bytes / busbw on the link
+its group crosses. Overlap, per mechanism, as the engines do it:
 
 | traffic | how it overlaps |
 |---|---|
@@ -32,7 +32,7 @@ from paralab.fsdp.costs import traffic_formula
 from paralab.pp.clock import simulate
 from paralab.pp.costs import boundary_bytes, bubble_formula, exposed_link_formula
 from paralab.scale.hardware import BASE_LATENCY, NET_OVERHEAD, STEP_LATENCY, Hardware
-from paralab.scale.models import ModelShape, attention_matmul
+from paralab.scale.models import AUTOENCODERS, ModelShape, attention_matmul
 from paralab.tp.costs import block_bytes
 
 LEDGER_ITEMSIZE = 8
@@ -57,7 +57,7 @@ FlashAttention-2 "fwd: 1.935ms, 284.1 TFLOPS", "bwd: 4.788ms, 287.1 TFLOPS" (101
 ring-flash-attention calls and what torch's SDPA tries first) and FlashAttention-3, backward
 531.6 TFLOPS against forward 630.0 (84 %). Refitted with each, FA2's 101 % leaves two shipped
 rows outside the 25 % band (27 %: training attention then costs too little against the
-forward-only attention of the xDiT rows that share its efficiency); FA3's 84 % keeps all ten
+forward-only attention of the xDiT rows that share its efficiency); FA3's 84 % keeps all twelve
 within (largest 22 %, with other fitted efficiencies), as the borrowed 79 % does
 (`tests/test_scale.py::test_the_backward_speed_ratio_refit`). So the
 shipped rows rule out FA2's ratio but do not choose between FA3's and FA4's: keeping FA4's 79 %
@@ -142,6 +142,9 @@ class Workload:
     (`elementwise_bytes`); the loss, outside the blocks, stays eager."""
     forward_only: bool = False
     """For "attention": the forward alone (ring-flash-attention's "fwd only" rows)."""
+    video: tuple[int, int, int] = (0, 0, 0)
+    """(frames, height, width) of the decoded video, for a model whose autoencoder is priced
+    (`ModelShape.autoencoder`); (0, 0, 0): its passes are not timed."""
     engine: str = "torchtitan"
     """Whose kernels and overlap run a training step: "torchtitan" (torch ops, eager unless
     `compile`; async TP fuses TP collectives into their matmuls) or "megatron" (Megatron-Core with
@@ -861,6 +864,28 @@ def forward_flops(m: ModelShape, tokens: int) -> tuple[float, float]:
     return gemm, attn
 
 
+VAE_ITEM = "VAE: encode and decode (each rank, whole video)"
+
+
+def vae_seconds(m: ModelShape, hw: Hardware, w: Workload, eff: dict[str, float]) -> float:
+    """The autoencoder's passes over the whole video at the fitted convolution share of the bf16
+    peak (`FITTED[...]["conv"]`): no rank splits them, so they do not shrink with the GPUs."""
+    frames, height, width = w.video
+    if not m.autoencoder or not frames:
+        return 0.0
+    encode, decode = AUTOENCODERS[m.autoencoder](frames, height * width)
+    n_encode, n_decode = m.vae_passes
+    return compute_time(n_encode * encode + n_decode * decode, hw, "bf16", eff["conv"])
+
+
+def predict_vae(
+    m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
+) -> Prediction:
+    """The autoencoder alone: `m.vae_passes` over `w.video` on one GPU."""
+    seconds = vae_seconds(m, hw, w, eff)
+    return Prediction(seconds, {VAE_ITEM: seconds})
+
+
 def predict_diffusion(
     m: ModelShape, hw: Hardware, layout: Layout, w: Workload, eff: dict[str, float]
 ) -> Prediction:
@@ -886,6 +911,8 @@ def predict_diffusion(
         unit = fsdp_unit_bytes(m.block_params(), lo, inference=True)
         ag = links["dp_shard"].time(unit["all_gather"], lo.dp_shard - 1)
         out["exposed: dp_shard all-gather"] = forwards * prefetched(ag, t_block, m.layers)
+    if vae := vae_seconds(m, hw, w, eff):
+        out[VAE_ITEM] = vae
     seconds = sum(out.values())
     videos = max(1, inference_world(lo) // (cp * lo.cfgp))
     return Prediction(seconds, out, notes=[f"{videos} video(s) at once"])
@@ -987,6 +1014,7 @@ PREDICTORS = {
     "train": predict_train,
     "diffusion": predict_diffusion,
     "attention": predict_attention,
+    "vae": predict_vae,
 }
 
 
