@@ -655,7 +655,10 @@ def test_wan21_vae_flops_are_the_upstream_modules_count():
     """`wan21_vae_flops` against torch.utils.flop_counter.FlopCounterMode over `WanVAE_` of
     nvidia-cosmos/cosmos-transfer2.5@c9ad44b:cosmos_transfer2/_src/predict2/tokenizers/
     wan2pt1.py with `_video_vae`'s config, encode then decode on meta tensors (run once outside
-    this repository, which does not vendor that code): (frames, pixels) -> (encode, decode)."""
+    this repository, which does not vendor that code): (frames, pixels) -> (encode, decode).
+    diffusers 0.35.2's AutoencoderKLWan with Wan2.1's config, the module FastVAE times, counted
+    the same at 93 x 704 x 1280 and 81 x 1280 x 720 (once, the same way). Other frame counts are
+    refused: the count is exact for 4k + 1 frames, the chunks the upstream encoder runs whole."""
     from paralab.scale.models import wan21_vae_flops
 
     counted = {
@@ -666,6 +669,8 @@ def test_wan21_vae_flops_are_the_upstream_modules_count():
     }
     for (frames, pixels), flops in counted.items():
         assert wan21_vae_flops(frames, pixels) == flops
+    with pytest.raises(ValueError, match="4k \\+ 1.*got 80"):
+        wan21_vae_flops(80, 720 * 1280)
 
 
 def test_the_vae_is_timed_whole_on_every_rank_and_only_where_priced():

@@ -125,7 +125,7 @@ class ModelShape:
     """The video VAE whose FLOPs the time model counts (`AUTOENCODERS`); "": not priced."""
     vae_passes: tuple[int, int] = (0, 0)
     """(encodes, decodes) of the whole video inside the seconds a source times, run by every
-    rank of the video's group (the tokenizer's context-parallel path off)."""
+    rank of the video's group (the tokenizer's context-parallel path off, its default)."""
     branches: int = 1
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
     experts: int = 0
@@ -444,10 +444,16 @@ def wan21_vae_flops(frames: int, pixels: int) -> tuple[int, int]:
     """(encode, decode) FLOPs of the Wan2.1 VAE over `frames` frames of `pixels` pixels each.
 
     Causal convolutions with a cache give each output frame one kernel's work, so each level
-    costs its frames x pixels. Widths 96, 192, 384, 384; space halves three times, time twice
-    (frames 1 + (f-1)/2, then 1 + (f-1)/4), by a stride-2 time convolution on every frame but
-    the first. The decoder mirrors it with one more residual block a level, doubling frames by
-    a time convolution to twice the channels. Norms and SiLUs are left out (no FLOPs counted)."""
+    costs its frames x pixels. Widths 96, 192, 384, 384; space halves after each of the first
+    three levels, time after the second and third (temperal_downsample [False, True, True]:
+    frames 1 + (f-1)/2, then 1 + (f-1)/4), by a stride-2 time convolution on every frame but
+    the first, which the encoder takes alone before chunks of four. The decoder mirrors it with
+    one more residual block a level, doubling frames by a time convolution to twice the
+    channels (every latent frame but the first). Norms, SiLUs and the nearest-neighbour
+    upsampling are left out (no FLOPs counted). Exact for 4k + 1 frames, height and width
+    multiples of 8: the shapes the upstream chunks run whole."""
+    if frames % 4 != 1:
+        raise ValueError(f"wan21_vae_flops: frames must be 4k + 1 (the VAE's chunks), got {frames}")
     f1, f2, f3 = frames, 1 + (frames - 1) // 2, 1 + (frames - 1) // 4
     p1, p2, p3, p4 = pixels, pixels // 4, pixels // 16, pixels // 64
     encode = (
