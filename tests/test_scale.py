@@ -713,6 +713,9 @@ def test_the_reasons_quoted_figures():
     # nono-Sang/FastVAE README, Wan2_1, 1 process: encode 5.113 s, decode 9.256 s (A800, bf16)
     assert "5.113 s to encode and 9.256 s to decode" in distilled
     assert "encodes twice" in distilled and "is_parallel defaults to False" in distilled
+    assert "enable_parallel_tokenizer, off by default" in distilled
+    (frames, _, _), *_ = {c.workload.video for c in load_cases() if c.workload.kind == "vae"}
+    assert f"taken as {frames} frames: the README gives no count" in distilled
     assert "no PCIe preset is cited" in MISSES["xdit consisid 720x480x49 ulysses2 2 gpus"]
     qwen = MISSES["megatron-bridge 25.11 qwen3-30b-a3b pp2 vp24 ep8 dp8 gbs512 fp8"]
     # Megatron-Bridge@c0b9a00 performance-summary, DGX-H100, Qwen3_30B_a3B, Model TFLOP/sec/GPU:

@@ -1,9 +1,11 @@
 """The held-out rows (`GENERALIZATION.toml`): not used by the fit, and the ones the model misses.
 
-`fit.fit` reads `CASES.toml` only. The held-out file holds every other row of the five sources
-the cases come from, and of four more (torchtitan's async-TP and H200 benchmarks, Megatron-LM's
-weak-scaling table, the Megatron-Bridge performance summary), that the case vocabulary can
-express; `python -m paralab.scale check` on it exits 1, because some rows miss the 25 % band.
+`fit.fit` reads `CASES.toml` only. The held-out file holds every other row that the case
+vocabulary can express of five of the six sources the cases come from (FastVAE's other rows
+split its VAE over processes or time other VAEs, which it cannot), and of four more
+(torchtitan's async-TP and H200 benchmarks, Megatron-LM's weak-scaling table, the
+Megatron-Bridge performance summary); `python -m paralab.scale check` on it exits 1, because
+some rows miss the 25 % band.
 `MISSES` names each of them with its reason: nothing is tuned to them, and
 `tests/test_scale.py` checks that exactly these rows miss, so a change that fixes one (or
 breaks another) shows. `summary` is the table chapter 2 of lab 11 prints.
@@ -39,13 +41,17 @@ _COSMOS_FIXED = (
     "the doc's 'diffusion time' holds seconds outside the 4 denoiser forwards: the "
     "generate_chunk timer of nvidia-cosmos/cosmos-transfer2.5@c9ad44b:cosmos_transfer2/_src/"
     "transfer2/inference/inference_pipeline.py wraps the control extraction and the Wan2.1 VAE "
-    "too. A chunk encodes twice (the input video, then the edge map in "
-    "vid2vid_model_control_vace_rectified_flow.py's get_control_latent) and decodes once, on "
-    "every rank, the tokenizer's context-parallel path off (wan2pt1.py: is_parallel defaults to "
-    "False). The model counts those passes (`models.wan21_vae_flops`: 1,573 TFLOP a 93-frame "
-    "chunk) at the share of peak FastVAE's A800 rows give (0.23; measured at 5.113 s to encode "
-    "and 9.256 s to decode 5 s of 720p, nono-Sang/FastVAE@cd72332:README.md): 8.2 s on an H100 "
-    "NVL or an H200 NVL, 3.0 s on a B200. `fixed_seconds` of the base and distilled rows on the "
+    "too. A chunk encodes twice (its data batch's 'video', the previous chunk's last frames or "
+    "zeros, then the edge map) and decodes once; the distilled model does as the base one does "
+    "(interactive/methods/cosmos2_interactive_model.py's get_data_and_condition, then "
+    "interactive/conditioner/condition_postprocessors.py's get_control_latent). Every rank runs "
+    "them whole unless the tokenizer's context-parallel path is asked for (config.py's "
+    "enable_parallel_tokenizer, off by default; wan2pt1.py: is_parallel defaults to False), and "
+    "the doc does not say it was. The model counts those passes (`models.wan21_vae_flops`: "
+    "1,573 TFLOP a 93-frame chunk) at the share of peak FastVAE's A800 rows give (0.23; "
+    "measured at 5.113 s to encode and 9.256 s to decode 5 s of 720p, nono-Sang/FastVAE@"
+    "cd72332:README.md, taken as 81 frames: the README gives no count): 8.2 s on an H100 NVL "
+    "or an H200 NVL, 3.0 s on a B200. `fixed_seconds` of the base and distilled rows on the "
     "same GPUs puts what lies outside the forwards at 37.9, 19.7 and 16.0 s on 1, 4 and 8 H100 "
     "NVLs and 14.8, 9.6 and 9.2 s on B200s: more than the VAE's seconds, and shrinking with the "
     "GPUs, which a pass no rank splits cannot. No cited figure times the control extraction, or "
