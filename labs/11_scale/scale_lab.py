@@ -6,7 +6,7 @@
 # latency per step plus bytes over a bus bandwidth), the roofline of a kernel (FLOPs over
 # peak, or bytes over memory bandwidth, whichever is slower), which traffic hides behind
 # compute and which is exposed, why a parallel run can be slower than one GPU, how far such
-# a model lands from ten published GPU measurements it is fitted on and 86 it is not, and how
+# a model lands from twelve published GPU measurements it is fitted on and 86 it is not, and how
 # it ranks the layouts of a model on a cluster. **Prerequisites:** [the collectives
 # primer](../00_collectives_primer/collectives_primer_lab.ipynb) (the ring's bytes), labs
 # [01](../01_fsdp_hsdp/fsdp_hsdp_lab.ipynb), [02](../02_cp_ring_vs_ulysses/cp_ring_vs_ulysses_lab.ipynb),
@@ -23,7 +23,7 @@
 # | quantity | model | constants |
 # |---|---|---|
 # | one collective | `α_base + steps·α_step + bytes_sent / busbw` | NCCL's latency table; busbw per link class, each from a cited figure (`paralab.scale.hardware.SOURCES`: NVLink the datasheet × NCCL's NVLink efficiency, PCIe a measured share, the network what NCCL's maintainers expect of a NIC) |
-# | one kernel | `FLOPs / (peak × efficiency)` | datasheet peak; one fitted efficiency per (hardware, GEMM or attention) |
+# | one kernel | `FLOPs / (peak × efficiency)` | datasheet peak; one fitted efficiency per (hardware, GEMM, attention or a video VAE's convolutions) |
 # | overlap | FSDP prefetch, ring hops and async TP's fused matmuls run beside compute (exposed only for what outlasts it; Megatron's TP overlap hides all of TP's); Ulysses, TP without overlap, ep, cfgp wait for their collectives; PP idles for `paralab.pp.simulate`'s bubble and its sends per schedule | none |
 #
 # Every picture below is drawn by `paralab.viz.scale` from those functions; no number is
@@ -465,7 +465,8 @@ show(plot_ring_efficiency())
 # package, `src/paralab/scale/CASES.toml`): twelve published measurements, each with the table
 # it is copied from. The only fitted numbers are four efficiencies, as shares of peak: GEMM,
 # attention and a video VAE's convolutions for the h100-sxm group (the convolutions first, on
-# the two rows that time the Wan2.1 VAE alone), attention alone for h100-nvl (its Cosmos rows
+# the two rows that time the Wan2.1 VAE alone, at 81 frames: an assumed count, as their source
+# says only "5s 720p"), attention alone for h100-nvl (its Cosmos rows
 # are mostly attention, so it takes h100-sxm's GEMM and VAE efficiencies), each chosen on the
 # grid to make the largest |log error| the smallest; the next cell refits them from the file
 # and checks they are the ones the predictor uses.
@@ -496,9 +497,10 @@ print(verdict_table(case_claims, "python -m paralab.scale check"))
 # %% [markdown]
 # **Held out.** A model fitted on the shipped rows proves little until it meets rows it was not
 # fitted on. `GENERALIZATION.toml` (next to `CASES.toml`) holds every one the case vocabulary
-# can express, of the same five sources and of four more (torchtitan's async-TP and H200
-# benchmarks, Megatron-LM's weak-scaling table up to 6,144 GPUs, the Megatron-Bridge summary):
-# 86 rows, none read by the fit. Its check exits 1, honestly: `paralab.scale.heldout.MISSES`
+# can express, of five of the six sources (FastVAE's other rows split the VAE over processes
+# or time other VAEs) and of four more (torchtitan's async-TP and H200 benchmarks,
+# Megatron-LM's weak-scaling table up to 6,144 GPUs, the Megatron-Bridge summary): 86 rows,
+# none read by the fit. Its check exits 1, honestly: `paralab.scale.heldout.MISSES`
 # names each row that misses and why, and the claims below check that exactly those miss.
 
 # %%
@@ -646,11 +648,12 @@ show(plot_prediction_scatter(check, held_out=held))
 #   than the measured gain; it counts no cost for running each fused matmul as tp slices;
 # - **Cosmos' distilled rows** (4 steps, one branch) are predicted short on every card. The
 #   model counts the Wan2.1 VAE's two encodes and one decode, which every rank runs whole
-#   (`vae_seconds`), and that brings the 1- and 4-GPU H200 NVL rows inside the band; set
-#   against the base rows on the same GPUs, the rest imply more seconds outside the
-#   denoiser's forwards than the VAE's (the claim above), shrinking with the GPUs (control
-#   extraction, whatever else the timer holds), and no cited figure times them. The VAE's
-#   share of peak is measured only on an A800 and carried to these cards as a share;
+#   (`vae_seconds`; Cosmos' parallel tokenizer is off by default), and that brings the 1-
+#   and 4-GPU H200 NVL rows inside the band; set against the base rows on the same GPUs, the
+#   rest imply more seconds outside the denoiser's forwards than the VAE's (the claim above),
+#   shrinking with the GPUs (control extraction, whatever else the timer holds), and no cited
+#   figure times them. The VAE's share of peak is measured only on an A800, at an assumed 81
+#   frames, and carried to these cards as a share;
 # - **xDiT's ConsisID with sequence parallelism** runs far below its FLOPs and bytes, while
 #   its CFG-parallel row scales almost linearly; no source read names the links of the
 #   machine it was measured on, so no slower-link preset is cited for it;
@@ -961,7 +964,7 @@ print(
 # %%
 clinic_claims = [
     claim(
-        "clinic: the torchtitan, ring and xDiT rows keep their errors",
+        "clinic: the torchtitan, ring, xDiT and FastVAE rows keep their errors",
         all(
             errors_then[r["name"]] == r["relative_error"]
             for r in check
