@@ -75,6 +75,8 @@ def _fit_group(members: list[Case], group: str, start: dict[str, float]) -> dict
     conv = start["conv"]
     if "conv" in free and vae:
         conv = _best(vae, group, ({**start, "conv": c} for c in GRID))["conv"]
+    if not rest:  # nothing here times GEMMs or attention: keep what the group starts from
+        return {**start, "conv": conv}
     trials = (
         {"gemm": g, "attention": a, "conv": conv}
         for g in (GRID if "gemm" in free else [start["gemm"]])

@@ -12,7 +12,7 @@ says where the run's own degrees come.
 Inference plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the
 weights, cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser,
 shown as its exchange seconds and the busiest rank's encode load). A video's VAE passes, which
-no rank splits, are timed for the Cosmos models. `python -m paralab.plan --help`.
+no rank splits, are timed for Cosmos-Transfer2.5. `python -m paralab.plan --help`.
 """
 
 from __future__ import annotations
