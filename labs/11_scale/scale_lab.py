@@ -527,6 +527,36 @@ cosmos_one = fixed_seconds(
 print(f"one H100 NVL: {cosmos_one[0]:.3f} s a forward, {cosmos_one[1]:.2f} s outside the forwards")
 
 # %% [markdown]
+# **What the model counts of them.** Part of those seconds is the Wan2.1 VAE: a chunk's two
+# encodes (its conditioning frames and the edge map) and its decode, which every rank of the
+# video's group runs whole. The model times them from their FLOPs at the share of peak the
+# shipped VAE rows give, and adds them to every layout alike.
+#
+# **Predict before you run.** At 4 steps on 8 H100 NVLs, is the VAE more or less than half of
+# a predicted video? And on one GPU?
+
+# %%
+# show: paralab.scale.predict.vae_seconds
+
+# %%
+from paralab.scale.predict import VAE_ITEM
+
+amdahl = []
+for gpus in (1, 4, 8):
+    distilled = by_cases[f"cosmos-transfer2.5-2b edge distilled 4 steps {gpus} h100-nvl"]
+    video = predict_case(distilled)
+    vae = video.breakdown[VAE_ITEM]
+    denoiser, share = f"{video.seconds - vae:.3g}", f"{vae / video.seconds:.0%}"
+    amdahl.append((gpus, denoiser, f"{vae:.3g}", share, f"{distilled.measured:g}"))
+print(
+    text_table(
+        ["H100 NVLs", "denoiser s", "VAE s", "VAE share", "measured s"],
+        amdahl,
+        align_right=(0, 1, 2, 3, 4),
+    )
+)
+
+# %% [markdown]
 # **The exercise.** `fixed_seconds` is this lab's graded exercise (`paralab.exercises.lab11`):
 # in the student release its body is a stub, with its task above it and a `check(...)` cell
 # under it. The grader runs it on the three published pairs (one H100 NVL, one H200 NVL, eight
@@ -554,8 +584,6 @@ exercise_claims = [
 print(verdict_table(exercise_claims, "the graded exercise"))
 
 # %% jupyter={"source_hidden": true}
-from paralab.scale.predict import VAE_ITEM
-
 missed = {r["name"] for r in held if abs(r["relative_error"]) > 0.25}
 
 
