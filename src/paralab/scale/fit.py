@@ -7,8 +7,9 @@ ties broken by the sum of squares. Per fit group (`Hardware.efficiency_from`): t
 group holds the torchtitan, xDiT and ring-flash-attention rows (H800 is the same die) and the
 Wan2.1 VAE's encode and decode on an A800 (FastVAE's), the h100-nvl group the Cosmos rows. The
 VAE rows time the convolutions alone, so `conv` is fitted on them first, and the other rows
-are fitted with it. `FITTED` is what the predictor uses; `tests/test_scale.py` re-runs the fit on the
-shipped cases and checks these values are its result, so they cannot drift or be hand-tuned.
+are fitted with it. `FITTED` is what the predictor uses; `tests/test_scale.py` re-runs the fit
+on the shipped cases and checks these values are its result, so they cannot drift or be
+hand-tuned.
 """
 
 from __future__ import annotations
