@@ -751,6 +751,19 @@ def test_the_vae_is_timed_whole_on_every_rank_and_only_where_priced():
     assert VAE_ITEM not in without[0].prediction.breakdown
 
 
+def test_a_distilled_videos_denoiser_seconds_are_compute_and_exposed_cp():
+    """Lab 11 section 4's "denoiser s" is a prediction less its VAE item: the forwards' GEMMs
+    and attention, and with cp the exposed all-to-alls; nothing else is in these rows."""
+    from paralab.scale.heldout import GENERALIZATION
+    from paralab.scale.predict import VAE_ITEM
+
+    rows = {c.name: c for c in load_cases(GENERALIZATION)}
+    compute = {"compute: GEMM", "compute: attention"}
+    for gpus, cp in ((1, set()), (4, {"exposed: cp"}), (8, {"exposed: cp"})):
+        case = rows[f"cosmos-transfer2.5-2b edge distilled 4 steps {gpus} h100-nvl"]
+        assert set(predict_case(case).breakdown) == compute | cp | {VAE_ITEM}
+
+
 def test_the_reasons_quoted_figures():
     """The figures the held-out reasons quote from sources outside the case files, by hand."""
     from pathlib import Path

@@ -534,6 +534,10 @@ print(f"one H100 NVL: {cosmos_one[0]:.3f} s a forward, {cosmos_one[1]:.2f} s out
 #
 # **Predict before you run.** At 4 steps on 8 H100 NVLs, is the VAE more or less than half of
 # a predicted video? And on one GPU?
+#
+# In the table, *denoiser s* is the rest of each prediction: the 4 forwards' GEMMs and
+# attention and, on 4 and 8 GPUs, the Ulysses all-to-alls left exposed (these rows have no
+# cfgp or dp_shard, so nothing else); *measured s* is the doc's diffusion time, VAE included.
 
 # %%
 # show: paralab.scale.predict.vae_seconds
