@@ -775,11 +775,12 @@ def test_the_reasons_quoted_figures():
     # H100 NVL 445.52 s, H100 PCIe 264.13 s; 445.52 / 264.13 = 1.6867
     assert round(445.52 / 264.13, 2) == 1.69
     assert "1.69x sooner (264.13 s against 445.52 s)" in cosmos
-    # FastVAE@cd72332 README, Wan2_1, 1 process, Peak Mem: 11.762 GB (max_memory_allocated)
+    # FastVAE@cd72332 README, Wan2_1, 1 process, Peak Mem "11.762 GB": its script prints
+    # torch.cuda.max_memory_allocated() / 1024**3 (test/wan/test_vae_video_e2e.py), so GiB
     chapter = (
         Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md"
     ).read_text()
-    assert "FastVAE measured 11.762 GB allocated" in " ".join(chapter.split())
+    assert "FastVAE measured 11.762 GiB allocated" in " ".join(chapter.split())
     distilled = MISSES["cosmos-transfer2.5-2b edge distilled 4 steps 1 h100-nvl"]
     # nono-Sang/FastVAE README, Wan2_1, 1 process: encode 5.113 s, decode 9.256 s (A800, bf16)
     assert "5.113 s to encode and 9.256 s to decode" in distilled

@@ -433,8 +433,8 @@ def what_would_fit(q: TrainQuestion) -> str:
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     """The denoiser's bytes on a GPU: its parameters (sharded over dp_shard), one block's
-    working set (cut over cp) and FSDP's gathered blocks. A pipeline's text encoder and the
-    VAE's working set are not counted: a floor (lab 11, chapter 2)."""
+    working set (cut over cp) and FSDP's two gathered blocks. A text encoder the pipeline holds
+    on the GPU and the VAE's working set are not counted: a floor (lab 11, chapter 2)."""
     gathered = 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0
     return {
         "parameters": 2 * m.params / layout.dp_shard,
