@@ -51,9 +51,11 @@ from paralab.vae_lb.planner import assignment_from_moves, loads_of, plan_rebalan
 
 RAW_VIDEO = (93, 704, 1280)
 """(frames, height, width) of the raw video each inference group encodes by default: 720p."""
-INFERENCE_WORKING_BYTES = 24
-"""Per token of one block in inference, in units of hidden: input, q, k, v, output (2 bytes each)
-and the 4 h MLP activation, held while the block runs."""
+INFERENCE_WORKING_BYTES = 18
+"""Bytes per token per unit of hidden that one block holds at its peak in inference, with no
+autograd keeping anything: in the MLP, the block's input (h), the first matmul's output (4 h)
+and the activation's (4 h), 9 h elements of 2 bytes. Attention holds less: input, q, k, v and
+its output, 5 h."""
 
 
 @dataclass
