@@ -522,20 +522,16 @@ def model(spec: str | dict) -> ModelShape:
             raise ValueError(f"unknown model {spec!r}; presets: {sorted(MODELS)}")
         return MODELS[spec]
     fields = dict(spec)
+    for key in ("patch", "vae", "vae_passes"):  # TOML arrays; the shape is hashed
+        if key in fields:
+            fields[key] = tuple(fields[key])
     if "preset" in fields:  # a preset with some fields changed: {preset = "...", branches = 1}
         from dataclasses import replace
 
         base = model(fields.pop("preset"))
-        if "vae_passes" in fields:
-            fields["vae_passes"] = tuple(fields["vae_passes"])
         return replace(base, name=fields.pop("name", base.name), **fields)
     fields.setdefault("name", "inline")
     fields.setdefault("head_dim", fields["hidden"] // fields["heads"])
-    if "patch" in fields:
-        fields["patch"] = tuple(fields["patch"])
-    for key in ("vae", "vae_passes"):
-        if key in fields:
-            fields[key] = tuple(fields[key])
     if fields["kind"] == "dit" and not fields.get("matmul_per_layer"):
         fields["matmul_per_layer"] = 12 * fields["hidden"] ** 2
         fields.setdefault("params", fields["layers"] * 18 * fields["hidden"] ** 2)
