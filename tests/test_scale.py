@@ -723,6 +723,51 @@ def test_the_vae_frame_count_is_an_assumption():
     assert "81 frames assumed" in text["02_reading_the_planner.md"]
 
 
+def test_deepseek_v3s_row_sent_once_a_node_as_its_reason_says():
+    from pathlib import Path
+
+    from paralab.scale.heldout import (
+        DEEPSEEK_V3_ROUTING,
+        GENERALIZATION,
+        MISSES,
+        node_limited_copies,
+        node_limited_step,
+    )
+
+    assert node_limited_copies(256, 64, 8, *DEEPSEEK_V3_ROUTING) == 3.5
+    with pytest.raises(ValueError, match="ep 32 spans 4 nodes"):
+        node_limited_copies(256, 32, 8, *DEEPSEEK_V3_ROUTING)
+    row = next(c for c in load_cases(GENERALIZATION) if "deepseek-v3" in c.name)
+    w, m = row.workload, row.model
+    measured = w.seq * w.micro_batch * row.layout.dp_shard / (row.measured * row.gpus)
+    plain, node, step = node_limited_step(row)
+    figures = (
+        f"{plain:.1f} s of a {predict_case(row).seconds:.1f} s step, against {measured:.1f} s",
+        f"not {m.top_k * 63 / 64:.1f}",
+        f"{node:.1f} s exposed, a {step:.1f} s step",
+    )
+    assert figures == (
+        "20.6 s of a 36.4 s step, against 25.3 s",
+        "not 7.9",
+        "9.2 s exposed, a 25.0 s step",
+    )
+    reason = MISSES[row.name]
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")
+        .read_text()
+        .split()
+    )
+    assert all(f in reason for f in figures), reason
+    assert figures[0] in chapter and "they would take 9.2 s, a 25.0 s step" in chapter
+    # the row's recompute is "none": its recipe redoes the MLA up-projections, under a tenth
+    # of a MoE layer's forward matmuls, not the core attention
+    mla = m.latent
+    up = m.heads * (
+        mla.q_rank * (mla.nope_dim + mla.rope_dim) + mla.kv_rank * (mla.nope_dim + mla.v_dim)
+    )
+    assert w.ac == "none" and up / m.matmul_per_layer < 0.1
+
+
 def test_the_vae_is_timed_whole_on_every_rank_and_only_where_priced():
     from paralab.scale.heldout import GENERALIZATION
     from paralab.scale.predict import VAE_ITEM

@@ -696,7 +696,8 @@ show(plot_prediction_scatter(check, held_out=held))
 # - **mixtures of experts** in Megatron-Bridge's summary: Qwen3-30B-A3B's 128 narrow experts
 #   cost grouped GEMMs, a router and a dropless dispatcher the model does not count, and it
 #   predicts more than twice the measured rate; DeepSeek-V3 on 1,024 H100s runs faster than
-#   the model, which shows every all-to-all over the network in full.
+#   the model, which shows every all-to-all over the network in full, where the run sent a
+#   token once a node (DeepEP) and overlapped them.
 #
 # Each reason is in `paralab.scale.heldout.MISSES`, word for word. None is tuned away: the
 # fitted efficiencies come from `CASES.toml` alone.
