@@ -813,7 +813,7 @@ def test_the_reasons_quoted_figures():
     """The figures the held-out reasons quote from sources outside the case files, by hand."""
     from pathlib import Path
 
-    from paralab.scale.heldout import MISSES
+    from paralab.scale.heldout import GENERALIZATION, MISSES
 
     cosmos = MISSES["cosmos-transfer2.5-2b edge base 35 steps 1 h200-nvl"]
     # cosmos-transfer2.5@c9ad44b docs/inference.md, Segmentation, one GPU, 93 frames:
@@ -839,6 +839,17 @@ def test_the_reasons_quoted_figures():
     # 121 (25.11), 118 (26.02); over 989 and 1979 TFLOP/s
     assert (round(121 / 989, 2), round(121 / 1979, 2)) == (0.12, 0.06)
     assert "121 and 118 TFLOP/s a GPU, 12 % of the dense bf16 peak (6 % of fp8's)" in qwen
+    # the 25.09 table's DGX-H100 Qwen3_30B_a3B (tokendrop): the 25.11 row's layout, 10494
+    row = next(c for c in load_cases(GENERALIZATION) if c.name.endswith("vp24 ep8 dp8 gbs512 fp8"))
+    predicted = predict_case(row).tokens_per_s_per_gpu
+    above = 100 * (predicted / 10494 - 1)
+    assert f"the model's {predicted:,.0f} is {above:.0f} % above" in qwen
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")
+        .read_text()
+        .split()
+    )
+    assert f"twice the 25.11 rate, and the model is {above:.0f} % above that" in chapter
 
 
 def test_the_reasons_figures_are_the_tables():

@@ -78,7 +78,12 @@ _FINE_MOE = (
     "the tokens/s. What it does not count is what narrow experts cost: 16 experts a rank, each "
     "a grouped GEMM over a few thousand tokens, far below the dense GEMMs' efficiency, and the "
     "router and the per-expert token counts a dropless dispatcher needs; no source read "
-    "measures them apart"
+    "measures them apart. The same summary's 25.09 table ran the 25.11 row's layout (16 "
+    "H100s, GBS 512, MBS 2, PP 2, VP 24, EP 8) with token drop at 10,494 tokens/s, twice the "
+    "dropless 25.11 run, and the model's 13,127 is 25 % above that; but its Qwen3-235B-A22B "
+    "H100 rows moved the other way (1,204 tokens/s in 25.09 with token drop, 1,575 in 25.11 "
+    "dropless), so the halving is not dropless routing's alone, and no note says what else "
+    "changed between the two containers"
 )
 
 MISSES = {
