@@ -80,7 +80,8 @@ _FINE_MOE = (
     "router and the per-expert token counts a dropless dispatcher needs; no source read "
     "measures them apart. The same summary's 25.09 table ran the 25.11 row's layout (16 "
     "H100s, GBS 512, MBS 2, PP 2, VP 24, EP 8) with token drop at 10,494 tokens/s, twice the "
-    "dropless 25.11 run, and the model's 13,127 is 25 % above that; but its Qwen3-235B-A22B "
+    "dropless 25.11 run, and the model's 13,127 (in fp8; that table states no precision for "
+    "the row) is 25 % above that; but its Qwen3-235B-A22B "
     "H100 rows moved the other way (1,204 tokens/s in 25.09 with token drop, 1,575 in 25.11 "
     "dropless), so the halving is not dropless routing's alone, and no note says what else "
     "changed between the two containers"
@@ -146,12 +147,17 @@ MISSES = {
         "run_script.py on H100); the model has neither. It sends each of a token's 8 routed "
         "copies over the network at its busbw and shows all four all-to-alls (dispatch and "
         "combine, forward and backward) exposed: 20.6 s of a 36.4 s step, against 25.3 s "
-        "measured. DeepEP sends a token once to each node it is routed to (NVIDIA/Megatron-LM@"
-        "272753b:megatron/core/transformer/moe/fused_a2a.py hands it num_tokens_per_rdma_rank), "
-        "and DeepSeek-V3 routes a token to 4 of 8 expert groups, one a node on EP 64: 3.5 "
-        "network copies, not 7.9 (`node_limited_step`: 9.2 s exposed, a 25.0 s step). With "
-        "the overlap as well the model would run faster than measured: as the Qwen3 rows show, "
-        "its MoE layers cost more than their FLOPs at the dense fit, and that it does not count"
+        "measured. DeepEP sends a token once to each node it is routed to (deepseek-ai/DeepEP@"
+        "e02e4d2:csrc/kernels/internode.cu, one RDMA send a node, then NVLink; NVIDIA/"
+        "Megatron-LM@272753b:megatron/core/transformer/moe/fused_a2a.py hands it "
+        "num_tokens_per_rdma_rank), and DeepSeek-V3 routes a token to experts in at most 4 of "
+        "8 groups, one a node on EP 64: at most 3.5 network copies, not 7.9 "
+        "(`node_limited_step`: 9.2 s exposed, a 25.0 s step). With the overlap as well the "
+        "model would run faster than measured, so something it does not count takes those "
+        "seconds: what MoE layers cost beyond their FLOPs (the Qwen3 rows run far below the "
+        "model), the run's multi-token-prediction layer, DeepEP's NVLink forwarding and "
+        "the recompute of the MLA up-projections are all left out, and no source read times "
+        "them apart"
     ),
     **{
         f"cosmos-transfer2.5-2b edge distilled 4 steps {gpus}": _COSMOS_FIXED
@@ -189,11 +195,13 @@ configs/config_671B.json). Not in `models.deepseek-v3`: the model sends no token
 def node_limited_copies(
     experts: int, ep: int, gpus_per_node: int, groups: int, picked: int
 ) -> float:
-    """A token's copies that cross the network in one dispatch (or combine) when it goes to
-    each node once, as DeepEP's internode kernels send it (Megatron's flex dispatcher hands
-    them `num_tokens_per_rdma_rank`), and each node holds one routing group whole: its `picked`
-    groups are `picked` nodes, another node's each with probability (nodes - 1) / nodes under
-    balanced routing. A plain all-to-all, as the model prices it, sends top_k (ep - 1) / ep."""
+    """At most, a token's copies that cross the network in one dispatch (or combine) when it
+    goes to each node once, as DeepEP's internode kernels send it (Megatron's flex dispatcher
+    hands them `num_tokens_per_rdma_rank`), and each node holds one routing group whole: its
+    experts lie in at most `picked` groups, so at most `picked` nodes, each another node's
+    with probability (nodes - 1) / nodes under balanced routing. (Its top-k can fall in fewer
+    of the picked groups, so the mean is a little lower.) A plain all-to-all, as the model
+    prices it, sends top_k (ep - 1) / ep."""
     nodes = ep // gpus_per_node
     if nodes != groups or experts % groups:
         raise ValueError(
@@ -205,9 +213,9 @@ def node_limited_copies(
 
 def node_limited_step(case: Case) -> tuple[float, float, float]:
     """(exposed EP seconds as the model prices a row's plain all-to-alls, the same with each
-    token sent once per node, the step then): the item scaled by the copies' ratio (its
-    latency terms, well under a millisecond here, with it). A diagnosis of DeepSeek-V3's
-    held-out row, not used by the model."""
+    token sent once to each of at most `node_limited_copies` nodes, the step then): the item
+    scaled by the copies' ratio (its latency terms, well under a millisecond here, with it).
+    A diagnosis of DeepSeek-V3's held-out row, not used by the model."""
     p = predict_case(case)
     m, lo = case.model, case.layout
     plain = m.top_k * (lo.ep - 1) / lo.ep
