@@ -1067,6 +1067,19 @@ def test_json_rows_hold_the_layout_memory_and_time(tmp_path, capsys):
         assert {"fits", "step_seconds", "tokens_per_s_per_gpu", "mfu"} <= set(row)
     fitting = [r for r in rows if r["fits"]]
     assert fitting and all(r["step_seconds"] > 0 and 0 < r["mfu"] < 1 for r in fitting)
+    assert all(
+        r["overlays"] == []
+        and math.prod(r["layout"][k] for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")) == 8
+        for r in rows
+    )
+    # inference: the partition is the GPUs; cp, cfgp and lb group the same GPUs again
+    plan_main(
+        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-nvl", "--gpus", "8"]
+        + ["--inference", "--json", "-"]
+    )
+    video = json.loads(capsys.readouterr().out)
+    assert all(r["overlays"] == ["cp", "cfgp", "lb"] for r in video)
+    assert {r["layout"]["dp_replicate"] * r["layout"]["dp_shard"] for r in video} == {8}
 
 
 def test_identical_lb_rows_are_printed_once(capsys):
@@ -1238,7 +1251,60 @@ def test_expert_parallel_trades_fsdp_gathers_for_all_to_alls():
 
 def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8,ep=2"])
-    assert "ep=2 must divide llama3.1-8b's 0 experts" in line
+    assert line.endswith("ep=2: llama3.1-8b has no experts")
+
+
+def test_an_unwritable_json_path_is_one_line(capsys):
+    line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--json", "/nonexistent/rows.json"])
+    assert line.endswith("--json /nonexistent/rows.json: No such file or directory")
+
+
+def test_what_would_fit_is_the_fewest_gpus_a_node_at_a_time(capsys):
+    """405B on 8 GPUs: the fewest whole nodes that fit, the batch growing with them unless the
+    question gave it; 80 GPUs (10 nodes) do not fit."""
+    from paralab.scale.plan import TrainQuestion, what_would_fit
+
+    big = model("llama3.1-405b")
+    assert what_would_fit(TrainQuestion(big, H100, 8, 8192, 16)) == "88 GPUs (global batch 176)"
+    assert all(r.oom for r in plan_train(big, H100, 80, 8192, 160))
+    given = what_would_fit(TrainQuestion(big, H100, 8, 8192, 8), batch_given=True)
+    assert given.endswith("GPUs (global batch 8)")
+
+
+def test_inference_that_fits_nowhere_says_what_would(capsys):
+    argv = ["--model", "hunyuanvideo", "--hardware", "h100-sxm", "--gpus", "1", "--inference"]
+    plan_main([*argv, "--tokens", "3000000"])
+    out = capsys.readouterr().out
+    assert "No layout fits in HBM" in out and "What would fit: 3 GPUs (dp_shard 3, cp 3)." in out
+
+
+def test_a_given_tp_across_nodes_is_noted(capsys):
+    plan_main(
+        ["--model", "deepseek-v3", "--hardware", "h100-sxm", "--gpus", "1024", "--train"]
+        + ["--seq", "4096", "--layout", "dp_shard=8,tp=16,pp=8,ep=8"]
+    )
+    assert "tp 16 spans 2 nodes of 8 GPUs" in capsys.readouterr().out
+
+
+def test_inference_searches_every_divisor_and_top_counts_lines(capsys):
+    """On 6 GPUs the planner tries xDiT's ring 3 x CFG 2; on 12 it uses all 12; `--top` counts
+    printed lines, lb variants merged; 2,048 GPUs answer in seconds."""
+    import time
+
+    cosmos, nvl = model("cosmos-transfer2.5-2b"), hardware("h100-nvl")
+    six = plan_inference(model("consisid"), H100, 6, 17550, 50)  # 49 x 480 x 720
+    assert any((r.layout.cp, r.layout.cfgp) == (3, 2) for r in six)
+    twelve = plan_inference(cosmos, nvl, 12, 84480, 35)
+    assert twelve[0].layout.cp * twelve[0].layout.cfgp == 12
+    assert all(84480 % r.layout.cp == 0 for r in twelve)
+    plan_main(
+        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-nvl", "--gpus", "8", "--inference"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 12 + 1 and sum("(lb 1|2|4|8)" in line for line in lines) == 12
+    start = time.process_time()
+    plan_inference(cosmos, nvl, 2048, 84480, 35)
+    assert time.process_time() - start < 5
 
 
 # ------------------------------------------------------------------ held-out sources and the

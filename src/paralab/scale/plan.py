@@ -9,9 +9,11 @@ dp rank may run its sequences as micro-batches one after another (gradient accum
 many as its AC mode needs to fit. `rank_published` asks it the question of a published run and
 says where the run's own degrees come.
 
-Inference plans the diffusion models: it enumerates `paralab.ParallelDims` (dp_shard shards the
-weights, cp, cfgp and lb overlay the same ranks; lb balances the VAE encode before the denoiser,
-shown as its exchange seconds and the busiest rank's encode load). A video's VAE passes, which
+Inference plans the diffusion models: it enumerates `paralab.ParallelDims` at every divisor
+(dp_replicate x dp_shard is the GPUs, dp_shard sharding the weights; cp, cfgp and lb overlay the
+same ranks, so a row's JSON lists them under "overlays" and their product is not the GPUs; lb
+balances the VAE encode before the denoiser, shown as its exchange seconds and the busiest
+rank's encode load). A video's VAE passes, which
 no rank splits, are timed for Cosmos-Transfer2.5. `python -m paralab.plan --help`.
 """
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from paralab.parallel_dims import ParallelDims
+from paralab.parallel_dims import MAX_CP, ParallelDims
 from paralab.scale.cases import SHIPPED, Case, load_cases
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
@@ -98,14 +100,6 @@ INTERLEAVED_VIRTUAL = (2, 4)
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
-
-
-def powers_of_two(limit: int) -> list[int]:
-    out, n = [], 1
-    while n <= limit:
-        out.append(n)
-        n *= 2
-    return out
 
 
 def layers_split(m: ModelShape, stages: int) -> bool:
@@ -410,18 +404,21 @@ def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
     return fitting, too_big
 
 
-def what_would_fit(q: TrainQuestion) -> str:
-    """When no layout fits: the fewest GPUs (doubling, up to 64x) and the longest sequence
-    (halving) at which one does, memory alone."""
+def what_would_fit(q: TrainQuestion, batch_given: bool = False) -> str:
+    """When no layout fits: the fewest GPUs, a node at a time up to 64x, and the longest
+    sequence (halving) at which one does, memory alone. The global batch grows with the GPUs
+    (2 sequences a GPU, the default) unless the question gave it."""
 
     def fits(question: TrainQuestion) -> bool:
         return any(knob_choices(question, lo) for lo in train_layouts(question))
 
     hints = []
-    for factor in (2, 4, 8, 16, 32, 64):
-        more = replace(q, gpus=q.gpus * factor, global_batch=q.global_batch * factor)
+    node = q.hardware.gpus_per_node
+    for gpus in range((q.gpus // node + 1) * node, 64 * q.gpus + 1, node):
+        batch = q.global_batch if batch_given else q.global_batch * gpus // q.gpus
+        more = replace(q, gpus=gpus, global_batch=batch)
         if fits(more):
-            hints.append(f"{more.gpus} GPUs (global batch {more.global_batch})")
+            hints.append(f"{gpus} GPUs (global batch {batch})")
             break
     seq = q.seq // 2
     while seq >= 512 and not fits(replace(q, seq=seq)):
@@ -431,6 +428,17 @@ def what_would_fit(q: TrainQuestion) -> str:
     if q.ac and q.ac != "full":
         hints.append("full AC (--ac full)" if fits(replace(q, ac="full")) else "")
     return "; ".join(h for h in hints if h) or "nothing within 64x the GPUs"
+
+
+def inference_would_fit(m: ModelShape, hw: Hardware, gpus: int, tokens: int) -> str:
+    """When no inference layout fits: the fewest GPUs (up to 64x) on which one does, its weights
+    sharded over all of them and its tokens cut by the widest cp that divides them."""
+    for more in range(gpus + 1, 64 * gpus + 1):
+        cp = max(c for c in divisors(more) if c <= MAX_CP and tokens % c == 0)
+        layout = Layout(dp_shard=more, cp=cp)
+        if sum(inference_memory(m, layout, tokens).values()) <= hw.hbm_bytes:
+            return f"{more} GPUs (dp_shard {more}, cp {cp})"
+    return "nothing within 64x the GPUs"
 
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
@@ -483,6 +491,12 @@ def vae_lb_effect(
     return max(loads.values()), seconds
 
 
+def one_video_a_rank(hw: Hardware, lb: int) -> tuple[float, float]:
+    """`vae_lb_effect` when every rank holds one copy of the same `RAW_VIDEO` (the planner's
+    default): every lb group is alike, so one group of `lb` ranks gives it."""
+    return vae_lb_effect(hw, Layout(lb=lb), lb, [RAW_VIDEO] * lb)
+
+
 LB_EXCHANGE = "exposed: lb exchange"
 LB_LOAD = "VAE encode, busiest rank (Mpx)"
 
@@ -497,16 +511,32 @@ def plan_inference(
     video: tuple[int, int, int] = (0, 0, 0),
 ) -> list[Row]:
     """Layouts of one video on `gpus` GPUs, fastest first (the other dp ranks' videos aside):
-    every (dp_shard, cp, cfgp, lb) that `ParallelDims` accepts. `videos`: the raw videos the
-    groups encode first (default one `RAW_VIDEO` each); lb only changes that encode. `video`:
-    (frames, height, width) of the video the `tokens` come from, for the VAE's seconds (a
-    model whose autoencoder is priced); (0, 0, 0) leaves them out."""
-    rows = []
+    every (dp_shard, cp, cfgp, lb) of divisors that `ParallelDims` accepts, cp dividing the
+    tokens. `videos`: the raw
+    videos the groups encode first (default one `RAW_VIDEO` each); lb only changes that encode.
+    `video`: (frames, height, width) of the video the `tokens` come from, for the VAE's seconds
+    (a model whose autoencoder is priced); (0, 0, 0) leaves them out.
+
+    The denoiser's time does not depend on lb, nor the encode on dp_shard: each is computed once
+    per layout it does depend on. With the default videos every rank holds one copy of the same
+    video, so every lb group is alike and one of them gives the busiest load and the exchange."""
     eff = FITTED[hw.efficiency_from]
+    w = Workload("diffusion", seq=tokens, steps=steps, video=video)
+    rows = []
+
+    @functools.cache
+    def encode(cp: int, cfgp: int, lb: int) -> tuple[float, float]:
+        if videos is None:
+            return encode(1, 1, lb) if (cp, cfgp) != (1, 1) else one_video_a_rank(hw, lb)
+        return vae_lb_effect(hw, Layout(cp=cp, cfgp=cfgp, lb=lb), gpus, videos)
+
     for cfgp in (1, 2) if m.branches == 2 else (1,):
-        for cp in powers_of_two(gpus // cfgp):
-            for dp_shard in powers_of_two(gpus):
-                for lb in powers_of_two(gpus):
+        # cp splits the video's tokens evenly (Ulysses its heads too, else a ring)
+        for cp in (d for d in divisors(gpus // cfgp) if d <= MAX_CP and tokens % d == 0):
+            kind = "ulysses" if m.heads % cp == 0 else "ring"
+            for dp_shard in divisors(gpus):
+                denoiser = None
+                for lb in divisors(gpus):
                     try:
                         ParallelDims(
                             gpus,
@@ -518,7 +548,6 @@ def plan_inference(
                         )
                     except ValueError:
                         continue
-                    kind = "ulysses" if m.heads % cp == 0 else "ring"
                     layout = Layout(
                         dp_shard=dp_shard,
                         dp_replicate=gpus // dp_shard,
@@ -527,10 +556,9 @@ def plan_inference(
                         cfgp=cfgp,
                         lb=lb,
                     )
-                    w = Workload("diffusion", seq=tokens, steps=steps, video=video)
-                    p = predict(m, hw, layout, w, eff)
-                    raw = videos or [RAW_VIDEO] * (gpus // (cp * cfgp))
-                    load, exchange = vae_lb_effect(hw, layout, gpus, raw)
+                    denoiser = denoiser or predict(m, hw, layout, w, eff)
+                    load, exchange = encode(cp, cfgp, lb)
+                    p = denoiser
                     if lb > 1:
                         p = replace(
                             p,
@@ -558,7 +586,17 @@ def rank(rows: list[Row], higher_is_better: bool) -> list[Row]:
 
 
 def describe(layout: Layout, ac: str = "") -> str:
-    """A layout in one line: its degrees above 1, then the training knobs that were chosen."""
+    """A layout in one line: its degrees above 1, then the training knobs that were chosen.
+    Inference (no `ac`): the overlay axes, which group the same GPUs again, then how the
+    weights are sharded over the partition (`ParallelDims`: dp_replicate x dp_shard = GPUs)."""
+    if not ac:
+        overlays = [
+            f"{k} {getattr(layout, k)}" for k in ("cp", "cfgp", "lb") if getattr(layout, k) > 1
+        ]
+        if layout.cp > 1:
+            overlays[0] += f" ({layout.cp_kind})"
+        sharded = f", weights over dp_shard {layout.dp_shard}" if layout.dp_shard > 1 else ""
+        return (" x ".join(overlays) or "a video a GPU") + sharded
     parts = [
         f"{k} {getattr(layout, k)}"
         for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp", "ep")
@@ -645,35 +683,46 @@ def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> lis
     return cells + [f"{r.total_memory / GiB:.1f}", "OOM" if r.oom else "yes"]
 
 
+def lb_alike(r: Row) -> tuple:
+    """What a table line shows but the lb degree and the lb exchange: rows that share it are
+    one line."""
+    p = r.prediction
+    times = [(k, f"{v:.3g}") for k, v in p.breakdown.items() if k != LB_EXCHANGE] if p else []
+    return (
+        describe(replace(r.layout, lb=1), r.ac),
+        f"{r.score:.4g}" if p else "-",
+        tuple(sorted(times)),
+        tuple(sorted((k, f"{v:.4g}") for k, v in r.extras.items())),
+        tuple(sorted((k, f"{v / GiB:.1f}") for k, v in r.memory.items())),
+        r.oom,
+    )
+
+
 def table(rows: list[Row], limit: int = 12) -> str:
-    """Seconds by where they go, then each memory entry in GiB (allocated) and the total against
-    HBM. Rows that differ only in lb and print the same numbers but the lb exchange are printed
-    once: their lb degrees joined, the exchange as its range."""
-    shown = rows[:limit]
+    """The first `limit` lines: seconds by where they go, then each memory entry in GiB
+    (allocated) and the total against HBM. Rows that differ only in lb and print the same
+    numbers but the lb exchange are one line: their lb degrees joined, the exchange as its
+    range."""
+    lines_of: dict[tuple, list[Row]] = {}
+    for r in rows:
+        key = lb_alike(r)
+        if key in lines_of or len(lines_of) < limit:
+            lines_of.setdefault(key, []).append(r)
+    shown = [r for group in lines_of.values() for r in group]
     keys = sorted({k for r in shown if r.prediction for k in r.prediction.breakdown})
     memory = list(dict.fromkeys(k for r in shown for k in r.memory))
     extras = list(dict.fromkeys(k for r in shown for k in r.extras))
     hbm = f"GiB/GPU of {rows[0].hbm / GiB:.1f}"
     head = ["layout", rows[0].score_name, "seconds", *keys, *extras, *memory, hbm, "fits"]
-    exchange = head.index(LB_EXCHANGE) - 1 if LB_EXCHANGE in head else None
-    merged: dict[tuple, list] = {}
-    for r in shown:
-        cells = _cells(r, keys, extras, memory)
-        key = (
-            describe(replace(r.layout, lb=1), r.ac),
-            *cells[:exchange],
-            *cells[exchange or 0 :][1:],
-        )
-        merged.setdefault(key if exchange else (describe(r.layout, r.ac), *cells), []).append(r)
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    for group in merged.values():
+    for group in lines_of.values():
         first, cells = group[0], _cells(group[0], keys, extras, memory)
         name = describe(first.layout, first.ac)
         if len(group) > 1:
-            lbs = "|".join(str(r.layout.lb) for r in group)
+            lbs = "|".join(str(r.layout.lb) for r in sorted(group, key=lambda r: r.layout.lb))
             name = describe(replace(first.layout, lb=1), first.ac) + f" (lb {lbs})"
             spent = [r.prediction.breakdown.get(LB_EXCHANGE, 0.0) for r in group]
-            cells[exchange] = f"{min(spent):.3g}-{max(spent):.3g}"
+            cells[head.index(LB_EXCHANGE) - 1] = f"{min(spent):.3g}-{max(spent):.3g}"
         lines.append(" | ".join([name, *cells]))
     return "\n".join(lines)
 
@@ -694,10 +743,12 @@ def row_json(r: Row) -> dict:
         "sp": lo.sp,
         "ac": r.ac or None,
     }
+    overlays = [] if r.ac else ["cp", "cfgp", "lb"]
     return {
         "layout": layout,
         "memory_gib": r.total_memory / GiB,
         "memory_items": {k: v / GiB for k, v in r.memory.items()},
+        "overlays": overlays,
         "memory_kind": "allocated",
         "fits": not r.oom,
         "step_seconds": p.seconds if p else None,
@@ -768,6 +819,8 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
 def check_layout(q: TrainQuestion, layout: Layout) -> str:
     """Why `layout` cannot run `q` (divisibility), or ''."""
     m, dp = q.model, layout.dp_shard * layout.dp_replicate
+    if layout.ep > 1 and not m.experts:
+        return f"ep={layout.ep}: {m.name} has no experts"
     if layout.ep not in expert_degrees(m, layout.dp_shard * layout.cp):
         return f"ep={layout.ep} must divide {m.name}'s {m.experts} experts and dp_shard x cp"
     if m.heads % layout.tp or m.kv_heads % layout.tp:
@@ -891,15 +944,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.json == "-":
             print(text)
             return 0
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        try:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            parser.error(f"--json {args.json}: {e.strerror}")
     if args.layout:
         print(breakdown(rows[0]))
+        if layout.tp > hw.gpus_per_node:
+            print(
+                f"\ntp {layout.tp} spans {layout.tp // hw.gpus_per_node} nodes of "
+                f"{hw.gpus_per_node} GPUs: its collectives cross the network (the search keeps "
+                "tp inside a node)."
+            )
         return 0
     print(table(rows, args.top))
     print(why(rows))
-    if args.train and all(r.oom for r in rows):
-        print(f"What would fit: {what_would_fit(q)}.")
+    if all(r.oom for r in rows):
+        hint = (
+            what_would_fit(q, batch_given=bool(args.global_batch))
+            if args.train
+            else inference_would_fit(m, hw, args.gpus, tokens)
+        )
+        print(f"What would fit: {hint}.")
     return 0
 
 
