@@ -11,8 +11,8 @@ from paralab.scale import FITTED, Layout, Workload, hardware, load_cases, model,
 from paralab.scale.__main__ import main as scale_main
 from paralab.scale.cases import SHIPPED, parse_case
 from paralab.scale.fit import fit, predict_case, predicted_value, relative_error
+from paralab.scale.plan import describe, plan_inference, plan_train, why
 from paralab.scale.plan import main as plan_main
-from paralab.scale.plan import plan_inference, plan_train, why
 from paralab.scale.predict import (
     BACKWARD_ATTENTION_SPEED,
     fsdp_unit_bytes,
@@ -1284,6 +1284,34 @@ def test_a_given_tp_across_nodes_is_noted(capsys):
         + ["--seq", "4096", "--layout", "dp_shard=8,tp=16,pp=8,ep=8"]
     )
     assert "tp 16 spans 2 nodes of 8 GPUs" in capsys.readouterr().out
+
+
+def test_a_layout_without_the_reserved_margin_is_tight(capsys):
+    """405B on 16,384 GPUs: the first rows fill HBM as counted; the margin is the most a
+    torchtitan reserved peak exceeded the model (1.25x), and `why` names the fastest roomy row."""
+    from pathlib import Path
+
+    from paralab.scale.memory import published_memory, reserved_over_allocated
+
+    ratio = reserved_over_allocated()
+    assert ratio == max(r["memory_gib"] / r["predicted_gib"] for r in published_memory())
+    assert f"{ratio:.2f}" == "1.25"
+    rows = plan_train(model("llama3.1-405b"), H100, 16384, 8192, 32768)
+    fitting = [r for r in rows if not r.oom]
+    assert all(r.tight == (r.total_memory * ratio > r.hbm) for r in fitting)
+    assert fitting[0].tight and not all(r.tight for r in fitting)
+    roomy = next(r for r in fitting if not r.tight)
+    assert why(rows).endswith(f"the fastest with that room is {describe(roomy.layout, roomy.ac)}.")
+    assert not any(
+        r.tight for r in plan_inference(model("cosmos-transfer2.5-2b"), H100, 8, 84480, 35)
+    )
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")
+        .read_text()
+        .split()
+    )
+    assert f"times {ratio:.2f}, pass HBM is marked `tight`" in chapter
+    assert f"run up to {ratio:.2f}× the model's figure" in chapter
 
 
 def test_inference_searches_every_divisor_and_top_counts_lines(capsys):

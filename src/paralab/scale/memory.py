@@ -163,3 +163,11 @@ def published_memory(path: Path = PUBLISHED) -> list[dict]:
         error = (predicted - row["memory_gib"]) / row["memory_gib"]
         out.append({**row, "predicted_gib": predicted, "relative_error": error})
     return out
+
+
+@functools.cache
+def reserved_over_allocated() -> float:
+    """The most a published reserved peak has exceeded the model's allocated figure for it
+    (`published_memory`: torchtitan's 18 rows). The planner calls a training layout "tight"
+    when its allocated bytes times this pass HBM: the model has fallen that short before."""
+    return max(row["memory_gib"] / row["predicted_gib"] for row in published_memory())

@@ -36,7 +36,7 @@ from paralab.scale.cases import SHIPPED, Case, load_cases
 from paralab.scale.fit import FITTED
 from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
 from paralab.scale.heldout import GENERALIZATION
-from paralab.scale.memory import memory_alike, train_memory
+from paralab.scale.memory import memory_alike, reserved_over_allocated, train_memory
 from paralab.scale.models import MODELS, ModelShape, model
 from paralab.scale.predict import (
     ENGINES,
@@ -81,6 +81,16 @@ class Row:
     @property
     def oom(self) -> bool:
         return self.total_memory > self.hbm
+
+    @property
+    def tight(self) -> bool:
+        """Training: fits as counted, but not with the margin by which published reserved
+        peaks have exceeded the model's allocated figure (`memory.reserved_over_allocated`)."""
+        return (
+            bool(self.ac)
+            and not self.oom
+            and (self.total_memory * reserved_over_allocated() > self.hbm)
+        )
 
 
 ENGINE_AC_MODES = {
@@ -658,6 +668,15 @@ def why(rows: list[Row]) -> str:
         for k in keys
     }
     key = max(gap, key=gap.get)
+    roomy = next((r for r in fitting if not r.tight), None)
+    margin = (
+        f"; it is tight ({best.total_memory / GiB:.1f} GiB allocated of {best.hbm / GiB:.1f}, "
+        f"and published reserved peaks ran up to {reserved_over_allocated():.2f}x the model's "
+        "figure)"
+        + (f": the fastest with that room is {describe(roomy.layout, roomy.ac)}" if roomy else "")
+        if best.tight
+        else ""
+    )
     oom_faster = [r for r in rows if r.oom and r.prediction and r.score < best.score]
     tail = (
         (
@@ -670,7 +689,7 @@ def why(rows: list[Row]) -> str:
     return (
         f"{describe(best.layout, best.ac)} wins: against "
         f"{'pure dp' if pure_dp else 'the runner-up'} ({describe(other.layout, other.ac)}) it "
-        f"spends {gap[key]:.3g} s less on {key}{tail}{tie_note}."
+        f"spends {gap[key]:.3g} s less on {key}{tail}{tie_note}{margin}."
     )
 
 
@@ -680,7 +699,10 @@ def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> lis
     cells += [f"{p.breakdown.get(k, 0.0):.3g}" if p else "-" for k in keys]
     cells += [f"{r.extras[k]:.4g}" if k in r.extras else "-" for k in extras]
     cells += [f"{r.memory.get(k, 0.0) / GiB:.1f}" for k in memory]
-    return cells + [f"{r.total_memory / GiB:.1f}", "OOM" if r.oom else "yes"]
+    return cells + [
+        f"{r.total_memory / GiB:.1f}",
+        "OOM" if r.oom else "tight" if r.tight else "yes",
+    ]
 
 
 def lb_alike(r: Row) -> tuple:
@@ -751,6 +773,7 @@ def row_json(r: Row) -> dict:
         "overlays": overlays,
         "memory_kind": "allocated",
         "fits": not r.oom,
+        "tight": r.tight,
         "step_seconds": p.seconds if p else None,
         "breakdown": dict(p.breakdown) if p else {},
         "tokens_per_s_per_gpu": (p.tokens_per_s_per_gpu or None) if p else None,
@@ -849,7 +872,7 @@ def breakdown(r: Row) -> str:
         "| --- | --- |",
     ]
     lines += [f"| {k} | {v / GiB:.2f} |" for k, v in r.memory.items()]
-    verdict = "fits" if not r.oom else "OOM"
+    verdict = "OOM" if r.oom else "tight" if r.tight else "fits"
     lines.append(f"| total | {r.total_memory / GiB:.2f} of {r.hbm / GiB:.1f}: {verdict} |")
     return "\n".join(lines)
 
