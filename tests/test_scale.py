@@ -1254,6 +1254,37 @@ def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
     assert line.endswith("ep=2: llama3.1-8b has no experts")
 
 
+@pytest.mark.parametrize(
+    ("layout", "says"),
+    [
+        ("dp_shard=4,dp_shard=8", "layout field dp_shard is given twice"),
+        ("dp_shard=8,sp=maybe", "layout field sp='maybe': one of 1, true, yes, on, 0, false"),
+        ("dp_shard=8,sp=1", "sp needs tp > 1 (tp=1)"),
+        ("dp_shard=8,async_tp=true", "async_tp needs tp > 1 (tp=1)"),
+        ("", "--layout is empty"),
+    ],
+)
+def test_a_layout_the_planner_would_misread_is_refused(capsys, layout, says):
+    line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", layout])
+    assert says in line
+
+
+def test_a_layout_and_ac_that_disagree_are_refused(capsys):
+    argv = [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8,ac=none", "--ac", "full"]
+    assert _plan_error(capsys, argv).endswith(
+        "--ac full and the layout's ac=none disagree; give one"
+    )
+
+
+def test_the_table_prints_each_figure_once(capsys):
+    plan_main([*TRAIN_8B, "--gpus", "8", "--top", "3"])
+    head, _, first, *_ = capsys.readouterr().out.splitlines()
+    columns = head.split(" | ")
+    assert len(columns) == len(set(columns)) and "seconds" not in columns
+    mfu = first.split(" | ")[columns.index("MFU")]
+    assert mfu.endswith("%") and "e+" not in first
+
+
 def test_an_unwritable_json_path_is_one_line(capsys):
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--json", "/nonexistent/rows.json"])
     assert line.endswith("--json /nonexistent/rows.json: No such file or directory")

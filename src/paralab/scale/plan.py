@@ -609,12 +609,12 @@ def describe(layout: Layout, ac: str = "") -> str:
         return (" x ".join(overlays) or "a video a GPU") + sharded
     parts = [
         f"{k} {getattr(layout, k)}"
-        for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp", "ep")
+        for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp")
         if getattr(layout, k) > 1 and (ac or k != "dp_replicate")
     ]
     if layout.cp > 1:
         parts[[p.startswith("cp") for p in parts].index(True)] += f" ({layout.cp_kind})"
-    knobs = []
+    knobs = [f"ep {layout.ep} of dp_shard x cp"] if layout.ep > 1 else []
     if ac and layout.tp > 1:
         knobs.append("SP" if layout.sp else "no SP")
         knobs += ["async TP"] if layout.async_tp else []
@@ -693,11 +693,18 @@ def why(rows: list[Row]) -> str:
     )
 
 
+def _extra(key: str, value: float) -> str:
+    """MFU as a percentage, as the breakdown prints it; counts in full, not in e-notation."""
+    if key == "MFU":
+        return f"{value:.1%}"
+    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
 def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> list[str]:
     p = r.prediction
-    cells = [f"{r.score:.4g}" if p else "-", f"{p.seconds:.3g}" if p else "-"]
+    cells = [f"{r.score:.4g}" if p else "-"]
     cells += [f"{p.breakdown.get(k, 0.0):.3g}" if p else "-" for k in keys]
-    cells += [f"{r.extras[k]:.4g}" if k in r.extras else "-" for k in extras]
+    cells += [_extra(k, r.extras[k]) if k in r.extras else "-" for k in extras]
     cells += [f"{r.memory.get(k, 0.0) / GiB:.1f}" for k in memory]
     return cells + [
         f"{r.total_memory / GiB:.1f}",
@@ -735,7 +742,7 @@ def table(rows: list[Row], limit: int = 12) -> str:
     memory = list(dict.fromkeys(k for r in shown for k in r.memory))
     extras = list(dict.fromkeys(k for r in shown for k in r.extras))
     hbm = f"GiB/GPU of {rows[0].hbm / GiB:.1f}"
-    head = ["layout", rows[0].score_name, "seconds", *keys, *extras, *memory, hbm, "fits"]
+    head = ["layout", rows[0].score_name, *keys, *extras, *memory, hbm, "fits"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for group in lines_of.values():
         first, cells = group[0], _cells(group[0], keys, extras, memory)
@@ -799,6 +806,10 @@ LAYOUT_KEYS = {
 }
 
 
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True}
+BOOLEANS |= {"0": False, "false": False, "no": False, "off": False}
+
+
 def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
     """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout and an AC mode; dp_shard, if not given,
     takes the GPUs the other degrees leave. Raises ValueError naming the bad field."""
@@ -808,10 +819,14 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
         key = key.strip()
         if key not in LAYOUT_KEYS:
             raise ValueError(f"unknown layout field {key!r}; fields: {', '.join(LAYOUT_KEYS)}")
+        if key in fields:
+            raise ValueError(f"layout field {key} is given twice")
         kind = LAYOUT_KEYS[key]
         value = value.strip()
         if kind is bool:
-            fields[key] = value.lower() in ("1", "true", "on", "yes")
+            if value.lower() not in BOOLEANS:
+                raise ValueError(f"layout field {key}={value!r}: one of {', '.join(BOOLEANS)}")
+            fields[key] = BOOLEANS[value.lower()]
         elif kind is int:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"layout field {key}={value!r} must be a positive integer")
@@ -834,6 +849,9 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
     layout = Layout(**fields)
     if layout.world != gpus:
         raise ValueError(f"the layout's degrees multiply to {layout.world}, not --gpus {gpus}")
+    for knob in ("sp", "async_tp"):
+        if getattr(layout, knob) and layout.tp == 1:
+            raise ValueError(f"{knob} needs tp > 1 (tp={layout.tp})")
     if layout.pp > 1 and not layout.microbatches:
         layout = replace(layout, microbatches=layout.pp * layout.virtual)
     return layout, ac
@@ -899,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         help="training: whose kernels and overlap",
     )
     parser.add_argument(
-        "--layout", default="", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
+        "--layout", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
     )
     parser.add_argument("--json", default="", help="write every row as a JSON list (- = stdout)")
     parser.add_argument(
@@ -928,6 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.inference and m.kind != "dit":
         dits = ", ".join(k for k, v in MODELS.items() if v.kind == "dit")
         parser.error(f"--inference plans the diffusion models ({dits}); {m.name} is not one")
+    if args.layout is not None and not args.layout.strip(","):
+        parser.error('--layout is empty; give degrees, e.g. "dp_shard=8,tp=8,pp=16"')
     if args.layout and not args.train:
         parser.error("--layout evaluates a training layout; add --train")
     if args.train:
@@ -940,6 +960,8 @@ def main(argv: list[str] | None = None) -> int:
                 layout, ac = parse_layout(args.layout, args.gpus)
             except (ValueError, TypeError) as e:
                 parser.error(f"--layout {args.layout!r}: {e}")
+            if args.ac and "ac=" in args.layout and args.ac != ac:
+                parser.error(f"--ac {args.ac} and the layout's ac={ac} disagree; give one")
             problem = check_layout(q, layout)
             if problem:
                 parser.error(f"--layout {args.layout!r}: {problem}")
