@@ -1090,7 +1090,7 @@ def test_identical_lb_rows_are_printed_once(capsys):
     lines = capsys.readouterr().out.splitlines()[2:-1]
     cells = [line.split(" | ", 1)[1] for line in lines]
     assert len(cells) == len(set(cells))
-    assert any("(lb " in line for line in lines)
+    assert any(", lb 1|" in line for line in lines)
 
 
 def test_the_405b_question_on_16384_gpus_answers_in_seconds():
@@ -1262,6 +1262,11 @@ def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
         ("dp_shard=8,sp=1", "sp needs tp > 1 (tp=1)"),
         ("dp_shard=8,async_tp=true", "async_tp needs tp > 1 (tp=1)"),
         ("", "--layout is empty"),
+        (" ", "--layout is empty"),
+        ("dp_shard=8,cp_kind=ring", "cp_kind=ring needs cp > 1 (cp=1)"),
+        ("dp_shard=2,pp=4,virtual=2", "interleaved alone takes virtual > 1, and needs it"),
+        ("dp_shard=2,pp=4,schedule=interleaved", "interleaved alone takes virtual > 1"),
+        ("dp_shard=8,virtual=2", "schedule=1f1b and virtual=2 need pp > 1"),
     ],
 )
 def test_a_layout_the_planner_would_misread_is_refused(capsys, layout, says):
@@ -1270,10 +1275,39 @@ def test_a_layout_the_planner_would_misread_is_refused(capsys, layout, says):
 
 
 def test_a_layout_and_ac_that_disagree_are_refused(capsys):
-    argv = [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8,ac=none", "--ac", "full"]
+    argv = [*TRAIN_8B, "--gpus", "8", "--layout", "dp_shard=8, ac = none", "--ac", "full"]
     assert _plan_error(capsys, argv).endswith(
         "--ac full and the layout's ac=none disagree; give one"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([*TRAIN_8B, "--gpus", "8", "--steps", "4"], "--steps is for --inference"),
+        ([*TRAIN_8B, "--gpus", "8", "--videos", "93x704x1280"], "--videos is for --inference"),
+        (
+            ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-nvl", "--gpus", "8"]
+            + ["--inference", "--global-batch", "4"],
+            "--global-batch is for --train",
+        ),
+        (
+            ["--model", "flux.1-dev", "--hardware", "h100-sxm", "--gpus", "4", "--inference"],
+            "flux.1-dev makes images: give --tokens (one 1024x1024 image is 4096 latent patches)",
+        ),
+    ],
+)
+def test_a_flag_of_the_other_mode_or_a_video_of_an_image_model_is_refused(capsys, argv, says):
+    assert _plan_error(capsys, argv).endswith(says)
+
+
+def test_lb_variants_are_not_ties_and_pure_dp_is_not_its_own_rival():
+    cosmos = plan_inference(model("cosmos-transfer2.5-2b"), hardware("h100-nvl"), 8, 84480, 35)
+    assert " tie with it" not in why(cosmos)
+    rows = plan_train(model("llama3.1-8b"), H100, 8, 8192, 16)
+    best = next(r for r in rows if not r.oom)
+    assert (best.layout.cp, best.layout.tp, best.layout.pp) == (1, 1, 1)
+    assert "against pure dp" not in why(rows)
 
 
 def test_the_table_prints_each_figure_once(capsys):
@@ -1290,16 +1324,25 @@ def test_an_unwritable_json_path_is_one_line(capsys):
     assert line.endswith("--json /nonexistent/rows.json: No such file or directory")
 
 
-def test_what_would_fit_is_the_fewest_gpus_a_node_at_a_time(capsys):
-    """405B on 8 GPUs: the fewest whole nodes that fit, the batch growing with them unless the
-    question gave it; 80 GPUs (10 nodes) do not fit."""
+def test_what_would_fit_is_the_fewest_gpus_with_room(capsys):
+    """405B on 8 GPUs: whole nodes, the batch growing with them unless the question gave it;
+    88 GPUs fit only tight (no reserved margin), 112 with room, 80 not at all. On 97 GPUs, 96
+    below it fit; the 8B on 1 GPU counts one GPU at a time."""
     from paralab.scale.plan import TrainQuestion, what_would_fit
 
     big = model("llama3.1-405b")
-    assert what_would_fit(TrainQuestion(big, H100, 8, 8192, 16)) == "88 GPUs (global batch 176)"
+    hint = what_would_fit(TrainQuestion(big, H100, 8, 8192, 16))
+    assert hint == "88 GPUs fit tight, 112 GPUs with room (global batch 224)"
     assert all(r.oom for r in plan_train(big, H100, 80, 8192, 160))
+    fit88 = [r for r in plan_train(big, H100, 88, 8192, 176) if not r.oom]
+    assert fit88 and all(r.tight for r in fit88)
     given = what_would_fit(TrainQuestion(big, H100, 8, 8192, 8), batch_given=True)
-    assert given.endswith("GPUs (global batch 8)")
+    assert "(global batch 8)" in given and "224" not in given
+    assert "; or 96 GPUs (global batch 192)" in what_would_fit(
+        TrainQuestion(big, H100, 97, 8192, 194)
+    )
+    small = what_would_fit(TrainQuestion(model("llama3.1-8b"), H100, 1, 8192, 2))
+    assert small == "2 GPUs fit tight, 3 GPUs with room (global batch 6)"
 
 
 def test_inference_that_fits_nowhere_says_what_would(capsys):
@@ -1315,6 +1358,11 @@ def test_a_given_tp_across_nodes_is_noted(capsys):
         + ["--seq", "4096", "--layout", "dp_shard=8,tp=16,pp=8,ep=8"]
     )
     assert "tp 16 spans 2 nodes of 8 GPUs" in capsys.readouterr().out
+    plan_main(
+        ["--model", "gpt-16b", "--hardware", "h100-sxm", "--gpus", "24", "--train"]
+        + ["--layout", "tp=12,dp_shard=2"]
+    )
+    assert "tp 12 spans 2 nodes of 8 GPUs" in capsys.readouterr().out
 
 
 def test_a_layout_without_the_reserved_margin_is_tight(capsys):
@@ -1360,7 +1408,7 @@ def test_inference_searches_every_divisor_and_top_counts_lines(capsys):
         ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-nvl", "--gpus", "8", "--inference"]
     )
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 + 12 + 1 and sum("(lb 1|2|4|8)" in line for line in lines) == 12
+    assert len(lines) == 2 + 12 + 1 and sum(", lb 1|2|4|8 |" in line for line in lines) == 12
     start = time.process_time()
     plan_inference(cosmos, nvl, 2048, 84480, 35)
     assert time.process_time() - start < 5

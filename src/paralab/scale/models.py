@@ -121,6 +121,8 @@ class ModelShape:
     patch: tuple[int, int, int] = (1, 2, 2)
     vae: tuple[int, int] = (4, 8)
     """Temporal and spatial compression of the VAE."""
+    makes: str = "video"
+    """What one sample of a DiT is: "video" or "image" (its tokens, `video_tokens` of one frame)."""
     autoencoder: str = ""
     """The video VAE whose FLOPs the time model counts (`AUTOENCODERS`); "": not priced."""
     vae_passes: tuple[int, int] = (0, 0)
@@ -415,6 +417,7 @@ MODELS: dict[str, ModelShape] = {
             matmul_per_layer=_FLUX[0],
             params=_FLUX[1],
             text_tokens=512,
+            makes="image",
             source=SOURCES["flux.1-dev"],
         ),
     ]

@@ -415,28 +415,47 @@ def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
 
 
 def what_would_fit(q: TrainQuestion, batch_given: bool = False) -> str:
-    """When no layout fits: the fewest GPUs, a node at a time up to 64x, and the longest
-    sequence (halving) at which one does, memory alone. The global batch grows with the GPUs
-    (2 sequences a GPU, the default) unless the question gave it."""
+    """When no layout fits: the fewest GPUs at which one does with the reserved margin
+    (`Row.tight`), and fewer still if one fits tight, counting a GPU at a time up to a node and
+    a node at a time beyond, up to 64x; the most whole nodes below the question's GPUs that
+    fit; and the longest sequence (halving) that fits. Memory alone. The global batch grows
+    with the GPUs (2 sequences a GPU, the default) unless the question gave it."""
 
-    def fits(question: TrainQuestion) -> bool:
-        return any(knob_choices(question, lo) for lo in train_layouts(question))
+    def rows(question: TrainQuestion) -> Iterator[Row]:
+        for lo in train_layouts(question):
+            for chosen, mode in knob_choices(question, lo):
+                yield train_row(question, chosen, mode, timed=False)
 
-    hints = []
-    node = q.hardware.gpus_per_node
-    for gpus in range((q.gpus // node + 1) * node, 64 * q.gpus + 1, node):
+    def asked(gpus: int) -> TrainQuestion:
         batch = q.global_batch if batch_given else q.global_batch * gpus // q.gpus
-        more = replace(q, gpus=gpus, global_batch=batch)
-        if fits(more):
-            hints.append(f"{gpus} GPUs (global batch {batch})")
+        return replace(q, gpus=gpus, global_batch=batch)
+
+    node = q.hardware.gpus_per_node
+    more = [*range(q.gpus + 1, node), *range((q.gpus // node + 1) * node, 64 * q.gpus + 1, node)]
+    hints, tight = [], 0
+    for gpus in more:
+        fitting = [r.tight for r in rows(asked(gpus))]
+        if fitting and not all(fitting):
+            fewer = f"{tight} GPUs fit tight, " if tight else ""
+            hints.append(f"{fewer}{gpus} GPUs with room (global batch {asked(gpus).global_batch})")
             break
+        tight = tight or (gpus if fitting else 0)
+    else:
+        if tight:
+            hints.append(f"{tight} GPUs, tight (global batch {asked(tight).global_batch})")
+    below = next(
+        (g for g in range((q.gpus - 1) // node * node, 0, -node) if next(rows(asked(g)), None)),
+        0,
+    )
+    if below:
+        hints.append(f"or {below} GPUs (global batch {asked(below).global_batch})")
     seq = q.seq // 2
-    while seq >= 512 and not fits(replace(q, seq=seq)):
+    while seq >= 512 and not next(rows(replace(q, seq=seq)), None):
         seq //= 2
     if seq >= 512:
         hints.append(f"sequences of {seq} tokens")
     if q.ac and q.ac != "full":
-        hints.append("full AC (--ac full)" if fits(replace(q, ac="full")) else "")
+        hints.append("full AC (--ac full)" if next(rows(replace(q, ac="full")), None) else "")
     return "; ".join(h for h in hints if h) or "nothing within 64x the GPUs"
 
 
@@ -646,8 +665,13 @@ def why(rows: list[Row]) -> str:
     def tied(r: Row) -> bool:
         return math.isclose(r.score, best.score, rel_tol=1e-9)
 
-    ties = [r for r in fitting[1:] if tied(r)]
-    pure_dp = [r for r in fitting if training and axes(r) == (1, 1, 1, 1) and not tied(r)]
+    same_line = describe(replace(best.layout, lb=1), best.ac)  # its lb variants: one line
+    ties = [
+        r for r in fitting[1:] if tied(r) and describe(replace(r.layout, lb=1), r.ac) != same_line
+    ]
+    pure_dp = [
+        r for r in fitting if training and axes(r) == (1, 1, 1, 1) != axes(best) and not tied(r)
+    ]
     others = (
         pure_dp
         or [r for r in fitting if axes(r) != axes(best) and not tied(r)]
@@ -660,7 +684,8 @@ def why(rows: list[Row]) -> str:
         else ""
     )
     if not others:
-        return f"{describe(best.layout, best.ac)} is the only layout that fits in HBM{tie_note}."
+        alone = "ties with every other layout that fits" if ties else "is the only layout that fits"
+        return f"{describe(best.layout, best.ac)} {alone} in HBM."
     other = others[0]
     keys = set(best.prediction.breakdown) | set(other.prediction.breakdown)
     gap = {
@@ -673,7 +698,11 @@ def why(rows: list[Row]) -> str:
         f"; it is tight ({best.total_memory / GiB:.1f} GiB allocated of {best.hbm / GiB:.1f}, "
         f"and published reserved peaks ran up to {reserved_over_allocated():.2f}x the model's "
         "figure)"
-        + (f": the fastest with that room is {describe(roomy.layout, roomy.ac)}" if roomy else "")
+        + (
+            f": the fastest with that room is {describe(roomy.layout, roomy.ac)}"
+            if roomy
+            else ": no layout has that room"
+        )
         if best.tight
         else ""
     )
@@ -693,17 +722,20 @@ def why(rows: list[Row]) -> str:
     )
 
 
+def _number(value: float, digits: int) -> str:
+    """`digits` significant digits, a large value in full rather than in e-notation."""
+    return f"{value:.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
+
+
 def _extra(key: str, value: float) -> str:
-    """MFU as a percentage, as the breakdown prints it; counts in full, not in e-notation."""
-    if key == "MFU":
-        return f"{value:.1%}"
-    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    """MFU as a percentage, as the breakdown prints it."""
+    return f"{value:.1%}" if key == "MFU" else _number(value, 4)
 
 
 def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> list[str]:
     p = r.prediction
-    cells = [f"{r.score:.4g}" if p else "-"]
-    cells += [f"{p.breakdown.get(k, 0.0):.3g}" if p else "-" for k in keys]
+    cells = [_number(r.score, 4) if p else "-"]
+    cells += [_number(p.breakdown.get(k, 0.0), 3) if p else "-" for k in keys]
     cells += [_extra(k, r.extras[k]) if k in r.extras else "-" for k in extras]
     cells += [f"{r.memory.get(k, 0.0) / GiB:.1f}" for k in memory]
     return cells + [
@@ -716,10 +748,10 @@ def lb_alike(r: Row) -> tuple:
     """What a table line shows but the lb degree and the lb exchange: rows that share it are
     one line."""
     p = r.prediction
-    times = [(k, f"{v:.3g}") for k, v in p.breakdown.items() if k != LB_EXCHANGE] if p else []
+    times = [(k, _number(v, 3)) for k, v in p.breakdown.items() if k != LB_EXCHANGE] if p else []
     return (
         describe(replace(r.layout, lb=1), r.ac),
-        f"{r.score:.4g}" if p else "-",
+        _number(r.score, 4) if p else "-",
         tuple(sorted(times)),
         tuple(sorted((k, f"{v:.4g}") for k, v in r.extras.items())),
         tuple(sorted((k, f"{v / GiB:.1f}") for k, v in r.memory.items())),
@@ -749,7 +781,7 @@ def table(rows: list[Row], limit: int = 12) -> str:
         name = describe(first.layout, first.ac)
         if len(group) > 1:
             lbs = "|".join(str(r.layout.lb) for r in sorted(group, key=lambda r: r.layout.lb))
-            name = describe(replace(first.layout, lb=1), first.ac) + f" (lb {lbs})"
+            name = describe(replace(first.layout, lb=1), first.ac) + f", lb {lbs}"
             spent = [r.prediction.breakdown.get(LB_EXCHANGE, 0.0) for r in group]
             cells[head.index(LB_EXCHANGE) - 1] = f"{min(spent):.3g}-{max(spent):.3g}"
         lines.append(" | ".join([name, *cells]))
@@ -833,6 +865,7 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
             fields[key] = int(value)
         else:
             fields[key] = value
+    given = set(fields)
     ac = fields.pop("ac", "selective")
     if ac not in AC_MODES:
         raise ValueError(f"ac={ac!r}; AC modes: {', '.join(AC_MODES)}")
@@ -852,6 +885,8 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
     for knob in ("sp", "async_tp"):
         if getattr(layout, knob) and layout.tp == 1:
             raise ValueError(f"{knob} needs tp > 1 (tp={layout.tp})")
+    if "cp_kind" in given and layout.cp == 1:
+        raise ValueError(f"cp_kind={layout.cp_kind} needs cp > 1 (cp={layout.cp})")
     if layout.pp > 1 and not layout.microbatches:
         layout = replace(layout, microbatches=layout.pp * layout.virtual)
     return layout, ac
@@ -868,6 +903,13 @@ def check_layout(q: TrainQuestion, layout: Layout) -> str:
         return f"tp={layout.tp} must divide {m.heads} heads and {m.kv_heads} kv heads"
     if q.seq % (2 * layout.cp):
         return f"--seq {q.seq} is not divisible by 2 x cp = {2 * layout.cp}"
+    if layout.pp == 1 and (layout.virtual > 1 or layout.schedule != "1f1b"):
+        return f"schedule={layout.schedule} and virtual={layout.virtual} need pp > 1"
+    if (layout.virtual > 1) != (layout.schedule == "interleaved"):
+        return (
+            f"schedule={layout.schedule}, virtual={layout.virtual}: interleaved alone takes "
+            "virtual > 1, and needs it"
+        )
     if not layers_split(m, layout.pp * layout.virtual):
         return f"pp x virtual = {layout.pp * layout.virtual} stages for {m.layers} layers"
     if q.global_batch % dp:
@@ -946,7 +988,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.inference and m.kind != "dit":
         dits = ", ".join(k for k, v in MODELS.items() if v.kind == "dit")
         parser.error(f"--inference plans the diffusion models ({dits}); {m.name} is not one")
-    if args.layout is not None and not args.layout.strip(","):
+    mode_only = (
+        ("steps", "tokens", "videos")
+        if args.train
+        else ("seq", "global_batch", "ac", "engine", "compile", "dtype", "layout")
+    )
+    for name in mode_only:
+        if getattr(args, name) != parser.get_default(name):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} is for {'--inference' if args.train else '--train'}")
+    if args.inference and m.makes != "video" and not args.tokens:
+        image = m.video_tokens(1024, 1024, 1)
+        parser.error(
+            f"{m.name} makes images: give --tokens (one 1024x1024 image is {image} latent patches)"
+        )
+    if args.layout is not None and not args.layout.replace(" ", "").strip(","):
         parser.error('--layout is empty; give degrees, e.g. "dp_shard=8,tp=8,pp=16"')
     if args.layout and not args.train:
         parser.error("--layout evaluates a training layout; add --train")
@@ -960,7 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
                 layout, ac = parse_layout(args.layout, args.gpus)
             except (ValueError, TypeError) as e:
                 parser.error(f"--layout {args.layout!r}: {e}")
-            if args.ac and "ac=" in args.layout and args.ac != ac:
+            keys = {item.partition("=")[0].strip() for item in args.layout.split(",")}
+            if args.ac and "ac" in keys and args.ac != ac:
                 parser.error(f"--ac {args.ac} and the layout's ac={ac} disagree; give one")
             problem = check_layout(q, layout)
             if problem:
@@ -998,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
         print(breakdown(rows[0]))
         if layout.tp > hw.gpus_per_node:
             print(
-                f"\ntp {layout.tp} spans {layout.tp // hw.gpus_per_node} nodes of "
+                f"\ntp {layout.tp} spans {-(-layout.tp // hw.gpus_per_node)} nodes of "
                 f"{hw.gpus_per_node} GPUs: its collectives cross the network (the search keeps "
                 "tp inside a node)."
             )
