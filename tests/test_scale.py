@@ -1386,7 +1386,9 @@ def test_a_layout_without_the_reserved_margin_is_tight(capsys):
     assert all(r.tight == (r.total_memory * ratio > r.hbm) for r in fitting)
     assert fitting[0].tight and not all(r.tight for r in fitting)
     roomy = next(r for r in fitting if not r.tight)
-    assert why(rows).endswith(f"the fastest with that room is {describe(roomy.layout, roomy.ac)}.")
+    assert why(rows).endswith(
+        f"the fastest ranked layout with that room is {describe(roomy.layout, roomy.ac)}."
+    )
     assert not any(
         r.tight for r in plan_inference(model("cosmos-transfer2.5-2b"), H100, 8, 84480, 35)
     )

@@ -683,9 +683,22 @@ def why(rows: list[Row]) -> str:
         if ties
         else ""
     )
+    roomy = next((r for r in fitting if not r.tight), None)
+    margin = (
+        f"; it is tight ({best.total_memory / GiB:.1f} GiB allocated of {best.hbm / GiB:.1f}, "
+        f"and published reserved peaks ran up to {reserved_over_allocated():.2f}x the model's "
+        "figure)"
+        + (
+            f": the fastest ranked layout with that room is {describe(roomy.layout, roomy.ac)}"
+            if roomy
+            else ": no ranked layout has that room"
+        )
+        if best.tight
+        else ""
+    )
     if not others:
         alone = "ties with every other layout that fits" if ties else "is the only layout that fits"
-        return f"{describe(best.layout, best.ac)} {alone} in HBM."
+        return f"{describe(best.layout, best.ac)} {alone} in HBM{margin}."
     other = others[0]
     keys = set(best.prediction.breakdown) | set(other.prediction.breakdown)
     gap = {
@@ -693,19 +706,6 @@ def why(rows: list[Row]) -> str:
         for k in keys
     }
     key = max(gap, key=gap.get)
-    roomy = next((r for r in fitting if not r.tight), None)
-    margin = (
-        f"; it is tight ({best.total_memory / GiB:.1f} GiB allocated of {best.hbm / GiB:.1f}, "
-        f"and published reserved peaks ran up to {reserved_over_allocated():.2f}x the model's "
-        "figure)"
-        + (
-            f": the fastest with that room is {describe(roomy.layout, roomy.ac)}"
-            if roomy
-            else ": no layout has that room"
-        )
-        if best.tight
-        else ""
-    )
     oom_faster = [r for r in rows if r.oom and r.prediction and r.score < best.score]
     tail = (
         (
