@@ -1392,6 +1392,15 @@ def test_a_layout_without_the_reserved_margin_is_tight(capsys):
     assert not any(
         r.tight for r in plan_inference(model("cosmos-transfer2.5-2b"), H100, 8, 84480, 35)
     )
+    # the 8B on 3 GPUs: the winner is tight, and the roomy layout named is one the least
+    # recompute that fits would not rank (interleaved pp 3 fits tight under selective AC)
+    small = plan_train(model("llama3.1-8b"), H100, 3, 8192, 6)
+    assert small[0].tight and why(small).endswith(
+        "the fastest ranked layout with that room is pp 3 [interleaved v4 m6, AC full]."
+    )
+    assert any(
+        r.tight and r.ac == "selective" and r.layout.schedule == "interleaved" for r in small
+    )
     chapter = " ".join(
         (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")
         .read_text()
@@ -1399,6 +1408,7 @@ def test_a_layout_without_the_reserved_margin_is_tight(capsys):
     )
     assert f"times {ratio:.2f}, pass HBM is marked `tight`" in chapter
     assert f"run up to {ratio:.2f}× the model's figure" in chapter
+    assert "the search also ranks the least recompute" in chapter
 
 
 def test_inference_searches_every_divisor_and_top_counts_lines(capsys):

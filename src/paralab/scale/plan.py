@@ -204,10 +204,12 @@ def train_workload(
     return Workload("train", seq, micro_batch, dtype=dtype, ac=ac, compile=compile, engine=engine)
 
 
-def fits(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0) -> bool:
-    """Memory alone: does `layout` under `ac` (in `passes` passes, default its own) fit in HBM."""
+def fits(q: TrainQuestion, layout: Layout, ac: str, passes: int = 0, room: bool = False) -> bool:
+    """Memory alone: does `layout` under `ac` (in `passes` passes, default its own) fit in HBM,
+    with `room`, the reserved margin of `Row.tight`, to spare."""
     w, _ = workload(q, layout, ac, passes)
-    return sum(train_memory(q.model, layout, w, w.micro_batch).values()) <= q.hardware.hbm_bytes
+    allocated = sum(train_memory(q.model, layout, w, w.micro_batch).values())
+    return allocated * (reserved_over_allocated() if room else 1) <= q.hardware.hbm_bytes
 
 
 def train_row(q: TrainQuestion, layout: Layout, ac: str, timed: bool = True) -> Row:
@@ -283,16 +285,18 @@ def expert_degrees(m: ModelShape, carved_from: int) -> list[int]:
     return [e for e in divisors(carved_from) if m.experts % e == 0]
 
 
-def least_recompute_that_fits(q: TrainQuestion, layout: Layout) -> str | None:
+def least_recompute_that_fits(q: TrainQuestion, layout: Layout, room: bool = False) -> str | None:
     """The AC mode that recomputes least and still fits (none, then selective, then full:
     each saves memory by spending FLOPs, nothing else changes), or None."""
     for ac in q.ac_modes:
-        if fits(q, layout, ac):
+        if fits(q, layout, ac, room=room):
             return ac
     return None
 
 
-def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout, str]]:
+def accumulation_choices(
+    q: TrainQuestion, layout: Layout, room: bool = False
+) -> list[tuple[Layout, str]]:
     """Without a pipeline: for each AC mode, the fewest passes (dividing the dp rank's batch)
     at which it fits. Fewer passes move fewer bytes (FSDP gathers every pass), less recompute
     spends fewer FLOPs: a mode is kept only if it needs fewer passes than every mode that
@@ -301,7 +305,9 @@ def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout,
     out, fewest = [], math.inf
     for ac in q.ac_modes:
         # memory only falls with more passes: the first that fits, by bisection
-        first = bisect.bisect_left(counts, True, key=lambda k, ac=ac: fits(q, layout, ac, k))
+        first = bisect.bisect_left(
+            counts, True, key=lambda k, ac=ac: fits(q, layout, ac, k, room=room)
+        )
         if first < len(counts) and counts[first] < fewest:
             fewest = counts[first]
             out.append((changed(layout, microbatches=fewest if fewest > 1 else 0), ac))
@@ -310,11 +316,16 @@ def accumulation_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout,
 
 def knob_choices(q: TrainQuestion, layout: Layout) -> list[tuple[Layout, str]]:
     """The (layout, AC mode) pairs worth timing: under a pipeline the least recompute that
-    fits at the layout's micro-batches; without one, `accumulation_choices`."""
+    fits at the layout's micro-batches; without one, `accumulation_choices`. Each, too, as it
+    fits with the reserved margin (`Row.tight`) where that takes more recompute or passes: a
+    practitioner can then pick the fastest layout with room, not only the fastest."""
     if layout.pp == 1:
-        return accumulation_choices(q, layout)
-    mode = least_recompute_that_fits(q, layout)
-    return [(layout, mode)] if mode else []
+        choices = accumulation_choices(q, layout)
+        roomy = accumulation_choices(q, layout, room=True)
+    else:
+        choices = [(layout, mode)] if (mode := least_recompute_that_fits(q, layout)) else []
+        roomy = [(layout, m)] if (m := least_recompute_that_fits(q, layout, room=True)) else []
+    return list(dict.fromkeys(choices + roomy))
 
 
 def hsdp_choice(q: TrainQuestion, layout: Layout, ac: str) -> Layout:
