@@ -657,6 +657,11 @@ def describe(layout: Layout, ac: str = "") -> str:
     return (" x ".join(parts) or "1 GPU") + (f" [{', '.join(knobs)}]" if knobs else "")
 
 
+NEAR_TIE_SHOWN = 1e-3
+"""A winner's lead under this share of its time is called a near tie: the table's four
+digits do not tell the two apart."""
+
+
 def why(rows: list[Row]) -> str:
     """One sentence: what the best layout saves, from the breakdowns, against plain FSDP
     (training, dp_shard alone) when that fits, else against the best layout that splits the
@@ -717,6 +722,12 @@ def why(rows: list[Row]) -> str:
         for k in keys
     }
     key = max(gap, key=gap.get)
+    lead = other.score - best.score
+    near = (
+        f", a near tie ({lead:.3g} s of {_number(best.score, 4)})"
+        if lead < NEAR_TIE_SHOWN * best.score
+        else ""
+    )
     oom_faster = [r for r in rows if r.oom and r.prediction and r.score < best.score]
     tail = (
         (
@@ -729,7 +740,7 @@ def why(rows: list[Row]) -> str:
     return (
         f"{describe(best.layout, best.ac)} wins: against "
         f"{'pure dp' if pure_dp else 'the runner-up'} ({describe(other.layout, other.ac)}) it "
-        f"spends {gap[key]:.3g} s less on {key}{tail}{tie_note}{margin}."
+        f"spends {gap[key]:.3g} s less on {key}{near}{tail}{tie_note}{margin}."
     )
 
 
@@ -744,7 +755,7 @@ def _extra(key: str, value: float) -> str:
 
 
 def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> list[str]:
-    p = r.prediction
+    p = None if r.oom else r.prediction  # a layout that does not fit is not timed in the table
     cells = [_number(r.score, 4) if p else "-"]
     cells += [_number(p.breakdown.get(k, 0.0), 3) if p else "-" for k in keys]
     cells += [_extra(k, r.extras[k]) if k in r.extras else "-" for k in extras]
