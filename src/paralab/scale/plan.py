@@ -13,8 +13,8 @@ Inference plans the diffusion models: it enumerates `paralab.ParallelDims` at ev
 (dp_replicate x dp_shard is the GPUs, dp_shard sharding the weights; cp, cfgp and lb overlay the
 same ranks, so a row's JSON lists them under "overlays" and their product is not the GPUs; lb
 balances the VAE encode before the denoiser, shown as its exchange seconds and the busiest
-rank's encode load). A video's VAE passes, which
-no rank splits, are timed for Cosmos-Transfer2.5. `python -m paralab.plan --help`.
+rank's encode load). A video's VAE passes, which no rank splits, are timed for
+Cosmos-Transfer2.5. `python -m paralab.plan --help`.
 """
 
 from __future__ import annotations
@@ -531,6 +531,7 @@ def vae_lb_effect(
     return max(loads.values()), seconds
 
 
+@functools.lru_cache(maxsize=256)  # keyed by lb: a question's divisors
 def one_video_a_rank(hw: Hardware, lb: int) -> tuple[float, float]:
     """`vae_lb_effect` when every rank holds one copy of the same `RAW_VIDEO` (the planner's
     default): every lb group is alike, so one group of `lb` ranks gives it."""
@@ -552,8 +553,8 @@ def plan_inference(
 ) -> list[Row]:
     """Layouts of one video on `gpus` GPUs, fastest first (the other dp ranks' videos aside):
     every (dp_shard, cp, cfgp, lb) of divisors that `ParallelDims` accepts, cp dividing the
-    tokens. `videos`: the raw
-    videos the groups encode first (default one `RAW_VIDEO` each); lb only changes that encode.
+    tokens. `videos`: the raw videos the groups encode first (default one `RAW_VIDEO` each); lb
+    only changes that encode.
     `video`: (frames, height, width) of the video the `tokens` come from, for the VAE's seconds
     (a model whose autoencoder is priced); (0, 0, 0) leaves them out.
 
@@ -567,7 +568,7 @@ def plan_inference(
     @functools.cache
     def encode(cp: int, cfgp: int, lb: int) -> tuple[float, float]:
         if videos is None:
-            return encode(1, 1, lb) if (cp, cfgp) != (1, 1) else one_video_a_rank(hw, lb)
+            return one_video_a_rank(hw, lb)
         return vae_lb_effect(hw, Layout(cp=cp, cfgp=cfgp, lb=lb), gpus, videos)
 
     for cfgp in (1, 2) if m.branches == 2 else (1,):
@@ -681,10 +682,7 @@ def why(rows: list[Row]) -> str:
     def tied(r: Row) -> bool:
         return math.isclose(r.score, best.score, rel_tol=1e-9)
 
-    same_line = describe(replace(best.layout, lb=1), best.ac)  # its lb variants: one line
-    ties = [
-        r for r in fitting[1:] if tied(r) and describe(replace(r.layout, lb=1), r.ac) != same_line
-    ]
+    ties = [r for r in fitting[1:] if tied(r) and line_name(r) != line_name(best)]
     pure_dp = [
         r for r in fitting if training and axes(r) == (1, 1, 1, 1) != axes(best) and not tied(r)
     ]
@@ -766,13 +764,18 @@ def _cells(r: Row, keys: list[str], extras: list[str], memory: list[str]) -> lis
     ]
 
 
+def line_name(r: Row) -> str:
+    """The layout as its table line names it: rows that differ only in lb share a line."""
+    return describe(replace(r.layout, lb=1), r.ac)
+
+
 def lb_alike(r: Row) -> tuple:
     """What a table line shows but the lb degree and the lb exchange: rows that share it are
     one line."""
     p = r.prediction
     times = [(k, _number(v, 3)) for k, v in p.breakdown.items() if k != LB_EXCHANGE] if p else []
     return (
-        describe(replace(r.layout, lb=1), r.ac),
+        line_name(r),
         _number(r.score, 4) if p else "-",
         tuple(sorted(times)),
         tuple(sorted((k, f"{v:.4g}") for k, v in r.extras.items())),
@@ -803,7 +806,7 @@ def table(rows: list[Row], limit: int = 12) -> str:
         name = describe(first.layout, first.ac)
         if len(group) > 1:
             lbs = "|".join(str(r.layout.lb) for r in sorted(group, key=lambda r: r.layout.lb))
-            name = describe(replace(first.layout, lb=1), first.ac) + f", lb {lbs}"
+            name = line_name(first) + f", lb {lbs}"
             spent = [r.prediction.breakdown.get(LB_EXCHANGE, 0.0) for r in group]
             cells[head.index(LB_EXCHANGE) - 1] = f"{min(spent):.3g}-{max(spent):.3g}"
         lines.append(" | ".join([name, *cells]))
@@ -864,9 +867,10 @@ BOOLEANS = {"1": True, "true": True, "yes": True, "on": True}
 BOOLEANS |= {"0": False, "false": False, "no": False, "off": False}
 
 
-def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
-    """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout and an AC mode; dp_shard, if not given,
-    takes the GPUs the other degrees leave. Raises ValueError naming the bad field."""
+def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None]:
+    """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout and its AC mode (None if not given);
+    dp_shard, if not given, takes the GPUs the other degrees leave. Raises ValueError naming
+    the bad field."""
     fields: dict = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -888,8 +892,8 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str]:
         else:
             fields[key] = value
     given = set(fields)
-    ac = fields.pop("ac", "selective")
-    if ac not in AC_MODES:
+    ac = fields.pop("ac", None)
+    if ac is not None and ac not in AC_MODES:
         raise ValueError(f"ac={ac!r}; AC modes: {', '.join(AC_MODES)}")
     if fields.get("schedule", "1f1b") not in TRAIN_SCHEDULES:
         raise ValueError(
@@ -1026,8 +1030,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.layout is not None and not args.layout.replace(" ", "").strip(","):
         parser.error('--layout is empty; give degrees, e.g. "dp_shard=8,tp=8,pp=16"')
-    if args.layout and not args.train:
-        parser.error("--layout evaluates a training layout; add --train")
     if args.train:
         gb = args.global_batch or 2 * args.gpus
         q = TrainQuestion(
@@ -1038,13 +1040,12 @@ def main(argv: list[str] | None = None) -> int:
                 layout, ac = parse_layout(args.layout, args.gpus)
             except (ValueError, TypeError) as e:
                 parser.error(f"--layout {args.layout!r}: {e}")
-            keys = {item.partition("=")[0].strip() for item in args.layout.split(",")}
-            if args.ac and "ac" in keys and args.ac != ac:
+            if args.ac and ac and args.ac != ac:
                 parser.error(f"--ac {args.ac} and the layout's ac={ac} disagree; give one")
             problem = check_layout(q, layout)
             if problem:
                 parser.error(f"--layout {args.layout!r}: {problem}")
-            rows = [train_row(q, layout, args.ac or ac)]
+            rows = [train_row(q, layout, args.ac or ac or "selective")]
         else:
             rows = plan_question(q)
             if not rows:
