@@ -1438,6 +1438,50 @@ def test_inference_searches_every_divisor_and_top_counts_lines(capsys):
     assert time.process_time() - start < 5
 
 
+def test_inference_asks_the_descriptor_of_every_combination_it_ranks(capsys):
+    """The search checks lb apart from the other axes; what it ranks is exactly what
+    `ParallelDims` accepts whole. A count with 120 divisors answers in seconds, its long lb
+    lists shortened, and no figure in e-notation."""
+    import itertools
+    import time
+
+    from paralab.parallel_dims import ParallelDims
+    from paralab.scale.plan import LB_LISTED, divisors
+
+    def accepted(gpus: int, **sizes: int) -> bool:
+        try:
+            ParallelDims(gpus, enable_inference_mode=True, **sizes)
+        except ValueError:
+            return False
+        return True
+
+    consisid = model("consisid")
+    for gpus in (6, 12):
+        ranked = {
+            (r.layout.dp_shard, r.layout.cp, r.layout.cfgp, r.layout.lb)
+            for r in plan_inference(consisid, H100, gpus, 17550, 50)
+        }
+        sizes = divisors(gpus)
+        whole = {
+            (dp_shard, cp, cfgp, lb)
+            for dp_shard, cp, cfgp, lb in itertools.product(sizes, sizes, (1, 2), sizes)
+            if 17550 % cp == 0 and accepted(gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp, lb=lb)
+        }
+        assert ranked == whole
+    start = time.process_time()
+    plan_main(
+        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-sxm", "--gpus", "55440"]
+        + ["--inference"]
+    )
+    assert time.process_time() - start < 30
+    out = capsys.readouterr().out
+    lines = out.splitlines()[2:-1]
+    assert len(lines) == 12 and "e-0" not in out and "e+" not in out
+    listed = lines[0].split(" | ")[0].split(", lb ")[1]
+    assert listed.startswith("1|2|3|4|5|...|") and listed.endswith(" degrees)")
+    assert listed.count("|") == LB_LISTED
+
+
 # ------------------------------------------------------------------ held-out sources and the
 # roofline of the elementwise ops
 def test_a_sources_flop_count_turns_tflops_and_mfu_into_tokens():

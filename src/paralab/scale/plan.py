@@ -74,7 +74,7 @@ class Row:
     ac: str = ""
     """Training: the activation checkpointing mode."""
 
-    @property
+    @functools.cached_property  # a search sorts and filters a million rows by it
     def total_memory(self) -> float:
         return sum(self.memory.values())
 
@@ -571,24 +571,19 @@ def plan_inference(
             return one_video_a_rank(hw, lb)
         return vae_lb_effect(hw, Layout(cp=cp, cfgp=cfgp, lb=lb), gpus, videos)
 
+    # `ParallelDims` checks lb against the world size alone, the other axes without it: a
+    # combination is valid when both parts are, so each part is asked once
+    lbs = [lb for lb in divisors(gpus) if _valid_dims(gpus, lb=lb)]
     for cfgp in (1, 2) if m.branches == 2 else (1,):
         # cp splits the video's tokens evenly (Ulysses its heads too, else a ring)
         for cp in (d for d in divisors(gpus // cfgp) if d <= MAX_CP and tokens % d == 0):
             kind = "ulysses" if m.heads % cp == 0 else "ring"
             for dp_shard in divisors(gpus):
+                if not _valid_dims(gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp):
+                    continue
                 denoiser = None
-                for lb in divisors(gpus):
-                    try:
-                        ParallelDims(
-                            gpus,
-                            dp_shard=dp_shard,
-                            cp=cp,
-                            cfgp=cfgp,
-                            lb=lb,
-                            enable_inference_mode=True,
-                        )
-                    except ValueError:
-                        continue
+                memory = inference_memory(m, Layout(dp_shard=dp_shard, cp=cp), tokens)
+                for lb in lbs:
                     layout = Layout(
                         dp_shard=dp_shard,
                         dp_replicate=gpus // dp_shard,
@@ -610,7 +605,7 @@ def plan_inference(
                         Row(
                             layout,
                             p,
-                            inference_memory(m, layout, tokens),
+                            memory,  # lb moves no byte of the denoiser's
                             hw.hbm_bytes,
                             p.seconds,
                             "s for one video",
@@ -618,6 +613,15 @@ def plan_inference(
                         )
                     )
     return rank(rows, higher_is_better=False)
+
+
+def _valid_dims(gpus: int, **sizes: int) -> bool:
+    """Whether `ParallelDims` accepts these inference sizes on `gpus` ranks."""
+    try:
+        ParallelDims(gpus, enable_inference_mode=True, **sizes)
+    except ValueError:
+        return False
+    return True
 
 
 def rank(rows: list[Row], higher_is_better: bool) -> list[Row]:
@@ -743,8 +747,13 @@ def why(rows: list[Row]) -> str:
 
 
 def _number(value: float, digits: int) -> str:
-    """`digits` significant digits, a large value in full rather than in e-notation."""
-    return f"{value:.0f}" if abs(value) >= 10**digits else f"{value:.{digits}g}"
+    """`digits` significant digits, a large or small value written out rather than in
+    e-notation."""
+    if abs(value) >= 10**digits:
+        return f"{value:.0f}"
+    if 0 < abs(value) < 1e-4:  # where the g format turns to e-notation
+        return f"{value:.{digits - 1 - math.floor(math.log10(abs(value)))}f}"
+    return f"{value:.{digits}g}"
 
 
 def _extra(key: str, value: float) -> str:
@@ -784,16 +793,30 @@ def lb_alike(r: Row) -> tuple:
     )
 
 
+LB_LISTED = 6
+"""A table line names at most this many of the lb degrees it merges; beyond, the first ones,
+the last and their count."""
+
+
+def _shown_rank(r: Row) -> tuple[bool, float]:
+    """Where a row ranks as its line prints it: fitting first, then its time at four digits."""
+    return r.oom, float(_number(r.score, 4)) if r.prediction else math.inf
+
+
 def table(rows: list[Row], limit: int = 12) -> str:
     """The first `limit` lines: seconds by where they go, then each memory entry in GiB
     (allocated) and the total against HBM. Rows that differ only in lb and print the same
     numbers but the lb exchange are one line: their lb degrees joined, the exchange as its
     range."""
     lines_of: dict[tuple, list[Row]] = {}
+    last = None
     for r in rows:
+        if last and len(lines_of) == limit and _shown_rank(r) > _shown_rank(last):
+            break  # ranked rows: no later one prints the numbers of a line already shown
         key = lb_alike(r)
         if key in lines_of or len(lines_of) < limit:
             lines_of.setdefault(key, []).append(r)
+            last = r
     shown = [r for group in lines_of.values() for r in group]
     keys = sorted({k for r in shown if r.prediction for k in r.prediction.breakdown})
     memory = list(dict.fromkeys(k for r in shown for k in r.memory))
@@ -805,10 +828,17 @@ def table(rows: list[Row], limit: int = 12) -> str:
         first, cells = group[0], _cells(group[0], keys, extras, memory)
         name = describe(first.layout, first.ac)
         if len(group) > 1:
-            lbs = "|".join(str(r.layout.lb) for r in sorted(group, key=lambda r: r.layout.lb))
-            name = line_name(first) + f", lb {lbs}"
+            lbs = [str(lb) for lb in sorted(r.layout.lb for r in group)]
+            listed = "|".join(lbs)
+            if len(lbs) > LB_LISTED:
+                listed = (
+                    "|".join([*lbs[: LB_LISTED - 1], "...", lbs[-1]]) + f" ({len(lbs)} degrees)"
+                )
+            name = f"{line_name(first)}, lb {listed}"
             spent = [r.prediction.breakdown.get(LB_EXCHANGE, 0.0) for r in group]
-            cells[head.index(LB_EXCHANGE) - 1] = f"{min(spent):.3g}-{max(spent):.3g}"
+            cells[head.index(LB_EXCHANGE) - 1] = (
+                f"{_number(min(spent), 3)}-{_number(max(spent), 3)}"
+            )
         lines.append(" | ".join([name, *cells]))
     return "\n".join(lines)
 
