@@ -1117,6 +1117,36 @@ def test_the_405b_question_on_16384_gpus_answers_in_seconds():
     assert not rows[0].oom and rows[0].layout.world == 16384
 
 
+def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
+    """Memory counts a pipeline rank's own parameters: the 405B's first rank its 16 layers and
+    the embedding, the last its 15 and the head; DeepSeek-V3's 3 dense layers on the first
+    ranks' first chunks, and the heaviest of the ranks that can be heaviest taken."""
+    from dataclasses import replace
+
+    from paralab.scale.memory import stage_memory, stage_params, train_memory
+    from paralab.scale.predict import stage_split
+
+    big = model("llama3.1-405b")
+    lo = Layout(dp_shard=8, tp=8, sp=True, pp=8, schedule="1f1b", microbatches=8)
+    w = Workload("train", seq=8192, ac="full")
+    assert stage_split(big, lo, w) == (16, 15)
+    embedding = big.vocab * big.hidden
+    assert stage_params(big, lo, w, 0) == (16 * big.layer_params() + embedding, 0)
+    assert stage_params(big, lo, w, 7) == (15 * big.layer_params() + embedding + big.hidden, 0)
+    assert stage_params(big, Layout(dp_shard=8), w, 0) == (big.params, 0)
+
+    ds = model("deepseek-v3")
+    lo = Layout(dp_shard=64, tp=2, sp=True, pp=8, ep=64, schedule="interleaved", virtual=4)
+    lo = replace(lo, microbatches=128)
+    w = Workload("train", seq=4096, ac="none")
+    busiest, _ = stage_split(ds, lo, w)
+    chunk = -(-busiest // 4)
+    dense = [busiest - stage_params(ds, lo, w, r)[1] // ds.layer_routed_params() for r in (0, 1, 2)]
+    assert chunk == 2 and dense == [2, 1, 0]
+    heaviest = max(sum(stage_memory(ds, lo, w, 128, r).values()) for r in range(8))
+    assert sum(train_memory(ds, lo, w, 128).values()) == heaviest
+
+
 def test_memory_is_within_20_percent_of_torchtitans_published_figures():
     from paralab.scale.memory import published_memory
 
@@ -1129,8 +1159,11 @@ def test_memory_is_within_20_percent_of_torchtitans_published_figures():
     small = [r for r in rows if r["model"] == "llama3.1-8b"]
     assert all(abs(r["relative_error"]) < 0.015 for r in small if r.get("compile"))
     assert all(abs(r["relative_error"]) > 0.05 for r in small if not r.get("compile"))
-    worst = max(rows, key=lambda r: abs(r["relative_error"]))
-    assert worst["name"] == "405B FSDP 1, CP 8, TP 8, PP 8, 256K"
+    worst, second = sorted(rows, key=lambda r: -abs(r["relative_error"]))[:2]
+    assert worst["name"] == "70B FSDP 32, TP 8" and worst["compile"] and worst["float8"]
+    assert second["name"] == "405B FSDP 1, CP 8, TP 8, PP 8, 256K"
+    table_6 = [r["predicted_gib"] for r in rows if r["table"] == "Table 6"]
+    assert max(table_6) == min(table_6)
     # Llama 3.1 8B, FSDP 8, local batch 2, selective AC: torchtitan reads 82.4 GiB
     assert rows[0]["memory_gib"] == 82.4 and rows[0]["predicted_gib"] == pytest.approx(
         76.6, abs=0.05
@@ -1345,18 +1378,18 @@ def test_an_unwritable_json_path_is_one_line(capsys):
 
 def test_what_would_fit_is_the_fewest_gpus_with_room(capsys):
     """405B on 8 GPUs: whole nodes, the batch growing with them unless the question gave it;
-    88 GPUs fit only tight (no reserved margin), 112 with room, 80 not at all. On 97 GPUs, 96
+    96 GPUs fit only tight (no reserved margin), 128 with room, 88 not at all. On 97 GPUs, 96
     below it fit; the 8B on 1 GPU counts one GPU at a time."""
     from paralab.scale.plan import TrainQuestion, what_would_fit
 
     big = model("llama3.1-405b")
     hint = what_would_fit(TrainQuestion(big, H100, 8, 8192, 16))
-    assert hint == "88 GPUs fit tight, 112 GPUs with room (global batch 224)"
-    assert all(r.oom for r in plan_train(big, H100, 80, 8192, 160))
-    fit88 = [r for r in plan_train(big, H100, 88, 8192, 176) if not r.oom]
-    assert fit88 and all(r.tight for r in fit88)
+    assert hint == "96 GPUs fit tight, 128 GPUs with room (global batch 256)"
+    assert all(r.oom for r in plan_train(big, H100, 88, 8192, 176))
+    fit96 = [r for r in plan_train(big, H100, 96, 8192, 192) if not r.oom]
+    assert fit96 and all(r.tight for r in fit96)
     given = what_would_fit(TrainQuestion(big, H100, 8, 8192, 8), batch_given=True)
-    assert "(global batch 8)" in given and "224" not in given
+    assert "(global batch 8)" in given and "256" not in given
     assert "; or 96 GPUs (global batch 192)" in what_would_fit(
         TrainQuestion(big, H100, 97, 8192, 194)
     )
@@ -1379,14 +1412,14 @@ def test_a_given_tp_across_nodes_is_noted(capsys):
 
 def test_a_layout_without_the_reserved_margin_is_tight(capsys):
     """405B on 16,384 GPUs: the first rows fill HBM as counted; the margin is the most a
-    torchtitan reserved peak exceeded the model (1.25x), and `why` names the fastest roomy row."""
+    torchtitan reserved peak exceeded the model (1.21x), and `why` names the fastest roomy row."""
     from pathlib import Path
 
     from paralab.scale.memory import published_memory, reserved_over_allocated
 
     ratio = reserved_over_allocated()
     assert ratio == max(r["memory_gib"] / r["predicted_gib"] for r in published_memory())
-    assert f"{ratio:.2f}" == "1.25"
+    assert f"{ratio:.2f}" == "1.21"
     rows = plan_train(model("llama3.1-405b"), H100, 16384, 8192, 32768)
     fitting = [r for r in rows if not r.oom]
     assert all(r.tight == (r.total_memory * ratio > r.hbm) for r in fitting)
@@ -1399,13 +1432,13 @@ def test_a_layout_without_the_reserved_margin_is_tight(capsys):
         r.tight for r in plan_inference(model("cosmos-transfer2.5-2b"), H100, 8, 84480, 35)
     )
     # the 8B on 3 GPUs: the winner is tight, and the roomy layout named is one the least
-    # recompute that fits would not rank (interleaved pp 3 fits tight under selective AC)
+    # recompute that fits would not rank (the same layout fits tight under selective AC)
     small = plan_train(model("llama3.1-8b"), H100, 3, 8192, 6)
     assert small[0].tight and why(small).endswith(
-        "the fastest ranked layout with that room is pp 3 [interleaved v4 m6, AC full]."
+        "the fastest ranked layout with that room is dp_shard 3 [accumulate 2, AC full]."
     )
-    assert any(
-        r.tight and r.ac == "selective" and r.layout.schedule == "interleaved" for r in small
+    assert small[0].ac == "selective" and small[0].layout == next(
+        r.layout for r in small if not r.tight
     )
     chapter = " ".join(
         (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")

@@ -23,7 +23,6 @@ from paralab.scale.predict import (
     Layout,
     Workload,
     changed,
-    fsdp_block_params,
     fsdp_shard,
     stage_split,
 )
@@ -84,12 +83,32 @@ def per_token_layer_bytes(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
     ### END SOLUTION
 
 
+def stage_params(m: ModelShape, lo: Layout, w: Workload, rank: int) -> tuple[int, int]:
+    """(parameters, of them routed experts') of pipeline rank `rank`'s layers, whole: the
+    planner's split (`stage_split`: the busiest of the first pp - 1 ranks, or the last), the
+    embedding on the first rank, the head and final norm on the last. Under the interleaved
+    schedule a rank's chunks sit pp chunks apart, so a mixture of experts' dense first layers
+    fall in the first ranks' first chunks."""
+    if lo.pp == 1:
+        return m.params, m.routed_expert_params()
+    busiest, last_layers = stage_split(m, lo, w)
+    layers = last_layers if rank == lo.pp - 1 else busiest
+    chunk = -(-busiest // lo.virtual)
+    starts = (chunk * (rank + k * lo.pp) for k in range(lo.virtual))
+    dense = min(layers, sum(min(chunk, max(0, m.dense_layers - start)) for start in starts))
+    routed = (layers - dense) * m.layer_routed_params()
+    params = dense * m.layer_params(dense=True) + (layers - dense) * m.layer_params()
+    params += m.vocab * m.hidden * (rank == 0) + (m.vocab + 1) * m.hidden * (rank == lo.pp - 1)
+    return params, routed
+
+
 def stage_memory(
     m: ModelShape, lo: Layout, w: Workload, local_batch: int, rank: int
 ) -> dict[str, float]:
     """Bytes pipeline rank `rank` holds at its peak; `local_batch` sequences per dp rank."""
-    shard = fsdp_shard(lo) * lo.tp * lo.pp
-    states = {name: size * m.params / shard for name, size in STATE_BYTES.items()}
+    params, routed = stage_params(m, lo, w, rank)
+    shard = fsdp_shard(lo) * lo.tp  # the routed experts over ep x (dp_shard x cp / ep) alike
+    states = {name: size * params / shard for name, size in STATE_BYTES.items()}
     microbatches = lo.microbatches if lo.pp > 1 else 1
     tokens = local_batch // microbatches * w.seq // lo.cp
     first_layers, last_layers = stage_split(m, lo, w)  # the planner's split of the layers
@@ -110,17 +129,19 @@ def stage_memory(
     }
     if fsdp_shard(lo) > 1:
         if lo.pp > 1:  # a rank's stage: its 1/ep of the routed experts, the rest whole
-            held = m.params - m.routed_expert_params() + m.routed_expert_params() / lo.ep
-            items["FSDP buffers"] = STAGE_KEPT_BYTES * held / (lo.pp * lo.tp)
-        else:
-            unit = GATHERED_UNIT_BYTES * fsdp_block_params(m, lo) / lo.tp
-            items["FSDP buffers"] = unit + 2 * m.root_params() / lo.tp  # the root stays gathered
+            held = params - routed + routed / lo.ep
+            items["FSDP buffers"] = STAGE_KEPT_BYTES * held / lo.tp
+        else:  # the largest block, a rank's 1/ep of its routed experts; the root stays gathered
+            routed = m.layer_routed_params()
+            unit = m.layer_params() - routed + routed / lo.ep
+            items["FSDP buffers"] = (GATHERED_UNIT_BYTES * unit + 2 * m.root_params()) / lo.tp
     return items
 
 
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    """The heavier of the first pipeline stage (most micro-batches in flight) and the last (the
-    logits and the loss): the GPU that runs out first. Neither async TP nor the kind of cp
+    """The heaviest of the first pipeline stage (most micro-batches in flight), the second
+    (when the first holds a mixture of experts' lighter dense layers) and the last (the logits
+    and the loss): the GPU that runs out first. Neither async TP nor the kind of cp
     changes a tensor counted here (each is counted as zigzag cp), and of the workload only the
     sequence and the AC mode do: layouts and workloads that differ only there share one count
     (the planner asks each)."""
@@ -141,11 +162,9 @@ def _memory_workload(seq: int, ac: str) -> Workload:
 
 @functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def _heavier_stage(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    first = stage_memory(m, lo, w, local_batch, 0)
-    if lo.pp == 1:
-        return first
-    last = stage_memory(m, lo, w, local_batch, lo.pp - 1)
-    return max(first, last, key=lambda items: sum(items.values()))
+    ranks = {0, lo.pp - 1} | ({1} if m.dense_layers and lo.pp > 2 else set())
+    stages = (stage_memory(m, lo, w, local_batch, rank) for rank in sorted(ranks))
+    return max(stages, key=lambda items: sum(items.values()))
 
 
 PUBLISHED = Path(__file__).with_name("MEMORY.toml")

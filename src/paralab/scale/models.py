@@ -183,6 +183,23 @@ class ModelShape:
         a model whose first layers are dense)."""
         return (self.params - self.root_params()) // self.layers
 
+    def layer_params(self, dense: bool = False) -> int:
+        """One block's parameters: attention and its norms, then the MLP, which in a mixture
+        of experts is every routed and shared expert and the router, or, in one of its first
+        `dense_layers` (`dense`), one SwiGLU of width `dense_ffn`. A DiT's blocks are alike:
+        its `block_params`."""
+        if self.kind != "lm":
+            return self.block_params()
+        norms = 2 * self.hidden + (self.latent.q_rank + self.latent.kv_rank if self.latent else 0)
+        if not self.experts:
+            mlp = self.mlp_weights(self.ffn)
+        elif dense:
+            mlp = self.mlp_weights(self.dense_ffn)
+        else:
+            experts = self.experts + self.shared_experts
+            mlp = experts * self.mlp_weights(self.ffn) + self.hidden * self.experts
+        return attention_matmul(self) + norms + mlp
+
     def mlp_weights(self, width: int) -> int:
         return self.mlp_matrices * self.hidden * width
 
@@ -192,9 +209,11 @@ class ModelShape:
 
     def routed_expert_params(self) -> int:
         """Every routed expert's weights, all layers: what ep splits (0 for a dense model)."""
-        if not self.experts:
-            return 0
-        return self.moe_layers * self.experts * self.mlp_weights(self.ffn)
+        return self.moe_layers * self.layer_routed_params()
+
+    def layer_routed_params(self) -> int:
+        """One mixture-of-experts layer's routed experts (0 for a dense model)."""
+        return self.experts * self.mlp_weights(self.ffn)
 
     def idle_expert_params(self) -> int:
         """Weights a token does not pass through: the routed experts it is not sent to."""
@@ -234,15 +253,10 @@ def lm_layer_matmul(m: ModelShape) -> int:
 
 
 def lm_params(m: ModelShape) -> int:
-    """Blocks (attention, 2 norms and a latent attention's 2, the MLP: in a MoE layer every
-    routed and shared expert and the router) + embedding + head + final norm."""
-    norms = 2 * m.hidden + (m.latent.q_rank + m.latent.kv_rank if m.latent else 0)
-    if m.experts:
-        moe = (m.experts + m.shared_experts) * m.mlp_weights(m.ffn) + m.hidden * m.experts
-        mlps = m.dense_layers * m.mlp_weights(m.dense_ffn) + m.moe_layers * moe
-    else:
-        mlps = m.layers * m.mlp_weights(m.ffn)
-    blocks = m.layers * (attention_matmul(m) + norms) + mlps
+    """Blocks (`ModelShape.layer_params`: attention, 2 norms and a latent attention's 2, the
+    MLP) + embedding + head + final norm."""
+    dense = m.dense_layers if m.experts else 0
+    blocks = dense * m.layer_params(dense=True) + (m.layers - dense) * m.layer_params()
     return blocks + 2 * m.vocab * m.hidden + m.hidden
 
 
