@@ -1120,7 +1120,7 @@ def test_the_405b_question_on_16384_gpus_answers_in_seconds():
 def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
     """Memory counts a pipeline rank's own parameters: the 405B's first rank its 16 layers and
     the embedding, the last its 15 and the head; DeepSeek-V3's 3 dense layers on the first
-    ranks' first chunks, and the heaviest of the ranks that can be heaviest taken."""
+    ranks' first chunks, and the heaviest rank taken."""
     from dataclasses import replace
 
     from paralab.scale.memory import stage_memory, stage_params, train_memory
@@ -1143,8 +1143,12 @@ def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
     chunk = -(-busiest // 4)
     dense = [busiest - stage_params(ds, lo, w, r)[1] // ds.layer_routed_params() for r in (0, 1, 2)]
     assert chunk == 2 and dense == [2, 1, 0]
-    heaviest = max(sum(stage_memory(ds, lo, w, 128, r).values()) for r in range(8))
-    assert sum(train_memory(ds, lo, w, 128).values()) == heaviest
+    big_pp = Layout(dp_replicate=8, tp=4, sp=True, pp=32, schedule="1f1b", microbatches=64)
+    for layout, batch in ((lo, 128), (big_pp, 64)):
+        stages = [sum(stage_memory(ds, layout, w, batch, r).values()) for r in range(layout.pp)]
+        assert sum(train_memory(ds, layout, w, batch).values()) == max(stages)
+    # on 32 stages of two layers the first two hold the dense layers, the third is heaviest
+    assert max(stages) == stages[2] > stages[1] > stages[0]
 
 
 def test_memory_is_within_20_percent_of_torchtitans_published_figures():

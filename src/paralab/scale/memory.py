@@ -139,12 +139,12 @@ def stage_memory(
 
 
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    """The heaviest of the first pipeline stage (most micro-batches in flight), the second
-    (when the first holds a mixture of experts' lighter dense layers) and the last (the logits
-    and the loss): the GPU that runs out first. Neither async TP nor the kind of cp
-    changes a tensor counted here (each is counted as zigzag cp), and of the workload only the
-    sequence and the AC mode do: layouts and workloads that differ only there share one count
-    (the planner asks each)."""
+    """The heaviest of the first pipeline stage (most micro-batches in flight), the last (the
+    logits and the loss) and, when the first ones hold a mixture of experts' lighter dense
+    layers, the ones after it up to the first without them: the GPU that runs out first.
+    Neither async TP nor the kind of cp changes a tensor counted here (each is counted as
+    zigzag cp), and of the workload only the sequence and the AC mode do: layouts and
+    workloads that differ only there share one count (the planner asks each)."""
     return _heavier_stage(m, memory_alike(lo), _memory_workload(w.seq, w.ac), local_batch)
 
 
@@ -162,7 +162,10 @@ def _memory_workload(seq: int, ac: str) -> Workload:
 
 @functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def _heavier_stage(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    ranks = {0, lo.pp - 1} | ({1} if m.dense_layers and lo.pp > 2 else set())
+    ranks = {0, lo.pp - 1}
+    if m.experts and m.dense_layers and lo.pp > 2:  # and the first ranks up to one without them
+        chunk = -(-stage_split(m, lo, w)[0] // lo.virtual)
+        ranks |= set(range(1, min(-(-m.dense_layers // chunk), lo.pp - 2) + 1))
     stages = (stage_memory(m, lo, w, local_batch, rank) for rank in sorted(ranks))
     return max(stages, key=lambda items: sum(items.values()))
 
