@@ -811,6 +811,52 @@ def test_a_distilled_videos_denoiser_seconds_are_compute_and_exposed_cp():
         assert set(predict_case(case).breakdown) == compute | cp | {VAE_ITEM}
 
 
+def test_a_videos_memory_counts_the_text_encoder_and_the_vaes_peak():
+    """Cosmos-Transfer2.5-2B on one GPU: the denoiser as its experiment builds it, the 7B
+    Reason1 encoder whole in bf16, the VAE's measured peak over the denoiser's working set;
+    about half the doc's 65.4 GB, as chapter 2 says."""
+    from pathlib import Path
+
+    from paralab.scale.hardware import GiB
+    from paralab.scale.models import COSMOS_SINGLE_GPU_VRAM_GB, COSMOS_TEXT_ENCODER
+    from paralab.scale.plan import VAE_OVER_WORKING, inference_memory
+
+    cosmos = model("cosmos-transfer2.5-2b")
+    # cosmos-transfer2.5@c9ad44b: 28 blocks of 81,789,696 and 123,753,472 outside them (the base,
+    # 2,413,864,960), 4 control blocks and their projections (349,205,504)
+    assert cosmos.params == 2_413_864_960 + 349_205_504 == 2_763_070_464
+    # Qwen2.5-VL 7B: the language model 7,615,616,512 and the vision tower 676,550,144
+    assert cosmos.text_encoder == COSMOS_TEXT_ENCODER == 8_292_166_656
+    one = inference_memory(cosmos, Layout(), 84480)
+    working = one["activations"] + one["FSDP buffers"]
+    assert one[VAE_OVER_WORKING] + working == pytest.approx(11.762 * GiB)
+    assert one["text encoder (bf16)"] == 2 * 8_292_166_656
+    # sharding the denoiser moves neither the text encoder nor the VAE's peak
+    eight = inference_memory(cosmos, Layout(dp_shard=8, cp=8), 84480)
+    assert eight["text encoder (bf16)"] == one["text encoder (bf16)"]
+    assert eight[VAE_OVER_WORKING] + eight["activations"] + eight["FSDP buffers"] == (
+        pytest.approx(11.762 * GiB)
+    )
+    total, doc = sum(one.values()), COSMOS_SINGLE_GPU_VRAM_GB
+    assert 0.45 < total / (doc * 1e9) < 0.6 and 0.45 < total / (doc * GiB) < 0.6
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")
+        .read_text()
+        .split()
+    )
+    assert f"On one H100 NVL the planner counts {total / GiB:.1f} GiB." in chapter
+    assert "2,763,070,464 parameters" in chapter and "8,292,166,656 parameters" in chapter
+    assert f"The doc asks {doc} GB of VRAM for single-GPU inference" in chapter
+    assert "the count is about half of it" in chapter
+    # a model without a text encoder or a priced VAE counts the denoiser alone
+    assert set(
+        k for k, v in inference_memory(model("hunyuanvideo"), Layout(), 1000).items() if v
+    ) == {
+        "parameters",
+        "activations",
+    }
+
+
 def test_the_reasons_quoted_figures():
     """The figures the held-out reasons quote from sources outside the case files, by hand."""
     from pathlib import Path

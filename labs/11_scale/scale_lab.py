@@ -857,6 +857,36 @@ plan_claims = [
 print(verdict_table(plan_claims, "the planner"))
 
 # %% [markdown]
+# **A video's memory.** A video pipeline keeps more than its denoiser on the GPU:
+# Cosmos-Transfer2.5 keeps its 7B text encoder on every rank, whole, and its VAE's passes peak
+# above the denoiser's working set, one after the other ([chapter 2](02_reading_the_planner.md#2-where-it-is-wrong)).
+# **Predict:** on one GPU, which weighs more, the denoiser or the text encoder? And is the total
+# near the 65.4 GB the doc asks for single-GPU inference (`COSMOS_SINGLE_GPU_VRAM_GB`)?
+
+# %%
+from paralab.scale.hardware import GiB
+from paralab.scale.models import COSMOS_SINGLE_GPU_VRAM_GB
+
+one_gpu = plan_inference(model("cosmos-transfer2.5-2b"), NVL, 1, 84480, 35)[0]
+for item, size in one_gpu.memory.items():
+    print(f"{item:42} {size / GiB:5.1f} GiB")
+denoiser, encoder = (one_gpu.memory[k] for k in ("parameters", "text encoder (bf16)"))
+video_claims = [
+    claim(
+        "Cosmos on one GPU: the text encoder it keeps outweighs the denoiser",
+        encoder > denoiser,
+        f"{encoder / GiB:.1f} GiB against {denoiser / GiB:.1f} GiB",
+    ),
+    claim(
+        f"all it counts stays under the doc's {COSMOS_SINGLE_GPU_VRAM_GB} GB: a floor "
+        "(guardrails, load-time peak, allocator reserve uncounted)",
+        one_gpu.total_memory < COSMOS_SINGLE_GPU_VRAM_GB * 1e9,
+        f"{one_gpu.total_memory / GiB:.1f} GiB",
+    ),
+]
+print(verdict_table(video_claims, "a video's memory"))
+
+# %% [markdown]
 # ### Published layouts against the planner
 #
 # A planner earns trust where people have already chosen. Every published training row in

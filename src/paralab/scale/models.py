@@ -32,6 +32,21 @@ SOURCES = {
     "every cross_attn_interval 2 layers (PerceiverCrossAttention: q 3072 -> 16 x 128 and out "
     "back on every token, kv from kv_dim 2048; its 32 face tokens' attention is not counted); "
     "guidance 6: two branches",
+    "cosmos-transfer2.5-2b-weights": "nvidia-cosmos/cosmos-transfer2.5@c9ad44b:cosmos_transfer2/"
+    "_src/transfer2/configs/vid2vid_transfer/defaults/net.py (TRANSFER2_CONTROL2WORLD_NET_2B: "
+    "model_channels 2048, num_blocks 28, num_heads 16, adaln_lora_dim 256, patch 2 x 2 x 1, 16 "
+    "channels and the padding mask), its experiment in cosmos_transfer2/_src/transfer2/configs/"
+    "vid2vid_transfer/experiment/exp_large_scale.py (crossattn_proj_in_channels 100352, "
+    "crossattn_emb_channels 1024, vace_block_every_n 7: 4 control blocks; "
+    "extra_image_context_dim 1152, share_q_in_i2v_cross_attn False), the blocks of "
+    "cosmos_transfer2/_src/transfer2/networks/minimal_v4_lvg_dit_control_vace.py "
+    "(I2VCrossAttentionFull, ControlEncoderDiTBlock's before_proj and after_proj); the text "
+    "encoder of cosmos_transfer2/_src/predict2/text_encoders/text_encoder.py, built whole "
+    "(cosmos_transfer2/_src/reason1/models/vlm_qwen.py: the vision tower, the language model "
+    "and lm_head) in bf16 (cosmos_transfer2/_src/reason1/models/vlm_base.py sets the default "
+    "dtype to the config's precision, bfloat16 in cosmos_transfer2/_src/reason1/configs/default/"
+    "model_config.py; the vision tower's sizes in cosmos_transfer2/_src/reason1/configs/default/"
+    "model_config_qwen.py)",
     "cosmos-transfer2.5-2b": "nvidia-cosmos/cosmos-transfer2.5@ecbc860:cosmos_transfer2/_src/"
     "interactive/configs/registry_defaults/net_transfer.py (28 blocks, 2048, 16 heads, "
     "atten_backend minimal_a2a = Ulysses) + 4 VACE control blocks (control_layer4); 720p = "
@@ -130,6 +145,9 @@ class ModelShape:
     rank of the video's group (the tokenizer's context-parallel path off, its default)."""
     branches: int = 1
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
+    text_encoder: int = 0
+    """Parameters of a text encoder the pipeline keeps whole in bf16 on every GPU beside the
+    denoiser (0: none counted)."""
     experts: int = 0
     """A mixture of experts: SwiGLU experts of width `ffn` a layer (0: one dense MLP)."""
     top_k: int = 0
@@ -341,6 +359,29 @@ tp and cp cut it as multi-head attention."""
 _HY = _two_stream(3072, 20, 40)
 _FLUX = _two_stream(3072, 19, 38)
 _COSMOS_H = 2048
+_COSMOS_BLOCK = 4 * _COSMOS_H**2 + 256 + 2 * (_COSMOS_H**2 + 1024 * _COSMOS_H) + 256
+_COSMOS_BLOCK += (
+    3 * _COSMOS_H**2 + 256 + 8 * _COSMOS_H**2 + 3 * (_COSMOS_H * 256 + 256 * 3 * _COSMOS_H)
+)
+"""A Cosmos block's weights (SOURCES["cosmos-transfer2.5-2b-weights"]): self-attention (4 h^2 and
+q, k norms), text cross-attention (q and out h^2, k and v from the 1,024-wide context), the
+image-context cross-attention (3 h^2), the 4x MLP and the adaLN-LoRA of rank 256: 81,789,696."""
+_COSMOS_OUTSIDE = 18 * 4 * _COSMOS_H + 4 * _COSMOS_H**2 + _COSMOS_H + 1152 * _COSMOS_H + _COSMOS_H
+_COSMOS_OUTSIDE += _COSMOS_H * 64 + _COSMOS_H * 256 + 256 * 2 * _COSMOS_H  # the final layer
+_COSMOS_OUTSIDE += 100_352 * 1024 + 1024
+"""Outside the blocks: patch and time embedders, final layer, image-context and text-context
+projections (the 28 Reason1 layers' 3,584-wide states, 100,352, onto the 1,024-wide context)."""
+_COSMOS_CONTROL = 4 * (_COSMOS_H**2 + _COSMOS_H) + (_COSMOS_H**2 + _COSMOS_H) + 130 * 4 * _COSMOS_H
+"""The control branch beside its 4 blocks: each block's output projection, the first block's
+input projection and the control embedder (8 modalities of 16 channels, 2 more, patch 2 x 2)."""
+COSMOS_SINGLE_GPU_VRAM_GB = 65.4
+"""What Cosmos-Transfer2.5-2B asks of one GPU for inference, "Required GPU VRAM"
+(nvidia-cosmos/cosmos-transfer2.5@c9ad44b:docs/inference.md); it says neither GB or GiB nor
+allocated or reserved."""
+COSMOS_TEXT_ENCODER = 7_615_616_512 + 676_550_144
+"""Cosmos-Reason1.1-7B: Qwen2.5-VL-7B's language model (28 layers of 3,584, MLP 18,944, 4 kv
+heads, untied 152,064-entry embedding and head) and its vision tower (32 layers of 1,280 and
+the merger), which the text encoder builds too (SOURCES["cosmos-transfer2.5-2b-weights"])."""
 _CONSISID_H, _FACE_INNER, _FACE_KV = 3072, 16 * 128, 2048
 _FACE_TOKEN_MATMUL = 2 * _CONSISID_H * _FACE_INNER // 2
 """q and out of a face cross-attention (3072 x 2048 each), on every other layer: per layer."""
@@ -414,7 +455,8 @@ MODELS: dict[str, ModelShape] = {
             16,
             128,
             matmul_per_layer=14 * _COSMOS_H**2,
-            params=32 * (14 * _COSMOS_H**2 + 2 * 1024 * _COSMOS_H + 6 * 256 * _COSMOS_H),
+            params=32 * _COSMOS_BLOCK + _COSMOS_OUTSIDE + _COSMOS_CONTROL,
+            text_encoder=COSMOS_TEXT_ENCODER,
             cross_tokens=512,
             branches=2,
             autoencoder="wan2.1",
@@ -512,6 +554,11 @@ def wan21_vae_flops(frames: int, pixels: int) -> tuple[int, int]:
 AUTOENCODERS = {"wan2.1": wan21_vae_flops}
 """Video VAEs the time model prices, by `ModelShape.autoencoder`: (frames, pixels) -> (encode,
 decode) FLOPs. The other DiTs' VAEs (HunyuanVideo's, CogVideoX's for ConsisID) are not counted."""
+AUTOENCODER_PEAK_GIB = {"wan2.1": 11.762}
+"""The most a video VAE has been measured to allocate encoding and decoding 720p, its weights and
+the video included: FastVAE's Wan2.1 row, one process (nono-Sang/FastVAE@cd72332:README.md,
+`torch.cuda.max_memory_allocated()` over 1024**3 in test/wan/test_vae_video_e2e.py). Cosmos runs
+the same VAE through its own code, in 16-frame windows; no figure measures that."""
 
 AUTOENCODER_MODELS = {
     "wan2.1-vae": ModelShape(

@@ -37,7 +37,7 @@ from paralab.scale.fit import FITTED
 from paralab.scale.hardware import HARDWARE, GiB, Hardware, hardware
 from paralab.scale.heldout import GENERALIZATION
 from paralab.scale.memory import memory_alike, reserved_over_allocated, train_memory
-from paralab.scale.models import MODELS, ModelShape, model
+from paralab.scale.models import AUTOENCODER_PEAK_GIB, MODELS, ModelShape, model
 from paralab.scale.predict import (
     ENGINES,
     Layout,
@@ -482,15 +482,25 @@ def inference_would_fit(m: ModelShape, hw: Hardware, gpus: int, tokens: int) -> 
 
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
-    """The denoiser's bytes on a GPU: its parameters (sharded over dp_shard), one block's
-    working set (cut over cp) and FSDP's two gathered blocks. A text encoder the pipeline holds
-    on the GPU and the VAE's working set are not counted: a floor (lab 11, chapter 2)."""
-    gathered = 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0
+    """A GPU's bytes at the peak of a video: the denoiser's parameters (sharded over dp_shard)
+    and a text encoder the pipeline keeps whole on every GPU, then the larger of the denoiser's
+    working set (one block's, cut over cp, and FSDP's two gathered blocks) and the VAE's
+    measured peak (`AUTOENCODER_PEAK_GIB`), which come one after the other. Guardrail models,
+    the CUDA context and the allocator's reserve are not counted (lab 11, chapter 2)."""
+    working = {
+        "activations": INFERENCE_WORKING_BYTES * m.hidden * tokens / layout.cp,
+        "FSDP buffers": 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0,
+    }
+    vae = AUTOENCODER_PEAK_GIB.get(m.autoencoder, 0.0) * GiB
     return {
         "parameters": 2 * m.params / layout.dp_shard,
-        "activations": INFERENCE_WORKING_BYTES * m.hidden * tokens / layout.cp,
-        "FSDP buffers": gathered,
+        "text encoder (bf16)": 2 * m.text_encoder,
+        **working,
+        VAE_OVER_WORKING: max(0.0, vae - sum(working.values())),
     }
+
+
+VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
 
 
 def vae_lb_effect(
