@@ -481,6 +481,9 @@ def inference_would_fit(m: ModelShape, hw: Hardware, gpus: int, tokens: int) -> 
     return "nothing within 64x the GPUs"
 
 
+VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
+
+
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     """A GPU's bytes at the peak of a video: the denoiser's parameters (sharded over dp_shard)
     and a text encoder the pipeline keeps whole on every GPU, then the larger of the denoiser's
@@ -498,9 +501,6 @@ def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, fl
         **working,
         VAE_OVER_WORKING: max(0.0, vae - sum(working.values())),
     }
-
-
-VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
 
 
 def vae_lb_effect(
@@ -814,10 +814,10 @@ def _shown_rank(r: Row) -> tuple[bool, float]:
 
 
 def table(rows: list[Row], limit: int = 12) -> str:
-    """The first `limit` lines: seconds by where they go, then each memory entry in GiB
-    (allocated) and the total against HBM. Rows that differ only in lb and print the same
-    numbers but the lb exchange are one line: their lb degrees joined, the exchange as its
-    range."""
+    """The first `limit` lines of ranked `rows`: seconds by where they go, then each memory
+    entry in GiB (allocated) and the total against HBM. Rows that differ only in lb and print
+    the same numbers but the lb exchange are one line: their lb degrees joined, the exchange as
+    its range."""
     lines_of: dict[tuple, list[Row]] = {}
     last = None
     for r in rows:
