@@ -723,13 +723,14 @@ show(plot_prediction_scatter(check, held_out=held))
 #
 # Memory per GPU is itemised by `paralab.scale.memory.stage_memory`, each item a count of
 # tensors times their dtype: fp32 master weights, fp32 gradients and AdamW's two fp32 moments
-# over the GPU's shard; activations per AC mode (cut over tp inside the TP regions, outside
-# them only under SP), times the micro-batches a pipeline schedule holds in flight, plus the
-# layer in its backward (its working set, twice when recomputed: activations and their
-# gradients); the loss's fp32
-# logits on the last stage; FSDP's gathered blocks, or under pp the whole gathered stage and
-# its unsharded fp32 gradients. It is *allocated* memory; torchtitan reports the allocator's
-# reserved peak, above it by fragmentation that is not modelled.
+# over the GPU's shard of its pipeline stage (`stage_params`: the stage's own layers, the
+# embedding on the first, the head on the last); activations per AC mode (cut over tp inside
+# the TP regions, outside them only under SP), times the micro-batches a pipeline schedule
+# holds in flight, plus the layer in its backward (its working set, twice when recomputed:
+# activations and their gradients); the loss's fp32 logits on the last stage; FSDP's gathered
+# blocks, or under pp the whole gathered stage and its unsharded fp32 gradients. It is
+# *allocated* memory; torchtitan reports the allocator's reserved peak, above it by
+# fragmentation that is not modelled.
 #
 # **Predict before you run.** (a) Llama 3.1 70B on 64 H100s, 8K tokens, full AC: does pure
 # FSDP fit, and does any other layout beat it? (b) Cosmos-Transfer2.5-2B on 8 H100 NVL: all 8
