@@ -2,6 +2,8 @@
 splits), and where each published training row's own degrees rank when the planner is asked
 its question."""
 
+from pathlib import Path
+
 import pytest
 
 from paralab.scale import FITTED, Layout, Workload, hardware, model, predict
@@ -207,6 +209,8 @@ def test_chapter_2s_count_of_ranks_and_reasons(checks):
     # the 119B GPT comes fourth, the planner's first running fewer pipeline stages
     gpt_119b = checks["megatron-lm gpt-119b tp8 pp4 dp48 1536 gpus bf16"]
     assert gpt_119b.rank == 4 and gpt_119b.first.layout.pp < 4
+    chapter = Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md"
+    assert "the 119B's pipeline bubble puts it fourth" in " ".join(chapter.read_text().split())
 
 
 def test_the_near_tie_is_the_spread_of_megatrons_own_table():

@@ -813,8 +813,9 @@ def test_a_distilled_videos_denoiser_seconds_are_compute_and_exposed_cp():
 
 def test_a_videos_memory_counts_the_text_encoder_and_the_vaes_peak():
     """Cosmos-Transfer2.5-2B on one GPU: the denoiser as its experiment builds it, the 7B
-    Reason1 encoder whole in bf16, the VAE's measured peak over the denoiser's working set;
-    about half the doc's 65.4 GB, as chapter 2 says."""
+    Reason1 encoder in bf16 (whole on one GPU, sharded over all of them on more), the VAE's
+    measured peak over the denoiser's working set; about half the doc's 65.4 GB, as chapter 2
+    says."""
     from pathlib import Path
 
     from paralab.scale.hardware import GiB
@@ -831,9 +832,12 @@ def test_a_videos_memory_counts_the_text_encoder_and_the_vaes_peak():
     working = one["activations"] + one["FSDP buffers"]
     assert one[VAE_OVER_WORKING] + working == pytest.approx(11.762 * GiB)
     assert one["text encoder (bf16)"] == 2 * 8_292_166_656
-    # sharding the denoiser moves neither the text encoder nor the VAE's peak
+    # on 8 GPUs the text encoder shards over all of them whatever dp_shard is; the VAE's peak
+    # does not move
     eight = inference_memory(cosmos, Layout(dp_shard=8, cp=8), 84480)
-    assert eight["text encoder (bf16)"] == one["text encoder (bf16)"]
+    assert eight["text encoder (bf16)"] == one["text encoder (bf16)"] / 8
+    two_replicas = inference_memory(cosmos, Layout(dp_shard=4, dp_replicate=2, cp=8), 84480)
+    assert two_replicas["text encoder (bf16)"] == eight["text encoder (bf16)"]
     assert eight[VAE_OVER_WORKING] + eight["activations"] + eight["FSDP buffers"] == (
         pytest.approx(11.762 * GiB)
     )
@@ -1164,12 +1168,20 @@ def test_the_405b_question_on_16384_gpus_answers_in_seconds():
 
 
 def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
-    """Memory counts a pipeline rank's own parameters: the 405B's first rank its 16 layers and
-    the embedding, the last its 15 and the head; DeepSeek-V3's 3 dense layers on the first
+    """Memory counts a pipeline rank's own parameters: the 405B's first rank 15 layers and the
+    embedding, as torchtitan split its runs (pytorch/torchtitan@3f20451bc:
+    torchtitan/parallelisms/pipelining_utils.py: 126 layers over 8 stages, 15 first, 16 in the
+    middle), the next 16, the last 15 and the head; DeepSeek-V3's 3 dense layers on the first
     ranks' first chunks, and the heaviest rank taken."""
     from dataclasses import replace
 
-    from paralab.scale.memory import stage_memory, stage_params, train_memory
+    from paralab.scale.memory import (
+        stage_dense_layers,
+        stage_layers,
+        stage_memory,
+        stage_params,
+        train_memory,
+    )
     from paralab.scale.predict import stage_split
 
     big = model("llama3.1-405b")
@@ -1177,7 +1189,9 @@ def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
     w = Workload("train", seq=8192, ac="full")
     assert stage_split(big, lo, w) == (16, 15)
     embedding = big.vocab * big.hidden
-    assert stage_params(big, lo, w, 0) == (16 * big.layer_params() + embedding, 0)
+    assert [stage_layers(big, lo, w, r) for r in range(8)] == [15, *[16] * 6, 15]
+    assert stage_params(big, lo, w, 0) == (15 * big.layer_params() + embedding, 0)
+    assert stage_params(big, lo, w, 1) == (16 * big.layer_params(), 0)
     assert stage_params(big, lo, w, 7) == (15 * big.layer_params() + embedding + big.hidden, 0)
     assert stage_params(big, Layout(dp_shard=8), w, 0) == (big.params, 0)
 
@@ -1187,31 +1201,43 @@ def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
     w = Workload("train", seq=4096, ac="none")
     busiest, _ = stage_split(ds, lo, w)
     chunk = -(-busiest // 4)
-    dense = [busiest - stage_params(ds, lo, w, r)[1] // ds.layer_routed_params() for r in (0, 1, 2)]
+    dense = [
+        stage_layers(ds, lo, w, r) - stage_params(ds, lo, w, r)[1] // ds.layer_routed_params()
+        for r in (0, 1, 2)
+    ]
     assert chunk == 2 and dense == [2, 1, 0]
     big_pp = Layout(dp_replicate=8, tp=4, sp=True, pp=32, schedule="1f1b", microbatches=64)
     for layout, batch in ((lo, 128), (big_pp, 64)):
         stages = [sum(stage_memory(ds, layout, w, batch, r).values()) for r in range(layout.pp)]
         assert sum(train_memory(ds, layout, w, batch).values()) == max(stages)
-    # on 32 stages of two layers the first two hold the dense layers, the third is heaviest
-    assert max(stages) == stages[2] > stages[1] > stages[0]
+    # on 32 stages the first two ranks hold one dense layer each, the third one dense layer and
+    # one of experts: the fourth is the first with two of experts, and the heaviest
+    assert [stage_dense_layers(ds, big_pp, w, r) for r in range(4)] == [1, 1, 1, 0]
+    assert max(stages) == stages[3] > stages[2] > stages[0] > stages[1]
 
 
-def test_memory_is_within_20_percent_of_torchtitans_published_figures():
+def test_memory_against_torchtitans_published_figures():
+    """17 of the 18 within 20 %; the 405B with CP 8 at 256K misses by 21.9 % (chapter 1)."""
+    from pathlib import Path
+
     from paralab.scale.memory import published_memory
 
     rows = published_memory()
     assert len(rows) == 18 and {r["table"] for r in rows} == {f"Table {i}" for i in range(1, 7)}
-    assert max(abs(r["relative_error"]) for r in rows) < 0.20
+    beyond = [r for r in rows if abs(r["relative_error"]) >= 0.20]
+    assert [r["name"] for r in beyond] == ["405B FSDP 1, CP 8, TP 8, PP 8, 256K"]
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/01_time_and_memory_models.md")
+        .read_text()
+        .split()
+    )
+    assert f"misses by {-beyond[0]['relative_error']:.1%}".replace("%", " %") in chapter
     # chapter 1's reading: low wherever it misses by more than a few per cent; the compiled 8B
     # rows within about 1 %, the eager ones further; the 405B CP 8 row the worst
     assert all(r["relative_error"] < 0 for r in rows if abs(r["relative_error"]) > 0.03)
     small = [r for r in rows if r["model"] == "llama3.1-8b"]
     assert all(abs(r["relative_error"]) < 0.015 for r in small if r.get("compile"))
     assert all(abs(r["relative_error"]) > 0.05 for r in small if not r.get("compile"))
-    worst, second = sorted(rows, key=lambda r: -abs(r["relative_error"]))[:2]
-    assert worst["name"] == "70B FSDP 32, TP 8" and worst["compile"] and worst["float8"]
-    assert second["name"] == "405B FSDP 1, CP 8, TP 8, PP 8, 256K"
     table_6 = [r["predicted_gib"] for r in rows if r["table"] == "Table 6"]
     assert max(table_6) == min(table_6)
     # Llama 3.1 8B, FSDP 8, local batch 2, selective AC: torchtitan reads 82.4 GiB
@@ -1428,13 +1454,13 @@ def test_an_unwritable_json_path_is_one_line(capsys):
 
 def test_what_would_fit_is_the_fewest_gpus_with_room(capsys):
     """405B on 8 GPUs: whole nodes, the batch growing with them unless the question gave it;
-    96 GPUs fit only tight (no reserved margin), 128 with room, 88 not at all. On 97 GPUs, 96
+    96 GPUs fit only tight (no reserved margin), 120 with room, 88 not at all. On 97 GPUs, 96
     below it fit; the 8B on 1 GPU counts one GPU at a time."""
     from paralab.scale.plan import TrainQuestion, what_would_fit
 
     big = model("llama3.1-405b")
     hint = what_would_fit(TrainQuestion(big, H100, 8, 8192, 16))
-    assert hint == "96 GPUs fit tight, 128 GPUs with room (global batch 256)"
+    assert hint == "96 GPUs fit tight, 120 GPUs with room (global batch 240)"
     assert all(r.oom for r in plan_train(big, H100, 88, 8192, 176))
     fit96 = [r for r in plan_train(big, H100, 96, 8192, 192) if not r.oom]
     assert fit96 and all(r.tight for r in fit96)
@@ -1462,14 +1488,14 @@ def test_a_given_tp_across_nodes_is_noted(capsys):
 
 def test_a_layout_without_the_reserved_margin_is_tight(capsys):
     """405B on 16,384 GPUs: the first rows fill HBM as counted; the margin is the most a
-    torchtitan reserved peak exceeded the model (1.21x), and `why` names the fastest roomy row."""
+    torchtitan reserved peak exceeded the model (1.28x), and `why` names the fastest roomy row."""
     from pathlib import Path
 
     from paralab.scale.memory import published_memory, reserved_over_allocated
 
     ratio = reserved_over_allocated()
     assert ratio == max(r["memory_gib"] / r["predicted_gib"] for r in published_memory())
-    assert f"{ratio:.2f}" == "1.21"
+    assert f"{ratio:.2f}" == "1.28"
     rows = plan_train(model("llama3.1-405b"), H100, 16384, 8192, 32768)
     fitting = [r for r in rows if not r.oom]
     assert all(r.tight == (r.total_memory * ratio > r.hbm) for r in fitting)
@@ -1482,13 +1508,13 @@ def test_a_layout_without_the_reserved_margin_is_tight(capsys):
         r.tight for r in plan_inference(model("cosmos-transfer2.5-2b"), H100, 8, 84480, 35)
     )
     # the 8B on 3 GPUs: the winner is tight, and the roomy layout named is one the least
-    # recompute that fits would not rank (the same layout fits tight under selective AC)
+    # recompute that fits would not rank (interleaved pp 3 fits tight under selective AC)
     small = plan_train(model("llama3.1-8b"), H100, 3, 8192, 6)
     assert small[0].tight and why(small).endswith(
-        "the fastest ranked layout with that room is dp_shard 3 [accumulate 2, AC full]."
+        "the fastest ranked layout with that room is pp 3 [interleaved v4 m6, AC full]."
     )
-    assert small[0].ac == "selective" and small[0].layout == next(
-        r.layout for r in small if not r.tight
+    assert any(
+        r.tight and r.ac == "selective" and r.layout.schedule == "interleaved" for r in small
     )
     chapter = " ".join(
         (Path(__file__).resolve().parents[1] / "labs/11_scale/02_reading_the_planner.md")

@@ -839,8 +839,10 @@ plan_claims = [
         f"{train_rows[0].score:.2f} s vs {pure_dp.score:.2f} s",
     ),
     claim(
-        "memory: all 18 torchtitan figures within 20 %",
-        len(published) == 18 and abs(worst["relative_error"]) < 0.2,
+        "memory: 17 of the 18 torchtitan figures within 20 %, the miss at CP 8 (chapter 1)",
+        len(published) == 18
+        and [r for r in published if abs(r["relative_error"]) >= 0.2] == [worst]
+        and worst["name"].startswith("405B FSDP 1, CP 8"),
         f"worst {worst['relative_error']:+.1%} ({worst['table']}, {worst['name']})",
     ),
     claim(
@@ -859,8 +861,8 @@ print(verdict_table(plan_claims, "the planner"))
 
 # %% [markdown]
 # **A video's memory.** A video pipeline keeps more than its denoiser on the GPU:
-# Cosmos-Transfer2.5 keeps its 7B text encoder on every rank, whole, and its VAE's passes peak
-# above the denoiser's working set, one after the other ([chapter 2](02_reading_the_planner.md#2-where-it-is-wrong)).
+# Cosmos-Transfer2.5 keeps its 7B text encoder (whole on one GPU, sharded over all of them on
+# more), and its VAE's passes peak above the denoiser's working set, one after the other ([chapter 2](02_reading_the_planner.md#2-where-it-is-wrong)).
 # **Predict:** on one GPU, which weighs more, the denoiser or the text encoder? And is the total
 # near the 65.4 GB the doc asks for single-GPU inference (`COSMOS_SINGLE_GPU_VRAM_GB`)?
 
@@ -879,8 +881,8 @@ video_claims = [
         f"{encoder / GiB:.1f} GiB against {denoiser / GiB:.1f} GiB",
     ),
     claim(
-        f"all it counts stays under the doc's {COSMOS_SINGLE_GPU_VRAM_GB} GB: a floor "
-        "(guardrails, load-time peak, allocator reserve uncounted)",
+        f"all it counts stays under the doc's {COSMOS_SINGLE_GPU_VRAM_GB} GB (guardrails, "
+        "image-context encoder, load-time peak, allocator reserve uncounted)",
         one_gpu.total_memory < COSMOS_SINGLE_GPU_VRAM_GB * 1e9,
         f"{one_gpu.total_memory / GiB:.1f} GiB",
     ),

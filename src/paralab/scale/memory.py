@@ -83,19 +83,42 @@ def per_token_layer_bytes(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
     ### END SOLUTION
 
 
+def stage_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
+    """Layers pipeline rank `rank` holds under the planner's split (`stage_split`): the last
+    rank its share; the others the rest as evenly as it divides, the first ranks one fewer
+    where it does not, as torchtitan splits them (pytorch/torchtitan@3f20451bc:torchtitan/
+    parallelisms/pipelining_utils.py gives the first stage the smaller share; at
+    pytorch/torchtitan@b5bcd76:torchtitan/distributed/pipeline_parallel.py the embedding counts
+    as a layer there)."""
+    if lo.pp == 1:
+        return m.layers
+    _, last_layers = stage_split(m, lo, w)
+    if rank == lo.pp - 1:
+        return last_layers
+    share, extra = divmod(m.layers - last_layers, lo.pp - 1)
+    return share + (rank >= lo.pp - 1 - extra)
+
+
+def stage_dense_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
+    """How many of a mixture of experts' dense first layers pipeline rank `rank` holds. The
+    layers run in order through the chunks: each rank's first chunk, then (interleaved) each
+    rank's second, a rank's chunk holding its `stage_layers` over `virtual`."""
+    if not (m.experts and m.dense_layers) or lo.pp == 1:
+        return m.dense_layers if m.experts else 0
+    chunks = [-(-stage_layers(m, lo, w, r) // lo.virtual) for r in range(lo.pp)]
+    starts = (k * sum(chunks) + sum(chunks[:rank]) for k in range(lo.virtual))
+    held = sum(min(chunks[rank], max(0, m.dense_layers - start)) for start in starts)
+    return min(held, stage_layers(m, lo, w, rank))
+
+
 def stage_params(m: ModelShape, lo: Layout, w: Workload, rank: int) -> tuple[int, int]:
-    """(parameters, of them routed experts') of pipeline rank `rank`'s layers, whole: the
-    planner's split (`stage_split`: the busiest of the first pp - 1 ranks, or the last), the
-    embedding on the first rank, the head and final norm on the last. Under the interleaved
-    schedule a rank's chunks sit pp chunks apart, so a mixture of experts' dense first layers
-    fall in the first ranks' first chunks."""
+    """(parameters, of them routed experts') of pipeline rank `rank`'s layers (`stage_layers`,
+    the dense ones `stage_dense_layers`), whole, the embedding on the first rank, the head and
+    final norm on the last."""
     if lo.pp == 1:
         return m.params, m.routed_expert_params()
-    busiest, last_layers = stage_split(m, lo, w)
-    layers = last_layers if rank == lo.pp - 1 else busiest
-    chunk = -(-busiest // lo.virtual)
-    starts = (chunk * (rank + k * lo.pp) for k in range(lo.virtual))
-    dense = min(layers, sum(min(chunk, max(0, m.dense_layers - start)) for start in starts))
+    layers = stage_layers(m, lo, w, rank)
+    dense = stage_dense_layers(m, lo, w, rank)
     routed = (layers - dense) * m.layer_routed_params()
     params = dense * m.layer_params(dense=True) + (layers - dense) * m.layer_params()
     params += m.vocab * m.hidden * (rank == 0) + (m.vocab + 1) * m.hidden * (rank == lo.pp - 1)
@@ -111,8 +134,7 @@ def stage_memory(
     states = {name: size * params / shard for name, size in STATE_BYTES.items()}
     microbatches = lo.microbatches if lo.pp > 1 else 1
     tokens = local_batch // microbatches * w.seq // lo.cp
-    first_layers, last_layers = stage_split(m, lo, w)  # the planner's split of the layers
-    chunk_layers = -(-(last_layers if rank == lo.pp - 1 else first_layers) // lo.virtual)
+    chunk_layers = -(-stage_layers(m, lo, w, rank) // lo.virtual)
     in_flight = (
         in_flight_formula(lo.schedule, lo.pp, microbatches, rank, lo.virtual) if lo.pp > 1 else 1
     )
@@ -139,9 +161,9 @@ def stage_memory(
 
 
 def train_memory(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    """The heaviest of the first pipeline stage (most micro-batches in flight), the last (the
-    logits and the loss) and, when the first ones hold a mixture of experts' lighter dense
-    layers, the ones after it up to the first without them: the GPU that runs out first.
+    """The heaviest pipeline rank: among the first ones (the most micro-batches in flight),
+    up to the first holding the busiest share and none of a mixture of experts' lighter dense
+    layers, and the last (the logits and the loss): the GPU that runs out first.
     Neither async TP nor the kind of cp changes a tensor counted here (each is counted as
     zigzag cp), and of the workload only the sequence and the AC mode do: layouts and
     workloads that differ only there share one count (the planner asks each)."""
@@ -162,10 +184,18 @@ def _memory_workload(seq: int, ac: str) -> Workload:
 
 @functools.lru_cache(maxsize=1 << 16)  # keyed by layout: a search's worth
 def _heavier_stage(m: ModelShape, lo: Layout, w: Workload, local_batch: int) -> dict[str, float]:
-    ranks = {0, lo.pp - 1}
-    if m.experts and m.dense_layers and lo.pp > 2:  # and the first ranks up to one without them
-        chunk = -(-stage_split(m, lo, w)[0] // lo.virtual)
-        ranks |= set(range(1, min(-(-m.dense_layers // chunk), lo.pp - 2) + 1))
+    # the first ranks hold the most micro-batches in flight, the last the logits; weigh each
+    # rank up to the first that holds the busiest share and none of the dense first layers
+    busiest = stage_split(m, lo, w)[0]
+    full = next(
+        (
+            r
+            for r in range(lo.pp - 1)
+            if stage_layers(m, lo, w, r) == busiest and not stage_dense_layers(m, lo, w, r)
+        ),
+        lo.pp - 2,
+    )
+    ranks = {*range(max(full, 0) + 1), lo.pp - 1}
     stages = (stage_memory(m, lo, w, local_batch, rank) for rank in sorted(ranks))
     return max(stages, key=lambda items: sum(items.values()))
 

@@ -43,7 +43,10 @@ SOURCES = {
     "(I2VCrossAttentionFull, ControlEncoderDiTBlock's before_proj and after_proj); the text "
     "encoder of cosmos_transfer2/_src/predict2/text_encoders/text_encoder.py, built whole "
     "(cosmos_transfer2/_src/reason1/models/vlm_qwen.py: the vision tower, the language model "
-    "and lm_head) in bf16 (cosmos_transfer2/_src/reason1/models/vlm_base.py sets the default "
+    "and lm_head; under torch.distributed sharded by FSDP2 over every rank, "
+    "cosmos_transfer2/_src/reason1/parallelisms/parallelize_qwen.py's apply_fsdp on a "
+    "data_parallel_shard_degree of -1, the world, in cosmos_transfer2/_src/reason1/configs/"
+    "default/model_config.py) in bf16 (cosmos_transfer2/_src/reason1/models/vlm_base.py sets the default "
     "dtype to the config's precision, bfloat16 in cosmos_transfer2/_src/reason1/configs/default/"
     "model_config.py; the vision tower's sizes in cosmos_transfer2/_src/reason1/configs/default/"
     "model_config_qwen.py)",
@@ -146,8 +149,8 @@ class ModelShape:
     branches: int = 1
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
     text_encoder: int = 0
-    """Parameters of a text encoder the pipeline keeps whole in bf16 on every GPU beside the
-    denoiser (0: none counted)."""
+    """Parameters of a text encoder the pipeline keeps in bf16 on its GPUs beside the denoiser,
+    sharded over all of them (0: none counted)."""
     experts: int = 0
     """A mixture of experts: SwiGLU experts of width `ffn` a layer (0: one dense MLP)."""
     top_k: int = 0
@@ -381,7 +384,8 @@ allocated or reserved."""
 COSMOS_TEXT_ENCODER = 7_615_616_512 + 676_550_144
 """Cosmos-Reason1.1-7B: Qwen2.5-VL-7B's language model (28 layers of 3,584, MLP 18,944, 4 kv
 heads, untied 152,064-entry embedding and head) and its vision tower (32 layers of 1,280 and
-the merger), which the text encoder builds too (SOURCES["cosmos-transfer2.5-2b-weights"])."""
+the merger), which the text encoder builds too, and shards over every GPU of a distributed
+run (SOURCES["cosmos-transfer2.5-2b-weights"])."""
 _CONSISID_H, _FACE_INNER, _FACE_KV = 3072, 16 * 128, 2048
 _FACE_TOKEN_MATMUL = 2 * _CONSISID_H * _FACE_INNER // 2
 """q and out of a face cross-attention (3072 x 2048 each), on every other layer: per layer."""

@@ -486,10 +486,11 @@ VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     """A GPU's bytes at the peak of a video: the denoiser's parameters (sharded over dp_shard)
-    and a text encoder the pipeline keeps whole on every GPU, then the larger of the denoiser's
-    working set (one block's, cut over cp, and FSDP's two gathered blocks) and the VAE's
-    measured peak (`AUTOENCODER_PEAK_GIB`), which come one after the other. Guardrail models,
-    the CUDA context and the allocator's reserve are not counted (lab 11, chapter 2)."""
+    and a text encoder's (sharded over all the GPUs, dp_replicate x dp_shard), then the larger
+    of the denoiser's working set (one block's, cut over cp, and FSDP's two gathered blocks)
+    and the VAE's measured peak (`AUTOENCODER_PEAK_GIB`), which come one after the other.
+    Guardrail and image-context models, the CUDA context and the allocator's reserve are not
+    counted (lab 11, chapter 2)."""
     working = {
         "activations": INFERENCE_WORKING_BYTES * m.hidden * tokens / layout.cp,
         "FSDP buffers": 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0,
@@ -497,7 +498,7 @@ def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, fl
     vae = AUTOENCODER_PEAK_GIB.get(m.autoencoder, 0.0) * GiB
     return {
         "parameters": 2 * m.params / layout.dp_shard,
-        "text encoder (bf16)": 2 * m.text_encoder,
+        "text encoder (bf16)": 2 * m.text_encoder / (layout.dp_replicate * layout.dp_shard),
         **working,
         VAE_OVER_WORKING: max(0.0, vae - sum(working.values())),
     }
@@ -592,7 +593,8 @@ def plan_inference(
                 if not _valid_dims(gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp):
                     continue
                 denoiser = None
-                memory = inference_memory(m, Layout(dp_shard=dp_shard, cp=cp), tokens)
+                partition = Layout(dp_shard=dp_shard, dp_replicate=gpus // dp_shard, cp=cp)
+                memory = inference_memory(m, partition, tokens)
                 for lb in lbs:
                     layout = Layout(
                         dp_shard=dp_shard,
