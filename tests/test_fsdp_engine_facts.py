@@ -11,7 +11,11 @@ from collections import Counter
 import pytest
 import torch
 
-from paralab.fsdp.engine_facts import checkpoint_round_trip, fsdp2_step_facts
+from paralab.fsdp.engine_facts import (
+    checkpoint_round_trip,
+    fsdp2_inference_root_facts,
+    fsdp2_step_facts,
+)
 from paralab.launch import run
 
 WORLD = 4
@@ -30,6 +34,7 @@ def _facts(directory: str) -> dict:
         "checkpoint": checkpoints,
         "mixed": {k: fsdp2_step_facts(*v) for k, v in POLICIES.items()},
         "keep_gathered": fsdp2_step_facts(reshard_after_forward=False),
+        "inference_root": fsdp2_inference_root_facts(),
     }
 
 
@@ -66,6 +71,13 @@ def test_mixed_precision_sets_the_bytes_per_element_of_each_collective(
         assert (
             result["param_dtypes"] == result["grad_dtypes"] == {"torch.float32"}
         )  # fp32 master shards
+
+
+def test_after_an_inference_forward_the_root_stays_gathered(facts):
+    """The units reshard after their forward; the root's own parameters do not, even with no
+    backward to come: what lab 11 counts of a sharded text encoder (its root, whole)."""
+    for rank in facts:
+        assert rank["inference_root"] == {"0.weight": True, "1.weight": True, "2.weight": False}
 
 
 def test_without_reshard_after_forward_backward_gathers_nothing(facts):

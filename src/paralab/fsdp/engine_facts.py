@@ -1,8 +1,9 @@
 """What torch's FSDP2 engine does, measured on real ranks: the facts lab 01's chapters cite.
 
 `fsdp2_mesh_calls` (the 2-D-mesh trap's extra all-reduce), `fsdp2_step_facts`
-(what `MixedPrecisionPolicy` and `reshard_after_forward` change) and
-`checkpoint_round_trip` (what `torch.distributed.checkpoint` reads per rank),
+(what `MixedPrecisionPolicy` and `reshard_after_forward` change),
+`fsdp2_inference_root_facts` (what stays gathered after an inference forward, cited by lab
+11) and `checkpoint_round_trip` (what `torch.distributed.checkpoint` reads per rank),
 each pinned by a test so a chapter's claim fails when torch changes.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from paralab.launch import rank_device
 from paralab.ledger import Ledger
@@ -23,8 +25,11 @@ def _two_unit_model() -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
 
 
-def _fully_shard_units(model: torch.nn.Sequential, mesh, **kwargs) -> torch.nn.Sequential:
-    for unit in model:
+def _fully_shard_units(
+    model: torch.nn.Sequential, mesh, units: int | None = None, **kwargs
+) -> torch.nn.Sequential:
+    """Each of the first `units` modules (all by default) a unit, then the root."""
+    for unit in list(model)[:units]:
         fully_shard(unit, mesh=mesh, **kwargs)
     return fully_shard(model, mesh=mesh, **kwargs)
 
@@ -88,6 +93,23 @@ def fsdp2_step_facts(
             "adam": sum(t.to_local().numel() * t.element_size() for t in states),
         },
     }
+
+
+def fsdp2_inference_root_facts() -> dict[str, bool]:
+    """Which parameters FSDP2 leaves gathered after a forward under `no_grad`, the default
+    `reshard_after_forward`: two units, then a head of the root's own (a text encoder's
+    embedding and output stay in the root, as Cosmos-Transfer2.5's Reason1 encoder shards it).
+    Returns, per parameter name, whether it is still sharded (a DTensor) after the forward."""
+    pd = ParallelDims(dist.get_world_size())
+    pd.build_meshes(rank_device().type)
+    model = _fully_shard_units(
+        torch.nn.Sequential(*_two_unit_model(), torch.nn.Linear(8, 8, bias=False)),
+        fsdp_mesh(pd),
+        units=2,
+    )
+    with torch.no_grad():
+        model(torch.randn(4, 8, device=rank_device()))
+    return {name: isinstance(p, DTensor) for name, p in model.named_parameters()}
 
 
 def _replicate_dims(t) -> list[int]:
