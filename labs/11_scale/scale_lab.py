@@ -882,7 +882,7 @@ video_claims = [
     ),
     claim(
         f"all it counts stays under the doc's {COSMOS_SINGLE_GPU_VRAM_GB} GB (guardrails, "
-        "image-context encoder, load-time peak, allocator reserve uncounted)",
+        "image-context encoder, load-time peak, CUDA context, allocator reserve uncounted)",
         one_gpu.total_memory < COSMOS_SINGLE_GPU_VRAM_GB * 1e9,
         f"{one_gpu.total_memory / GiB:.1f} GiB",
     ),

@@ -84,31 +84,37 @@ def per_token_layer_bytes(m: ModelShape, ac: str, tp: int, sp: bool) -> float:
 
 
 def stage_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
-    """Layers pipeline rank `rank` holds under the planner's split (`stage_split`): the last
-    rank its share; the others the rest as evenly as it divides, the first ranks one fewer
-    where it does not, as torchtitan splits them (pytorch/torchtitan@3f20451bc:torchtitan/
-    parallelisms/pipelining_utils.py gives the first stage the smaller share; at
-    pytorch/torchtitan@b5bcd76:torchtitan/distributed/pipeline_parallel.py the embedding counts
-    as a layer there)."""
+    """Layers pipeline rank `rank` holds: the last rank its share under the planner's split
+    (`stage_split`); the others the rest, split as torchtitan generated its split points
+    (pytorch/torchtitan@6b03ffa:torchtitan/parallelisms/pipelining_utils.py): the first the
+    even share, the next ones one more until the remainder is spent. The 405B's 126 layers
+    over 8 ranks come out as its runs held them, 15, 16 x 6, 15."""
     if lo.pp == 1:
         return m.layers
     _, last_layers = stage_split(m, lo, w)
     if rank == lo.pp - 1:
         return last_layers
     share, extra = divmod(m.layers - last_layers, lo.pp - 1)
-    return share + (rank >= lo.pp - 1 - extra)
+    return share + (1 <= rank <= extra)
 
 
 def stage_dense_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
     """How many of a mixture of experts' dense first layers pipeline rank `rank` holds. The
-    layers run in order through the chunks: each rank's first chunk, then (interleaved) each
-    rank's second, a rank's chunk holding its `stage_layers` over `virtual`."""
+    layers run in order through the chunks, each rank's first chunk, then (interleaved) each
+    rank's second, a rank's layers split over its `virtual` chunks as evenly as they divide."""
     if not (m.experts and m.dense_layers) or lo.pp == 1:
         return m.dense_layers if m.experts else 0
-    chunks = [-(-stage_layers(m, lo, w, r) // lo.virtual) for r in range(lo.pp)]
-    starts = (k * sum(chunks) + sum(chunks[:rank]) for k in range(lo.virtual))
-    held = sum(min(chunks[rank], max(0, m.dense_layers - start)) for start in starts)
-    return min(held, stage_layers(m, lo, w, rank))
+    held = [stage_layers(m, lo, w, r) for r in range(lo.pp)]
+    chunks = [
+        [n // lo.virtual + (k >= lo.virtual - n % lo.virtual) for n in held]
+        for k in range(lo.virtual)
+    ]
+    dense, start = 0, 0
+    for round_ in chunks:
+        start_of_rank = start + sum(round_[:rank])
+        dense += min(round_[rank], max(0, m.dense_layers - start_of_rank))
+        start += sum(round_)
+    return dense
 
 
 def stage_params(m: ModelShape, lo: Layout, w: Workload, rank: int) -> tuple[int, int]:

@@ -150,7 +150,10 @@ class ModelShape:
     """Forwards per denoising step without cfgp: 2 with classifier-free guidance."""
     text_encoder: int = 0
     """Parameters of a text encoder the pipeline keeps in bf16 on its GPUs beside the denoiser,
-    sharded over all of them (0: none counted)."""
+    sharded by FSDP over all of them (0: none counted)."""
+    text_encoder_root: int = 0
+    """Of them, those outside its FSDP units, in the root, which FSDP2 keeps gathered after a
+    forward (`tests/test_fsdp_engine_facts.py`): whole on every GPU."""
     experts: int = 0
     """A mixture of experts: SwiGLU experts of width `ffn` a layer (0: one dense MLP)."""
     top_k: int = 0
@@ -381,6 +384,11 @@ COSMOS_SINGLE_GPU_VRAM_GB = 65.4
 """What Cosmos-Transfer2.5-2B asks of one GPU for inference, "Required GPU VRAM"
 (nvidia-cosmos/cosmos-transfer2.5@c9ad44b:docs/inference.md); it says neither GB or GiB nor
 allocated or reserved."""
+COSMOS_TEXT_ENCODER_ROOT = 2 * 152_064 * 3584 + 3584 + 1_505_280 + 44_574_464
+"""Reason1's parameters outside the units parallelize_qwen.py shards (each vision block, each
+language-model layer): the embedding and output head, the final norm, the vision tower's patch
+embedding (3 x 2 x 14 x 14 x 1,280) and its merger (1,280 + 5,120^2 + 5,120 + 5,120 x 3,584 +
+3,584)."""
 COSMOS_TEXT_ENCODER = 7_615_616_512 + 676_550_144
 """Cosmos-Reason1.1-7B: Qwen2.5-VL-7B's language model (28 layers of 3,584, MLP 18,944, 4 kv
 heads, untied 152,064-entry embedding and head) and its vision tower (32 layers of 1,280 and
@@ -461,6 +469,7 @@ MODELS: dict[str, ModelShape] = {
             matmul_per_layer=14 * _COSMOS_H**2,
             params=32 * _COSMOS_BLOCK + _COSMOS_OUTSIDE + _COSMOS_CONTROL,
             text_encoder=COSMOS_TEXT_ENCODER,
+            text_encoder_root=COSMOS_TEXT_ENCODER_ROOT,
             cross_tokens=512,
             branches=2,
             autoencoder="wan2.1",

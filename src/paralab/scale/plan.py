@@ -486,7 +486,8 @@ VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
 
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     """A GPU's bytes at the peak of a video: the denoiser's parameters (sharded over dp_shard)
-    and a text encoder's (sharded over all the GPUs, dp_replicate x dp_shard), then the larger
+    and a text encoder's (sharded over all the GPUs, dp_replicate x dp_shard, but for its FSDP
+    root, which stays gathered after its forward), then the larger
     of the denoiser's working set (one block's, cut over cp, and FSDP's two gathered blocks)
     and the VAE's measured peak (`AUTOENCODER_PEAK_GIB`), which come one after the other.
     Guardrail and image-context models, the CUDA context and the allocator's reserve are not
@@ -496,9 +497,10 @@ def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, fl
         "FSDP buffers": 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0,
     }
     vae = AUTOENCODER_PEAK_GIB.get(m.autoencoder, 0.0) * GiB
+    root, gpus = m.text_encoder_root, layout.dp_replicate * layout.dp_shard
     return {
         "parameters": 2 * m.params / layout.dp_shard,
-        "text encoder (bf16)": 2 * m.text_encoder / (layout.dp_replicate * layout.dp_shard),
+        "text encoder (bf16)": 2 * (root + (m.text_encoder - root) / gpus),
         **working,
         VAE_OVER_WORKING: max(0.0, vae - sum(working.values())),
     }
