@@ -1562,15 +1562,7 @@ def test_inference_asks_the_descriptor_of_every_combination_it_ranks(capsys):
     import itertools
     import time
 
-    from paralab.parallel_dims import ParallelDims
-    from paralab.scale.plan import LB_LISTED, divisors
-
-    def accepted(gpus: int, **sizes: int) -> bool:
-        try:
-            ParallelDims(gpus, enable_inference_mode=True, **sizes)
-        except ValueError:
-            return False
-        return True
+    from paralab.scale.plan import LB_LISTED, _valid_dims, divisors
 
     consisid = model("consisid")
     for gpus in (6, 12):
@@ -1582,7 +1574,7 @@ def test_inference_asks_the_descriptor_of_every_combination_it_ranks(capsys):
         whole = {
             (dp_shard, cp, cfgp, lb)
             for dp_shard, cp, cfgp, lb in itertools.product(sizes, sizes, (1, 2), sizes)
-            if 17550 % cp == 0 and accepted(gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp, lb=lb)
+            if 17550 % cp == 0 and _valid_dims(gpus, dp_shard=dp_shard, cp=cp, cfgp=cfgp, lb=lb)
         }
         assert ranked == whole
     start = time.process_time()
