@@ -1557,7 +1557,7 @@ def test_inference_searches_every_divisor_and_top_counts_lines(capsys):
 
 def test_inference_asks_the_descriptor_of_every_combination_it_ranks(capsys):
     """The search checks lb apart from the other axes; what it ranks is exactly what
-    `ParallelDims` accepts whole. A count with 120 divisors answers in seconds, its long lb
+    `ParallelDims` accepts whole. A count with 60 divisors answers in seconds, its long lb
     lists shortened, and no figure in e-notation."""
     import itertools
     import time
@@ -1579,10 +1579,10 @@ def test_inference_asks_the_descriptor_of_every_combination_it_ranks(capsys):
         assert ranked == whole
     start = time.process_time()
     plan_main(
-        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-sxm", "--gpus", "55440"]
+        ["--model", "cosmos-transfer2.5-2b", "--hardware", "h100-sxm", "--gpus", "5040"]
         + ["--inference"]
     )
-    assert time.process_time() - start < 30
+    assert time.process_time() - start < 10
     out = capsys.readouterr().out
     lines = out.splitlines()[2:-1]
     assert len(lines) == 12 and "e-0" not in out and "e+" not in out
