@@ -1221,6 +1221,12 @@ def test_a_stage_holds_its_own_layers_the_embedding_and_the_head():
     # is the first with two layers of experts, and the heaviest
     assert [stage_layers(ds, big_pp, w, r) for r in range(3)] == [1, 2, 2]
     assert [stage_dense_layers(ds, big_pp, w, r) for r in range(4)] == [1, 2, 0, 0]
+    # interleaved, ranks after the first run their larger chunk first, as torchtitan hands the
+    # extra layers to the stages after the first: on 24 ranks of 2, 3, 3, ... layers the second
+    # rank's first chunk holds 2 layers, both dense
+    pp24 = Layout(dp_shard=8, pp=24, schedule="interleaved", virtual=2, microbatches=48)
+    assert [stage_layers(ds, pp24, w, r) for r in range(3)] == [2, 3, 3]
+    assert [stage_dense_layers(ds, pp24, w, r) for r in range(3)] == [1, 2, 0]
     assert max(stages) == stages[2] > stages[1]
 
 

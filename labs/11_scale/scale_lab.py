@@ -861,8 +861,9 @@ print(verdict_table(plan_claims, "the planner"))
 
 # %% [markdown]
 # **A video's memory.** A video pipeline keeps more than its denoiser on the GPU:
-# Cosmos-Transfer2.5 keeps its 7B text encoder (whole on one GPU, sharded over all of them on
-# more), and its VAE's passes peak above the denoiser's working set, one after the other ([chapter 2](02_reading_the_planner.md#2-where-it-is-wrong)).
+# Cosmos-Transfer2.5 keeps its 7B text encoder (whole on one GPU; on more, sharded over all of
+# them but for its root, which stays whole), and its VAE's passes peak above the denoiser's
+# working set, one after the other ([chapter 2](02_reading_the_planner.md#2-where-it-is-wrong)).
 # **Predict:** on one GPU, which weighs more, the denoiser or the text encoder? And is the total
 # near the 65.4 GB the doc asks for single-GPU inference (`COSMOS_SINGLE_GPU_VRAM_GB`)?
 

@@ -101,13 +101,16 @@ def stage_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
 def stage_dense_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
     """How many of a mixture of experts' dense first layers pipeline rank `rank` holds. The
     layers run in order through the chunks, each rank's first chunk, then (interleaved) each
-    rank's second, a rank's layers split over its `virtual` chunks as evenly as they divide."""
+    rank's second; a rank's layers split over its `virtual` chunks as evenly as they divide,
+    the first rank's larger chunks last and the others' first, as `stage_layers` hands out
+    the extra layers."""
     if not (m.experts and m.dense_layers) or lo.pp == 1:
         return m.dense_layers if m.experts else 0
     held = [stage_layers(m, lo, w, r) for r in range(lo.pp)]
+    v = lo.virtual
     chunks = [
-        [n // lo.virtual + (k >= lo.virtual - n % lo.virtual) for n in held]
-        for k in range(lo.virtual)
+        [n // v + (k >= v - n % v if r == 0 else k < n % v) for r, n in enumerate(held)]
+        for k in range(v)
     ]
     dense, start = 0, 0
     for round_ in chunks:

@@ -392,8 +392,8 @@ embedding (3 x 2 x 14 x 14 x 1,280) and its merger (1,280 + 5,120^2 + 5,120 + 5,
 COSMOS_TEXT_ENCODER = 7_615_616_512 + 676_550_144
 """Cosmos-Reason1.1-7B: Qwen2.5-VL-7B's language model (28 layers of 3,584, MLP 18,944, 4 kv
 heads, untied 152,064-entry embedding and head) and its vision tower (32 layers of 1,280 and
-the merger), which the text encoder builds too, and shards over every GPU of a distributed
-run (SOURCES["cosmos-transfer2.5-2b-weights"])."""
+the merger), which the text encoder builds too; a distributed run shards it over every GPU
+but for its root, `COSMOS_TEXT_ENCODER_ROOT` (SOURCES["cosmos-transfer2.5-2b-weights"])."""
 _CONSISID_H, _FACE_INNER, _FACE_KV = 3072, 16 * 128, 2048
 _FACE_TOKEN_MATMUL = 2 * _CONSISID_H * _FACE_INNER // 2
 """q and out of a face cross-attention (3072 x 2048 each), on every other layer: per layer."""
