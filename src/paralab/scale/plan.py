@@ -487,11 +487,10 @@ VAE_OVER_WORKING = "VAE peak, over the denoiser's working set"
 def inference_memory(m: ModelShape, layout: Layout, tokens: int) -> dict[str, float]:
     """A GPU's bytes at the peak of a video: the denoiser's parameters (sharded over dp_shard)
     and a text encoder's (sharded over all the GPUs, dp_replicate x dp_shard, but for its FSDP
-    root, which stays gathered after its forward), then the larger
-    of the denoiser's working set (one block's, cut over cp, and FSDP's two gathered blocks)
-    and the VAE's measured peak (`AUTOENCODER_PEAK_GIB`), which come one after the other.
-    Guardrail and image-context models, the CUDA context and the allocator's reserve are not
-    counted (lab 11, chapter 2)."""
+    root, which stays gathered after its forward), then the larger of the denoiser's working
+    set (one block's, cut over cp, and FSDP's two gathered blocks) and the VAE's measured peak
+    (`AUTOENCODER_PEAK_GIB`), which come one after the other. Guardrail and image-context
+    models, the CUDA context and the allocator's reserve are not counted (lab 11, chapter 2)."""
     working = {
         "activations": INFERENCE_WORKING_BYTES * m.hidden * tokens / layout.cp,
         "FSDP buffers": 2 * m.block_params() * 2 if layout.dp_shard > 1 else 0.0,
@@ -659,21 +658,20 @@ def describe(layout: Layout, ac: str = "") -> str:
     parts = [
         f"{k} {getattr(layout, k)}"
         for k in ("dp_replicate", "dp_shard", "cp", "cfgp", "lb", "tp", "pp")
-        if getattr(layout, k) > 1 and (ac or k != "dp_replicate")
+        if getattr(layout, k) > 1
     ]
     if layout.cp > 1:
         parts[[p.startswith("cp") for p in parts].index(True)] += f" ({layout.cp_kind})"
     knobs = [f"ep {layout.ep} of dp_shard x cp"] if layout.ep > 1 else []
-    if ac and layout.tp > 1:
+    if layout.tp > 1:
         knobs.append("SP" if layout.sp else "no SP")
         knobs += ["async TP"] if layout.async_tp else []
     if layout.pp > 1:
         v = f" v{layout.virtual}" if layout.virtual > 1 else ""
         knobs.append(f"{layout.schedule}{v} m{layout.microbatches}")
-    elif ac and accumulation(layout) > 1:
+    elif accumulation(layout) > 1:
         knobs.append(f"accumulate {layout.microbatches}")
-    knobs += [f"AC {ac}"] if ac else []
-    return (" x ".join(parts) or "1 GPU") + (f" [{', '.join(knobs)}]" if knobs else "")
+    return (" x ".join(parts) or "1 GPU") + f" [{', '.join([*knobs, f'AC {ac}'])}]"
 
 
 NEAR_TIE_SHOWN = 1e-3
