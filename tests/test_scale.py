@@ -1305,6 +1305,47 @@ def test_a_layers_matmuls_take_the_slower_of_flops_and_bytes():
         assert (moved > flops) == (bound == "bytes")
 
 
+def test_routed_experts_read_every_expert_a_rank_holds_each_micro_batch():
+    """A grouped GEMM reads each of the rank's experts once a pass, however few tokens reach
+    it: DeepSeek-V3 at tp 4, a micro-batch of one 4,096-token sequence, 256 experts a rank at
+    ep 1 take longer to read than their FLOPs take (chapter 1's numbers); ep halves the read."""
+    from pathlib import Path
+
+    from paralab.scale.predict import BACKWARD_GEMM, routed_expert_pass, stage_compute
+
+    deepseek, eff = model("deepseek-v3"), FITTED["h100-sxm"]
+    expert = 3 * 7168 * 2048
+    share = 58 / 61 / 4  # MoE layers of all, over tp
+    reads = {}
+    for ep in (1, 2, 8):
+        flops, held, counted = routed_expert_pass(deepseek, Layout(tp=4, sp=True, ep=ep), 4096)
+        assert flops == pytest.approx(2 * 4096 * 8 * expert * share)
+        assert held == pytest.approx(2 * 256 * expert / ep * share)
+        assert counted == pytest.approx(2 * 8 * expert * share)
+        reads[ep] = held / H100.hbm_bandwidth
+        compute = flops / (H100.peak("bf16") * eff["gemm"])
+    assert round(compute * 1e3, 2) == 1.33
+    assert {ep: round(t * 1e3, 2) for ep, t in reads.items()} == {1: 1.60, 2: 0.80, 8: 0.20}
+    chapter = " ".join(
+        (Path(__file__).resolve().parents[1] / "labs/11_scale/01_time_and_memory_models.md")
+        .read_text()
+        .split()
+    )
+    assert "1.33 ms" in chapter and "1.60 ms" in chapter and "0.80 ms" in chapter
+
+    # a step reads them once a micro-batch: 8 micro-batches of one sequence cost 8 reads of
+    # what one micro-batch of 8 sequences reads once, and the layer's time grows by the reads
+    def layer_seconds(microbatches: int, ep: int) -> float:
+        lo = Layout(dp_shard=8, tp=4, sp=True, pp=8, microbatches=microbatches, ep=ep)
+        return stage_compute(deepseek, H100, lo, Workload("train", 4096, 8, ac="none"), eff)[2]
+
+    passes = 1 + BACKWARD_GEMM  # no AC: forward and backward
+    assert layer_seconds(8, 1) - layer_seconds(8, 8) == pytest.approx(
+        8 * passes * (reads[1] - compute)
+    )
+    assert layer_seconds(8, 8) == layer_seconds(8, 2)  # FLOPs-bound from ep 2 on
+
+
 def test_mixtral_counts_every_expert_stored_and_two_a_token():
     from paralab.scale.predict import flops_per_token
 

@@ -3,7 +3,8 @@
 Compute: a roofline per operation, the slower of FLOPs / (peak x efficiency), with one fitted
 efficiency per hardware and kernel class (GEMM, attention, a video VAE's convolutions:
 `fit.FITTED`), and the bytes it moves over HBM bandwidth (`compute_time`; a training layer's
-matmuls: `gemm_pass_bytes`). What moves bytes and does no matmul is timed by its bytes alone:
+matmuls, each micro-batch reading the weights again: `gemm_pass_bytes`, the routed experts
+apart, `routed_expert_pass`). What moves bytes and does no matmul is timed by its bytes alone:
 the norms, residual adds, RoPE, the MLP's activation, a MoE layer's permutation and fp8's casts
 (`elementwise_bytes`, eager or fused by the engine), the loss (`loss_bytes`) and the optimizer
 step. Communication: the bytes one rank sends come from the labs' own `costs.py` (evaluated here
@@ -310,6 +311,23 @@ def gemm_pass_bytes(m: ModelShape, lo: Layout, tokens: float) -> float:
     return ACT_BYTES * (m.matmul_per_layer + tokens * per_token) / lo.tp
 
 
+def routed_expert_pass(m: ModelShape, lo: Layout, tokens: float) -> tuple[float, float, float]:
+    """(forward FLOPs, HBM bytes a pass, of them `gemm_pass_bytes` counts) of one layer's routed
+    experts on one rank, averaged over the layers; zeros for a dense model. Each token passes
+    through top_k experts, but a grouped GEMM reads the weights of every expert the rank holds
+    (experts / ep, cut over tp) once a pass, however few tokens reach each: thousands of tokens
+    a micro-batch reach them all. `gemm_pass_bytes` counts the top_k a token multiplies by; the
+    routed copies' activations stay counted there. Few tokens to many experts a rank make these
+    GEMMs memory-bound, which ep relieves."""
+    if not m.experts:
+        return 0.0, 0.0, 0.0
+    share = m.moe_layers / m.layers / lo.tp
+    expert = m.mlp_weights(m.ffn)
+    flops = 2 * tokens * m.top_k * expert * share
+    held = ACT_BYTES * m.layer_routed_params() / lo.ep * share
+    return flops, held, ACT_BYTES * m.top_k * expert * share
+
+
 ENGINES = ("torchtitan", "megatron")
 
 EAGER_BYTES = {"norm": 36, "add": 6, "rope": 20, "glu": 10, "gelu": 4}
@@ -523,10 +541,21 @@ def stage_compute(
     "compute: attention" and "elementwise (HBM)", the layers the stage runs, one layer's
     seconds and one block's forward (what FSDP's prefetches hide behind). The busiest stage is
     the last (its layers, the head and the loss) or another. It reads tp, cp (and its kind),
-    pp and SP of the layout: a search's layouts that differ in dp, ep, async TP or the
+    pp, SP and ep of the layout: a search's layouts that differ in dp, async TP or the
     schedule share one answer."""
     return _stage_compute(
-        m, hw, w, eff["gemm"], eff["attention"], lo.tp, lo.cp, lo.cp_kind, lo.pp, lo.sp
+        m,
+        hw,
+        w,
+        eff["gemm"],
+        eff["attention"],
+        lo.tp,
+        lo.cp,
+        lo.cp_kind,
+        lo.pp,
+        lo.sp,
+        lo.ep,
+        lo.microbatches or max(lo.pp, w.micro_batch) if lo.pp > 1 else 1,
     )
 
 
@@ -542,8 +571,10 @@ def _stage_compute(
     cp_kind: str,
     pp: int,
     sp: bool,
+    ep: int,
+    microbatches: int,
 ) -> tuple[dict[str, float], int, float, float]:
-    lo = Layout(tp=tp, cp=cp, cp_kind=cp_kind, pp=pp, sp=sp)
+    lo = Layout(tp=tp, cp=cp, cp_kind=cp_kind, pp=pp, sp=sp, ep=ep)
     eff = {"gemm": gemm_efficiency, "attention": attention_efficiency}
     seq, b = w.seq, w.micro_batch
     re_gemm, re_attn = RECOMPUTE[w.ac]
@@ -553,8 +584,14 @@ def _stage_compute(
     gemm_layer = gemm_fwd_layer * (1 + BACKWARD_GEMM + re_gemm)
     attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
     passes = 1 + BACKWARD_GEMM + re_gemm
-    gemm_bytes = gemm_pass_bytes(m, lo, b * seq / lo.cp) * passes
-    t_gemm_layer = compute_time(gemm_layer, hw, w.dtype, eff["gemm"], gemm_bytes)
+    # each micro-batch's passes read the weights again
+    tokens_per_microbatch = b * seq / lo.cp / microbatches
+    routed_fwd, held, counted = routed_expert_pass(m, lo, tokens_per_microbatch)
+    dense_bytes = gemm_pass_bytes(m, lo, tokens_per_microbatch) - counted
+    routed = routed_fwd * (1 + BACKWARD_GEMM + re_gemm) * microbatches
+    reads = passes * microbatches
+    t_gemm_layer = compute_time(gemm_layer - routed, hw, w.dtype, eff["gemm"], dense_bytes * reads)
+    t_gemm_layer += compute_time(routed, hw, w.dtype, eff["gemm"], held * reads)
     t_attn_layer = compute_time(attn_layer, hw, "bf16", eff["attention"])
     tokens_local = b * seq / lo.cp
     t_elementwise_layer = tokens_local * elementwise_bytes(m, lo, w) / hw.hbm_bandwidth
