@@ -164,9 +164,9 @@ def test_each_explanation_holds_in_its_numbers(checks):
         if reason == "exposed: ep":
             assert first.layout.ep < published.layout.ep, name
     # reading 256 experts a rank each micro-batch outlasts their FLOPs (chapter 1): the first
-    # DeepSeek-V3 layout still splits them, if less than the run did
+    # DeepSeek-V3 layout splits them, over one node (tp 4 x ep 2), less than the run did
     deepseek = checks["megatron-bridge 25.09 deepseek-v3 tp2 pp8 vp4 ep64 dp64 gbs8192 fp8"]
-    assert deepseek.first.layout.ep == 2
+    assert deepseek.first.layout.ep == 2 and deepseek.first.layout.tp == 4
 
 
 def test_the_run_fixed_its_ac_mode_where_recompute_explains_it(checks):

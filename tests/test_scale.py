@@ -1326,12 +1326,20 @@ def test_routed_experts_read_every_expert_a_rank_holds_each_micro_batch():
         compute = flops / (H100.peak("bf16") * eff["gemm"])
     assert round(compute * 1e3, 2) == 1.33
     assert {ep: round(t * 1e3, 2) for ep, t in reads.items()} == {1: 1.60, 2: 0.80, 8: 0.20}
+    assert 4096 * deepseek.top_k // deepseek.experts == 128  # tokens an expert at ep 1
+    # fp8 halves the FLOPs' time; the weights are still read in bf16: the read bounds up to ep
+    # 2, the FLOPs from ep 4
+    fp8 = compute * H100.peak("bf16") / H100.peak("fp8")
+    assert round(fp8 * 1e3, 2) == 0.67 and reads[2] > fp8 > reads[2] / 2
+    # tp 4 x ep 2 fills one node; ep 4 crosses the network
+    assert link_for(H100, 4, 2).name == "nvlink" and link_for(H100, 4, 4).name == "network"
     chapter = " ".join(
         (Path(__file__).resolve().parents[1] / "labs/11_scale/01_time_and_memory_models.md")
         .read_text()
         .split()
     )
-    assert "1.33 ms" in chapter and "1.60 ms" in chapter and "0.80 ms" in chapter
+    for number in ("1.33 ms", "1.60 ms", "0.80 ms", "0.67 ms", "128 tokens an expert"):
+        assert number in chapter
 
     # a step reads them once a micro-batch: 8 micro-batches of one sequence cost 8 reads of
     # what one micro-batch of 8 sequences reads once, and the layer's time grows by the reads

@@ -989,9 +989,8 @@ print(verdict_table(published_claims, "published layouts"))
 # - **pp bubble.** The 405B long-sequence rows (Table 6) ran 8 micro-batches through 8
 #   stages, a pipe that is never full; the planner drops pp or fills it.
 # - **exposed ep.** The model times every all-to-all of ep in full; the DeepSeek-V3 row of
-#   [section 4](#4-predicted-against-measured) runs faster than that. The planner splits the
-#   experts less (ep 2: enough that reading the experts a rank holds no longer outlasts their
-#   FLOPs, chapter 1), whose all-to-alls send half of a token's copies, not 63 of 64.
+#   [section 4](#4-predicted-against-measured) runs faster than that. The planner keeps the
+#   experts whole and gathers them instead.
 # - **near tie.** The 1.7B GPT's degrees are within 5 % of the first: one fitted GEMM
 #   efficiency cannot separate them, while Megatron's own table spans 41 % to 49 % MFU as the
 #   GEMMs grow (the claim above).

@@ -314,11 +314,12 @@ def gemm_pass_bytes(m: ModelShape, lo: Layout, tokens: float) -> float:
 def routed_expert_pass(m: ModelShape, lo: Layout, tokens: float) -> tuple[float, float, float]:
     """(forward FLOPs, HBM bytes a pass, of them `gemm_pass_bytes` counts) of one layer's routed
     experts on one rank, averaged over the layers; zeros for a dense model. Each token passes
-    through top_k experts, but a grouped GEMM reads the weights of every expert the rank holds
-    (experts / ep, cut over tp) once a pass, however few tokens reach each: thousands of tokens
-    a micro-batch reach them all. `gemm_pass_bytes` counts the top_k a token multiplies by; the
-    routed copies' activations stay counted there. Few tokens to many experts a rank make these
-    GEMMs memory-bound, which ep relieves."""
+    through top_k experts, but a grouped GEMM is handed every expert the rank holds (experts /
+    ep, cut over tp; pytorch/torchtitan@238fa99:torchtitan/models/moe/moe.py,
+    `_run_experts_grouped_mm`) and reads each that receives a token once a pass: at thousands
+    of tokens a micro-batch, all of them. `gemm_pass_bytes` counts the top_k a token multiplies
+    by; the routed copies' activations stay counted there. Few tokens to many experts a rank
+    make these GEMMs memory-bound, which ep relieves."""
     if not m.experts:
         return 0.0, 0.0, 0.0
     share = m.moe_layers / m.layers / lo.tp
@@ -541,8 +542,8 @@ def stage_compute(
     "compute: attention" and "elementwise (HBM)", the layers the stage runs, one layer's
     seconds and one block's forward (what FSDP's prefetches hide behind). The busiest stage is
     the last (its layers, the head and the loss) or another. It reads tp, cp (and its kind),
-    pp, SP and ep of the layout: a search's layouts that differ in dp, async TP or the
-    schedule share one answer."""
+    pp, SP, ep and the micro-batch count of the layout: a search's layouts that differ in dp,
+    async TP or the schedule alone share one answer."""
     return _stage_compute(
         m,
         hw,
