@@ -1308,7 +1308,8 @@ def test_a_layers_matmuls_take_the_slower_of_flops_and_bytes():
 def test_routed_experts_read_every_expert_a_rank_holds_each_micro_batch():
     """A grouped GEMM reads each of the rank's experts once a pass, however few tokens reach
     it: DeepSeek-V3 at tp 4, a micro-batch of one 4,096-token sequence, 256 experts a rank at
-    ep 1 take longer to read than their FLOPs take (chapter 1's numbers); ep halves the read."""
+    ep 1 take longer to read than their FLOPs take (chapter 1's numbers); ep halves the read.
+    A dense layer's weights are read again each micro-batch as well."""
     from pathlib import Path
 
     from paralab.scale.predict import BACKWARD_GEMM, routed_expert_pass, stage_compute
@@ -1352,6 +1353,19 @@ def test_routed_experts_read_every_expert_a_rank_holds_each_micro_batch():
         8 * passes * (reads[1] - compute)
     )
     assert layer_seconds(8, 8) == layer_seconds(8, 2)  # FLOPs-bound from ep 2 on
+
+    # a dense model's weights too: the 70B at tp 8 on 16-token sequences is bound by its reads,
+    # and 4 micro-batches of a sequence read a layer's weights 3 times more than 1 of 4
+    seventy = model("llama3.1-70b")
+
+    def seventy_layer(microbatches: int) -> float:
+        lo = Layout(dp_shard=2, tp=8, pp=2, microbatches=microbatches)
+        return stage_compute(seventy, H100, lo, Workload("train", 16, 4, ac="none"), eff)[2]
+
+    weights = 2 * seventy.matmul_per_layer / 8
+    assert seventy_layer(4) - seventy_layer(1) == pytest.approx(
+        3 * passes * weights / H100.hbm_bandwidth
+    )
 
 
 def test_mixtral_counts_every_expert_stored_and_two_a_token():

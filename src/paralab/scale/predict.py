@@ -556,8 +556,14 @@ def stage_compute(
         lo.pp,
         lo.sp,
         lo.ep,
-        lo.microbatches or max(lo.pp, w.micro_batch) if lo.pp > 1 else 1,
+        microbatch_count(lo, w.micro_batch),
     )
+
+
+def microbatch_count(lo: Layout, sequences: int) -> int:
+    """Micro-batches a dp rank's `sequences` run as in one pass: under a pipeline the layout's
+    count, by default as many as stages or, with more sequences, one a sequence; else one."""
+    return (lo.microbatches or max(lo.pp, sequences)) if lo.pp > 1 else 1
 
 
 @functools.lru_cache(maxsize=1 << 14)  # keyed by what it reads: a search's few thousand
@@ -582,19 +588,18 @@ def _stage_compute(
     first_layers, last_layers = stage_split(m, lo, w)
     gemm_fwd_layer, attn_fwd_layer = layer_forward_flops(m, lo, w)
     head_fwd = head_forward_flops(m, lo, w)
-    gemm_layer = gemm_fwd_layer * (1 + BACKWARD_GEMM + re_gemm)
-    attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
     passes = 1 + BACKWARD_GEMM + re_gemm
+    gemm_layer = gemm_fwd_layer * passes
+    attn_layer = attn_fwd_layer * (1 + re_attn + BACKWARD_ATTENTION / BACKWARD_ATTENTION_SPEED)
+    tokens_local = b * seq / lo.cp
     # each micro-batch's passes read the weights again
-    tokens_per_microbatch = b * seq / lo.cp / microbatches
-    routed_fwd, held, counted = routed_expert_pass(m, lo, tokens_per_microbatch)
-    dense_bytes = gemm_pass_bytes(m, lo, tokens_per_microbatch) - counted
-    routed = routed_fwd * (1 + BACKWARD_GEMM + re_gemm) * microbatches
+    routed_fwd, held, counted = routed_expert_pass(m, lo, tokens_local / microbatches)
+    dense_bytes = gemm_pass_bytes(m, lo, tokens_local / microbatches) - counted
+    routed = routed_fwd * passes * microbatches
     reads = passes * microbatches
     t_gemm_layer = compute_time(gemm_layer - routed, hw, w.dtype, eff["gemm"], dense_bytes * reads)
     t_gemm_layer += compute_time(routed, hw, w.dtype, eff["gemm"], held * reads)
     t_attn_layer = compute_time(attn_layer, hw, "bf16", eff["attention"])
-    tokens_local = b * seq / lo.cp
     t_elementwise_layer = tokens_local * elementwise_bytes(m, lo, w) / hw.hbm_bandwidth
     t_head = compute_time(head_fwd * (1 + BACKWARD_GEMM), hw, "bf16", eff["gemm"])
     t_loss = tokens_local * loss_bytes(m, lo, w) / hw.hbm_bandwidth
@@ -640,7 +645,7 @@ def predict_train(
             out["exposed: tp"] = layers * exposed
     busy = sum(out.values())
     if lo.pp > 1:
-        mb = lo.microbatches or max(lo.pp, b)
+        mb = microbatch_count(lo, b)
         bubble = pp_bubble(lo.schedule, lo.pp, mb, lo.virtual)
         out["pp bubble"] = busy * bubble / (1 - bubble)
         boundary = boundary_bytes(b // mb or 1, seq // lo.cp, m.hidden // lo.tp, ACT_BYTES)
