@@ -987,6 +987,7 @@ def _plan_error(capsys, argv: list[str]) -> str:
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "\n".join(err)
+    assert len(err) == 2 and err[0].startswith("usage: python -m paralab.plan --model MODEL")
     return err[-1]
 
 

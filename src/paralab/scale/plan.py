@@ -1006,7 +1006,13 @@ def breakdown(r: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paralab.plan", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m paralab.plan",
+        # argparse's generated usage spells out every model and part: ten lines above a
+        # one-line error. This one fits a line; --help still lists the choices.
+        usage="%(prog)s --model MODEL --hardware PART --gpus N (--train | --inference) [options]",
+        description=__doc__,
+    )
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--hardware", required=True, choices=sorted(HARDWARE))
     parser.add_argument("--gpus", type=int, required=True)
