@@ -91,11 +91,13 @@ def stage_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
     over 8 ranks come out as its runs held them, 15, 16 x 6, 15."""
     if lo.pp == 1:
         return m.layers
-    _, last_layers = stage_split(m, lo, w)
-    if rank == lo.pp - 1:
-        return last_layers
-    share, extra = divmod(m.layers - last_layers, lo.pp - 1)
-    return share + (1 <= rank <= extra)
+    return _layers_per_rank(m.layers, stage_split(m, lo, w)[1], lo.pp)[rank]
+
+
+@functools.lru_cache(maxsize=1 << 12)  # keyed by plain numbers: a search asks a million times
+def _layers_per_rank(layers: int, last_layers: int, pp: int) -> tuple[int, ...]:
+    share, extra = divmod(layers - last_layers, pp - 1)
+    return (*(share + (1 <= rank <= extra) for rank in range(pp - 1)), last_layers)
 
 
 def stage_dense_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int:
@@ -106,18 +108,23 @@ def stage_dense_layers(m: ModelShape, lo: Layout, w: Workload, rank: int) -> int
     the extra layers."""
     if not (m.experts and m.dense_layers) or lo.pp == 1:
         return m.dense_layers if m.experts else 0
-    held = [stage_layers(m, lo, w, r) for r in range(lo.pp)]
-    v = lo.virtual
+    held = _layers_per_rank(m.layers, stage_split(m, lo, w)[1], lo.pp)
+    return _dense_per_rank(m.dense_layers, held, lo.virtual)[rank]
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _dense_per_rank(dense_layers: int, held: tuple[int, ...], v: int) -> tuple[int, ...]:
     chunks = [
         [n // v + (k >= v - n % v if r == 0 else k < n % v) for r, n in enumerate(held)]
         for k in range(v)
     ]
-    dense, start = 0, 0
+    dense = [0] * len(held)
+    start = 0
     for round_ in chunks:
-        start_of_rank = start + sum(round_[:rank])
-        dense += min(round_[rank], max(0, m.dense_layers - start_of_rank))
-        start += sum(round_)
-    return dense
+        for rank, size in enumerate(round_):
+            dense[rank] += min(size, max(0, dense_layers - start))
+            start += size
+    return tuple(dense)
 
 
 def stage_params(m: ModelShape, lo: Layout, w: Workload, rank: int) -> tuple[int, int]:
