@@ -73,10 +73,12 @@ class Row:
     """Numbers outside the time and the memory, shown as columns: MFU, the VAE encode's load."""
     ac: str = ""
     """Training: the activation checkpointing mode."""
+    total_memory: float = field(init=False)
+    """The memory items' sum: a search sorts and filters a million rows by it, so it is summed
+    once, as a plain attribute (a cached property's first read costs more than the sum)."""
 
-    @functools.cached_property  # a search sorts and filters a million rows by it
-    def total_memory(self) -> float:
-        return sum(self.memory.values())
+    def __post_init__(self) -> None:
+        self.total_memory = sum(self.memory.values())
 
     @property
     def oom(self) -> bool:
