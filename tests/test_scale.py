@@ -15,6 +15,7 @@ from paralab.scale.plan import describe, plan_inference, plan_train, why
 from paralab.scale.plan import main as plan_main
 from paralab.scale.predict import (
     BACKWARD_ATTENTION_SPEED,
+    changed,
     fsdp_unit_bytes,
     inference_links,
     link_for,
@@ -1055,19 +1056,37 @@ def test_nothing_fits_says_what_would(capsys, argv, hint):
 
 
 def test_one_layout_evaluated_in_full(capsys):
-    """Chapter 2's `--layout` example fits; without `microbatches` the same degrees run
-    pp x virtual = 16 micro-batches of 16 sequences each, out of memory under selective AC."""
+    """Chapter 2's `--layout` example fits. The knobs a layout leaves out are the search's
+    fastest row of its degrees, and the knobs it gives stay as given; where no row of its
+    degrees fits, it is shown out of memory with SP, a sequence a pass and full AC."""
     argv = ["--model", "llama3.1-405b", "--hardware", "h100-sxm", "--gpus", "1024", "--train"]
     plan_main([*argv, "--layout", "dp_shard=8,tp=8,pp=16,ac=full,microbatches=256"])
     out = capsys.readouterr().out
-    assert out.startswith("dp_shard 8 x tp 8 x pp 16 [no SP, 1f1b m256, AC full]")
+    assert out.startswith("dp_shard 8 x tp 8 x pp 16 [SP, async TP, interleaved v4 m256, AC full]")
     for item in ("pp bubble", "exposed: tp", "MFU", "activations", "FSDP buffers", "total"):
         assert f"| {item}" in out
-    assert out.rstrip().endswith(": fits |")
-    plan_main([*argv, "--layout", "dp_shard=8,tp=8,pp=16"])
+    chosen = "the search's fastest row of these degrees: sp, async_tp, schedule, virtual."
+    assert ": fits |" in out and out.rstrip().endswith(chosen)
+    # the knobs left out: the fastest of the searched rows of dp_shard 8 x tp 8 x pp 16
+    rows = plan_train(model("llama3.1-405b"), H100, 1024, 8192, 2048, "full", oom=False)
+    best = min(
+        (
+            r
+            for r in rows
+            if r.layout == changed(r.layout, dp_shard=8, tp=8, pp=16, microbatches=256)
+        ),
+        key=lambda r: r.score,
+    )
+    assert f"| step | {best.prediction.seconds:.4g} |" in out
+    # given knobs stay: no SP, 1F1B and 16 micro-batches of 16 sequences are out of memory
+    plan_main([*argv, "--layout", "dp_shard=8,tp=8,pp=16,sp=false,schedule=1f1b,microbatches=16"])
     out = capsys.readouterr().out
-    assert out.startswith("dp_shard 8 x tp 8 x pp 16 [no SP, 1f1b m16, AC selective]")
-    assert out.rstrip().endswith(": OOM |")
+    assert out.startswith("dp_shard 8 x tp 8 x pp 16 [no SP, 1f1b m16, AC full]")
+    assert ": OOM |" in out and "Left out of --layout: async_tp, virtual, ac. No row" in out
+    # Llama 3's own degrees on 16,384 GPUs, left to choose the rest, fit
+    plan_main([*argv[:4], "--gpus", "16384", "--train", "--layout", "dp_shard=128,tp=8,pp=16"])
+    out = capsys.readouterr().out
+    assert out.startswith("dp_shard 128 x tp 8 x pp 16 [SP") and ": fits |" in out
 
 
 def test_the_uncounted_gpt_biases_are_negligible():

@@ -26,7 +26,7 @@ import functools
 import gc
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -402,11 +402,16 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
-    """`plan_train`'s rows, unsorted: those that fit, timed, and (`oom`) those that do not."""
+def search(
+    q: TrainQuestion, oom: bool, keep: Callable[[Layout], bool] | None = None
+) -> tuple[list[Row], list[Row]]:
+    """`plan_train`'s rows, unsorted: those that fit, timed, and (`oom`) those that do not;
+    only of the layouts `keep` accepts, if given."""
     fitting, too_big = [], []
     chosen_for: dict[Layout, list[tuple[Layout, str]]] = {}
     for layout in train_layouts(q):
+        if keep and not keep(layout):
+            continue
         # Neither async TP nor the kind of cp changes memory (`memory.train_memory`): layouts
         # that differ only there fit alike, so their knobs are chosen once (a third of the
         # search's memory counts at cp > 1).
@@ -911,10 +916,10 @@ BOOLEANS = {"1": True, "true": True, "yes": True, "on": True}
 BOOLEANS |= {"0": False, "false": False, "no": False, "off": False}
 
 
-def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None]:
-    """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout and its AC mode (None if not given);
-    dp_shard, if not given, takes the GPUs the other degrees leave. Raises ValueError naming
-    the bad field."""
+def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None, frozenset[str]]:
+    """`--layout "dp_shard=8,tp=8,pp=16"` as a Layout, its AC mode (None if not given) and the
+    fields it gives; dp_shard, if not given, takes the GPUs the other degrees leave. Raises
+    ValueError naming the bad field."""
     fields: dict = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -957,9 +962,64 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None]:
             raise ValueError(f"{knob} needs tp > 1 (tp={layout.tp})")
     if "cp_kind" in given and layout.cp == 1:
         raise ValueError(f"cp_kind={layout.cp_kind} needs cp > 1 (cp={layout.cp})")
-    if layout.pp > 1 and not layout.microbatches:
-        layout = replace(layout, microbatches=layout.pp * layout.virtual)
-    return layout, ac
+    return layout, ac, frozenset(given)
+
+
+KNOBS = ("cp_kind", "sp", "async_tp", "schedule", "virtual", "microbatches", "ep", "ac")
+"""What `--layout` may leave out for the planner to choose; the degrees it always fixes."""
+
+
+def layout_row(
+    q: TrainQuestion, layout: Layout, ac: str | None, given: frozenset[str]
+) -> tuple[Row, bool]:
+    """`--layout`'s row, and whether the search chose its knobs. The knobs it leaves out are
+    chosen as the search chooses them: of the rows it times with these degrees and every knob
+    given, the fastest (`ac` narrows the AC modes). Where none fits, or the search never tries
+    these degrees (tp across nodes), the layout as given, with SP on under tp (torchtitan
+    applies it with every TP plan; Megatron's published runs set it), async TP off, 1F1B, a
+    sequence a micro-batch (or, without pp, a pass), and the AC mode that recomputes least and
+    fits, else full AC."""
+    q = replace(q, ac=ac) if ac else q
+    fixed = [k for k in given if k in KNOBS and k != "ac"]
+
+    def agrees(lo: Layout) -> bool:
+        if degrees(lo) != degrees(layout):
+            return False
+        knobs = [k for k in fixed if k != "microbatches" or lo.pp > 1]
+        return all(getattr(lo, k) == getattr(layout, k) for k in knobs)
+
+    fitting, _ = search(q, oom=False, keep=agrees)
+    split = (layout.dp_shard, layout.dp_replicate)
+    fitting = [
+        r
+        for r in fitting
+        if (r.layout.dp_shard, r.layout.dp_replicate) == split
+        and ("microbatches" not in given or r.layout.microbatches == layout.microbatches)
+    ]
+    if fitting:
+        return min(fitting, key=lambda r: r.score), True
+    if "sp" not in given and layout.tp > 1:
+        layout = changed(layout, sp=True)
+    local = q.global_batch // (layout.dp_shard * layout.dp_replicate)
+    if not layout.microbatches and local > 1:  # a sequence each, if the schedule allows
+        each = layout.schedule != "interleaved" or local % layout.pp == 0
+        layout = changed(layout, microbatches=local if each else layout.pp * layout.virtual)
+    return train_row(q, layout, least_recompute_that_fits(q, layout) or q.ac or "full"), False
+
+
+def chosen_knobs(m: ModelShape, layout: Layout, given: frozenset[str]) -> list[str]:
+    """The knobs of `layout` that `--layout` left out and that apply to it."""
+    applies = {
+        "cp_kind": layout.cp > 1,
+        "sp": layout.tp > 1,
+        "async_tp": layout.tp > 1,
+        "schedule": layout.pp > 1,
+        "virtual": layout.pp > 1,
+        "microbatches": True,
+        "ep": bool(m.experts),
+        "ac": True,
+    }
+    return [k for k in KNOBS if k not in given and applies[k]]
 
 
 def check_layout(q: TrainQuestion, layout: Layout) -> str:
@@ -1022,7 +1082,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--train", action="store_true")
     mode.add_argument("--inference", action="store_true")
     parser.add_argument("--seq", type=int, default=8192, help="training sequence length")
-    parser.add_argument("--global-batch", type=int, default=0, help="sequences (default 2 a GPU)")
+    parser.add_argument(
+        "--global-batch", type=int, default=0, help="sequences a step (default, or 0: 2 a GPU)"
+    )
     parser.add_argument(
         "--ac", choices=AC_MODES, help="one AC mode (default: each of the engine's)"
     )
@@ -1035,7 +1097,9 @@ def main(argv: list[str] | None = None) -> int:
         help="training: whose kernels and overlap",
     )
     parser.add_argument(
-        "--layout", help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"'
+        "--layout",
+        help='training: evaluate one layout, e.g. "dp_shard=8,tp=8,pp=16"; knobs left out '
+        "(sp, async_tp, schedule, virtual, microbatches, ep, ac, cp_kind) as the search picks",
     )
     parser.add_argument("--json", default="", help="write every row as a JSON list (- = stdout)")
     parser.add_argument(
@@ -1087,15 +1151,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.layout:
             try:
-                layout, ac = parse_layout(args.layout, args.gpus)
+                layout, ac, given = parse_layout(args.layout, args.gpus)
             except (ValueError, TypeError) as e:
                 parser.error(f"--layout {args.layout!r}: {e}")
             if args.ac and ac and args.ac != ac:
                 parser.error(f"--ac {args.ac} and the layout's ac={ac} disagree; give one")
+            if args.ac:
+                given |= {"ac"}
             problem = check_layout(q, layout)
             if problem:
                 parser.error(f"--layout {args.layout!r}: {problem}")
-            rows = [train_row(q, layout, args.ac or ac or "selective")]
+            row, searched = layout_row(q, layout, args.ac or ac, given)
+            rows = [row]
         else:
             rows = plan_question(q)
             if not rows:
@@ -1126,6 +1193,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--json {args.json}: {e.strerror}")
     if args.layout:
         print(breakdown(rows[0]))
+        chosen = ", ".join(chosen_knobs(m, rows[0].layout, given))
+        if chosen and searched:
+            print(
+                f"\nLeft out of --layout, as the search's fastest row of these degrees: {chosen}."
+            )
+        elif chosen:
+            print(
+                f"\nLeft out of --layout: {chosen}. No row of these degrees that the search "
+                "times fits, so they are SP on under tp, async TP off, 1F1B, a sequence a "
+                "micro-batch (or a pass, accumulated), and the AC mode that recomputes least "
+                "and fits (else full AC)."
+            )
         if layout.tp > hw.gpus_per_node:
             print(
                 f"\ntp {layout.tp} spans {-(-layout.tp // hw.gpus_per_node)} nodes of "
