@@ -1012,6 +1012,18 @@ def test_the_planner_refuses_bad_input_in_one_line(capsys):
     assert "multiply to" in line or "tp=3" in line
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "dp=8"])
     assert "unknown layout field 'dp'" in line and "dp_shard" in line
+    interleaved = "dp_shard=2,pp=4,schedule=interleaved,virtual=2"
+    line = _plan_error(
+        capsys, [*TRAIN_8B, "--gpus", "8", "--layout", f"{interleaved},microbatches=6"]
+    )
+    assert "interleaved needs micro-batches divisible by pp=4, not 6" in line
+    line = _plan_error(
+        capsys, [*TRAIN_8B, "--gpus", "8", "--global-batch", "12", "--layout", interleaved]
+    )
+    assert (
+        "interleaved needs micro-batches divisible by pp=4; 6 sequences per dp rank have none"
+        in line
+    )
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "7", "--global-batch", "3"])
     assert "no layout of exactly 7 GPUs" in line
 
@@ -1056,18 +1068,21 @@ def test_nothing_fits_says_what_would(capsys, argv, hint):
 
 
 def test_one_layout_evaluated_in_full(capsys):
-    """Chapter 2's `--layout` example fits. The knobs a layout leaves out are the search's
-    fastest row of its degrees, and the knobs it gives stay as given; where no row of its
-    degrees fits, it is shown out of memory with SP, a sequence a pass and full AC."""
+    """Chapter 2's `--layout` example fits. The degrees, the dp split and every knob given
+    stay; the knobs left out are those of the search's fastest row of these degrees, and where
+    the search has none that fits they are set for the least memory."""
     argv = ["--model", "llama3.1-405b", "--hardware", "h100-sxm", "--gpus", "1024", "--train"]
-    plan_main([*argv, "--layout", "dp_shard=8,tp=8,pp=16,ac=full,microbatches=256"])
-    out = capsys.readouterr().out
+
+    def layout(text: str, *more: str) -> str:
+        plan_main([*argv, *more, "--layout", text])
+        return capsys.readouterr().out
+
+    out = layout("dp_shard=8,tp=8,pp=16,ac=full,microbatches=256")
     assert out.startswith("dp_shard 8 x tp 8 x pp 16 [SP, async TP, interleaved v4 m256, AC full]")
     for item in ("pp bubble", "exposed: tp", "MFU", "activations", "FSDP buffers", "total"):
         assert f"| {item}" in out
     chosen = "the search's fastest row of these degrees: sp, async_tp, schedule, virtual."
     assert ": fits |" in out and out.rstrip().endswith(chosen)
-    # the knobs left out: the fastest of the searched rows of dp_shard 8 x tp 8 x pp 16
     rows = plan_train(model("llama3.1-405b"), H100, 1024, 8192, 2048, "full", oom=False)
     best = min(
         (
@@ -1078,14 +1093,25 @@ def test_one_layout_evaluated_in_full(capsys):
         key=lambda r: r.score,
     )
     assert f"| step | {best.prediction.seconds:.4g} |" in out
-    # given knobs stay: no SP, 1F1B and 16 micro-batches of 16 sequences are out of memory
-    plan_main([*argv, "--layout", "dp_shard=8,tp=8,pp=16,sp=false,schedule=1f1b,microbatches=16"])
-    out = capsys.readouterr().out
+    # a micro-batch count and a dp split the search does not try keep the knobs it would choose
+    out = layout("dp_replicate=2,dp_shard=4,tp=8,pp=16,microbatches=64")
+    assert out.startswith("dp_replicate 2 x dp_shard 4 x tp 8 x pp 16 [SP, async TP, interleaved")
+    assert "m64, AC" in out.splitlines()[0] and ": fits |" in out
+    # given knobs stay: no SP and 1F1B of 16 micro-batches of 16 sequences are out of memory
+    out = layout("dp_shard=8,tp=8,pp=16,sp=false,schedule=1f1b,microbatches=16")
     assert out.startswith("dp_shard 8 x tp 8 x pp 16 [no SP, 1f1b m16, AC full]")
-    assert ": OOM |" in out and "Left out of --layout: async_tp, virtual, ac. No row" in out
+    assert ": OOM |" in out and "Left out of --layout: async_tp, ac. The search has no row" in out
+    # virtual stages imply the interleaved schedule, which leaves their count to the search
+    assert layout("dp_shard=8,tp=8,pp=16,virtual=2").startswith(
+        "dp_shard 8 x tp 8 x pp 16 [SP, async TP, interleaved v2 m256"
+    )
+    assert "interleaved v4" in layout("dp_shard=8,tp=8,pp=16,schedule=interleaved")
+    # a sequence a dp rank: the search tries no pipeline; the least memory is one micro-batch
+    out = layout("dp_shard=8,tp=8,pp=16", "--global-batch", "8")
+    assert out.startswith("dp_shard 8 x tp 8 x pp 16 [SP, 1f1b m1, AC none]")
     # Llama 3's own degrees on 16,384 GPUs, left to choose the rest, fit
-    plan_main([*argv[:4], "--gpus", "16384", "--train", "--layout", "dp_shard=128,tp=8,pp=16"])
-    out = capsys.readouterr().out
+    argv[5] = "16384"
+    out = layout("dp_shard=128,tp=8,pp=16")
     assert out.startswith("dp_shard 128 x tp 8 x pp 16 [SP") and ": fits |" in out
 
 
@@ -1485,9 +1511,9 @@ def test_a_layout_with_ep_on_a_dense_model_is_refused(capsys):
         ("", "--layout is empty"),
         (" ", "--layout is empty"),
         ("dp_shard=8,cp_kind=ring", "cp_kind=ring needs cp > 1 (cp=1)"),
-        ("dp_shard=2,pp=4,virtual=2", "interleaved alone takes virtual > 1, and needs it"),
-        ("dp_shard=2,pp=4,schedule=interleaved", "interleaved alone takes virtual > 1"),
-        ("dp_shard=8,virtual=2", "schedule=1f1b and virtual=2 need pp > 1"),
+        ("dp_shard=2,pp=4,schedule=zbh1,virtual=2", "interleaved alone takes virtual > 1"),
+        ("dp_shard=2,pp=4,schedule=interleaved,virtual=1", "interleaved alone takes virtual > 1"),
+        ("dp_shard=8,virtual=2", "schedule=interleaved and virtual=2 need pp > 1"),
     ],
 )
 def test_a_layout_the_planner_would_misread_is_refused(capsys, layout, says):

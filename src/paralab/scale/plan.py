@@ -26,7 +26,7 @@ import functools
 import gc
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -402,16 +402,11 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def search(
-    q: TrainQuestion, oom: bool, keep: Callable[[Layout], bool] | None = None
-) -> tuple[list[Row], list[Row]]:
-    """`plan_train`'s rows, unsorted: those that fit, timed, and (`oom`) those that do not;
-    only of the layouts `keep` accepts, if given."""
+def search(q: TrainQuestion, oom: bool) -> tuple[list[Row], list[Row]]:
+    """`plan_train`'s rows, unsorted: those that fit, timed, and (`oom`) those that do not."""
     fitting, too_big = [], []
     chosen_for: dict[Layout, list[tuple[Layout, str]]] = {}
     for layout in train_layouts(q):
-        if keep and not keep(layout):
-            continue
         # Neither async TP nor the kind of cp changes memory (`memory.train_memory`): layouts
         # that differ only there fit alike, so their knobs are chosen once (a third of the
         # search's memory counts at cp > 1).
@@ -951,6 +946,12 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None, frozenset[st
     if fields.get("cp_kind", "zigzag") not in CP_KINDS:
         raise ValueError(f"cp_kind={fields['cp_kind']!r}; kinds: {', '.join(CP_KINDS)}")
     fields.setdefault("cp_kind", "zigzag")
+    # virtual stages imply the interleaved schedule; an interleaved one leaves their count open
+    if fields.get("virtual", 1) > 1:
+        fields.setdefault("schedule", "interleaved")
+        given.add("schedule")
+    if fields.get("schedule") == "interleaved":
+        fields.setdefault("virtual", INTERLEAVED_VIRTUAL[0])
     others = math.prod(fields.get(k, 1) for k in ("dp_replicate", "cp", "tp", "pp"))
     if "dp_shard" not in fields and gpus % others == 0:
         fields["dp_shard"] = gpus // others
@@ -965,45 +966,63 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None, frozenset[st
     return layout, ac, frozenset(given)
 
 
-KNOBS = ("cp_kind", "sp", "async_tp", "schedule", "virtual", "microbatches", "ep", "ac")
-"""What `--layout` may leave out for the planner to choose; the degrees it always fixes."""
+LEAST_MEMORY = {
+    "cp_kind": "zigzag",
+    "sp": "SP on",
+    "async_tp": "async TP off",
+    "schedule": "1F1B",
+    "virtual": "two virtual stages",
+    "microbatches": "a sequence a micro-batch (or a pass)",
+    "ep": "the widest ep",
+    "ac": "the AC mode that recomputes least and fits, else full AC",
+}
+"""What `--layout` may leave out for the planner to choose (the degrees it always fixes), and
+what each is when no choice fits (`layout_row`)."""
+KNOBS = tuple(LEAST_MEMORY)
 
 
 def layout_row(
     q: TrainQuestion, layout: Layout, ac: str | None, given: frozenset[str]
 ) -> tuple[Row, bool]:
-    """`--layout`'s row, and whether the search chose its knobs. The knobs it leaves out are
-    chosen as the search chooses them: of the rows it times with these degrees and every knob
-    given, the fastest (`ac` narrows the AC modes). Where none fits, or the search never tries
-    these degrees (tp across nodes), the layout as given, with SP on under tp (torchtitan
-    applies it with every TP plan; Megatron's published runs set it), async TP off, 1F1B, a
-    sequence a micro-batch (or, without pp, a pass), and the AC mode that recomputes least and
-    fits, else full AC."""
+    """`--layout`'s row, and whether its knobs were searched. The degrees, the dp_replicate x
+    dp_shard split and every knob given stay; the knobs left out are chosen as the search
+    chooses them, over the layouts it tries with these degrees: the least recompute that fits
+    (without pp, the fewest passes) and, of those, the fastest (`ac` narrows the AC modes).
+    Where none fits, or the search never tries these degrees (tp across nodes), the least
+    memory instead: SP on under tp (torchtitan applies it with every TP plan; Megatron's
+    published runs set it), async TP off, 1F1B, the widest ep, a sequence a micro-batch (or,
+    without pp, a pass) that the schedule allows, and the least recompute that fits, else full
+    AC. Raises ValueError when no micro-batch count suits the layout's schedule."""
     q = replace(q, ac=ac) if ac else q
-    fixed = [k for k in given if k in KNOBS and k != "ac"]
-
-    def agrees(lo: Layout) -> bool:
-        if degrees(lo) != degrees(layout):
-            return False
-        knobs = [k for k in fixed if k != "microbatches" or lo.pp > 1]
-        return all(getattr(lo, k) == getattr(layout, k) for k in knobs)
-
-    fitting, _ = search(q, oom=False, keep=agrees)
-    split = (layout.dp_shard, layout.dp_replicate)
-    fitting = [
-        r
-        for r in fitting
-        if (r.layout.dp_shard, r.layout.dp_replicate) == split
-        and ("microbatches" not in given or r.layout.microbatches == layout.microbatches)
-    ]
-    if fitting:
-        return min(fitting, key=lambda r: r.score), True
-    if "sp" not in given and layout.tp > 1:
-        layout = changed(layout, sp=True)
-    local = q.global_batch // (layout.dp_shard * layout.dp_replicate)
-    if not layout.microbatches and local > 1:  # a sequence each, if the schedule allows
-        each = layout.schedule != "interleaved" or local % layout.pp == 0
-        layout = changed(layout, microbatches=local if each else layout.pp * layout.virtual)
+    fixed = {k: getattr(layout, k) for k in given if k in KNOBS and k != "ac"}
+    split = {"dp_shard": layout.dp_shard, "dp_replicate": layout.dp_replicate}
+    tried = {
+        changed(lo, **split, **fixed) for lo in train_layouts(q) if degrees(lo) == degrees(layout)
+    }
+    rows = []
+    for lo in tried:
+        if check_layout(q, lo):  # a given knob the searched one does not go with
+            continue
+        if lo.pp == 1 and "microbatches" in fixed:
+            choices = [(lo, mode)] if (mode := least_recompute_that_fits(q, lo)) else []
+        else:
+            choices = knob_choices(q, lo)
+        rows += [train_row(q, chosen, mode) for chosen, mode in choices]
+    if rows:
+        return min(rows, key=lambda r: r.score), True
+    least = {"sp": layout.tp > 1, "ep": expert_degrees(q.model, layout.dp_shard * layout.cp)[-1]}
+    layout = changed(layout, **{k: v for k, v in least.items() if k not in given})
+    if "microbatches" not in given:
+        local = q.global_batch // (layout.dp_shard * layout.dp_replicate)
+        interleaved = layout.schedule == "interleaved"
+        counts = [d for d in divisors(local) if not interleaved or d % layout.pp == 0]
+        if not counts:
+            raise ValueError(
+                f"interleaved needs micro-batches divisible by pp={layout.pp}; {local} "
+                "sequences per dp rank have none"
+            )
+        passes = counts[-1] if counts[-1] > 1 or layout.pp > 1 else 0
+        layout = changed(layout, microbatches=passes)
     return train_row(q, layout, least_recompute_that_fits(q, layout) or q.ac or "full"), False
 
 
@@ -1014,7 +1033,7 @@ def chosen_knobs(m: ModelShape, layout: Layout, given: frozenset[str]) -> list[s
         "sp": layout.tp > 1,
         "async_tp": layout.tp > 1,
         "schedule": layout.pp > 1,
-        "virtual": layout.pp > 1,
+        "virtual": layout.schedule == "interleaved",
         "microbatches": True,
         "ep": bool(m.experts),
         "ac": True,
@@ -1044,6 +1063,11 @@ def check_layout(q: TrainQuestion, layout: Layout) -> str:
         return f"pp x virtual = {layout.pp * layout.virtual} stages for {m.layers} layers"
     if q.global_batch % dp:
         return f"--global-batch {q.global_batch} is not divisible by dp = {dp}"
+    if layout.schedule == "interleaved" and layout.microbatches % layout.pp:
+        return (
+            f"interleaved needs micro-batches divisible by pp={layout.pp}, "
+            f"not {layout.microbatches}"
+        )
     if layout.microbatches > 1 and (q.global_batch // dp) % layout.microbatches:
         return f"{q.global_batch // dp} sequences per dp rank do not split into {layout.microbatches} micro-batches"
     return ""
@@ -1161,7 +1185,10 @@ def main(argv: list[str] | None = None) -> int:
             problem = check_layout(q, layout)
             if problem:
                 parser.error(f"--layout {args.layout!r}: {problem}")
-            row, searched = layout_row(q, layout, args.ac or ac, given)
+            try:
+                row, searched = layout_row(q, layout, args.ac or ac, given)
+            except ValueError as e:
+                parser.error(f"--layout {args.layout!r}: {e}")
             rows = [row]
         else:
             rows = plan_question(q)
@@ -1193,17 +1220,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--json {args.json}: {e.strerror}")
     if args.layout:
         print(breakdown(rows[0]))
-        chosen = ", ".join(chosen_knobs(m, rows[0].layout, given))
-        if chosen and searched:
+        left = chosen_knobs(m, rows[0].layout, given)
+        if left and searched:
             print(
-                f"\nLeft out of --layout, as the search's fastest row of these degrees: {chosen}."
+                "\nLeft out of --layout, as the search's fastest row of these degrees: "
+                f"{', '.join(left)}."
             )
-        elif chosen:
+        elif left:
             print(
-                f"\nLeft out of --layout: {chosen}. No row of these degrees that the search "
-                "times fits, so they are SP on under tp, async TP off, 1F1B, a sequence a "
-                "micro-batch (or a pass, accumulated), and the AC mode that recomputes least "
-                "and fits (else full AC)."
+                f"\nLeft out of --layout: {', '.join(left)}. The search has no row of these "
+                "degrees that fits, so they are set for the least memory: "
+                f"{', '.join(LEAST_MEMORY[k] for k in left)}."
             )
         if layout.tp > hw.gpus_per_node:
             print(
