@@ -1012,6 +1012,10 @@ def test_the_planner_refuses_bad_input_in_one_line(capsys):
     assert "multiply to" in line or "tp=3" in line
     line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "dp=8"])
     assert "unknown layout field 'dp'" in line and "dp_shard" in line
+    line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "16", "--layout", "tp=2,cp=8,cp_kind=ulysses"])
+    assert "ulysses: tp x cp = 16 must divide 32 heads and 8 kv heads" in line
+    line = _plan_error(capsys, [*TRAIN_8B, "--gpus", "8", "--layout", "tp=8,sp=off,async_tp=on"])
+    assert "async_tp needs sp" in line
     interleaved = "dp_shard=2,pp=4,schedule=interleaved,virtual=2"
     line = _plan_error(
         capsys, [*TRAIN_8B, "--gpus", "8", "--layout", f"{interleaved},microbatches=6"]
@@ -1100,12 +1104,14 @@ def test_one_layout_evaluated_in_full(capsys):
     # given knobs stay: no SP and 1F1B of 16 micro-batches of 16 sequences are out of memory
     out = layout("dp_shard=8,tp=8,pp=16,sp=false,schedule=1f1b,microbatches=16")
     assert out.startswith("dp_shard 8 x tp 8 x pp 16 [no SP, 1f1b m16, AC full]")
-    assert ": OOM |" in out and "Left out of --layout: async_tp, ac. The search has no row" in out
+    assert ": OOM |" in out and "Left out of --layout: async_tp, ac. The search times no row" in out
     # virtual stages imply the interleaved schedule, which leaves their count to the search
     assert layout("dp_shard=8,tp=8,pp=16,virtual=2").startswith(
         "dp_shard 8 x tp 8 x pp 16 [SP, async TP, interleaved v2 m256"
     )
     assert "interleaved v4" in layout("dp_shard=8,tp=8,pp=16,schedule=interleaved")
+    # SP off leaves async TP off too: the search pairs async TP with SP, as the engines do
+    assert "[no SP, accumulate" in layout("dp_shard=128,tp=8,sp=off", "--engine", "megatron")
     # a sequence a dp rank: the search tries no pipeline; the least memory is one micro-batch
     out = layout("dp_shard=8,tp=8,pp=16", "--global-batch", "8")
     assert out.startswith("dp_shard 8 x tp 8 x pp 16 [SP, 1f1b m1, AC none]")

@@ -961,6 +961,11 @@ def parse_layout(text: str, gpus: int) -> tuple[Layout, str | None, frozenset[st
     for knob in ("sp", "async_tp"):
         if getattr(layout, knob) and layout.tp == 1:
             raise ValueError(f"{knob} needs tp > 1 (tp={layout.tp})")
+    if "sp" in given and layout.async_tp and not layout.sp:
+        raise ValueError(
+            "async_tp needs sp: torch's async TP fuses SP's all-gathers and reduce-scatters into "
+            "the matmuls, and Megatron overlaps TP communication only under sequence parallel"
+        )
     if "cp_kind" in given and layout.cp == 1:
         raise ValueError(f"cp_kind={layout.cp_kind} needs cp > 1 (cp={layout.cp})")
     return layout, ac, frozenset(given)
@@ -996,12 +1001,14 @@ def layout_row(
     q = replace(q, ac=ac) if ac else q
     fixed = {k: getattr(layout, k) for k in given if k in KNOBS and k != "ac"}
     split = {"dp_shard": layout.dp_shard, "dp_replicate": layout.dp_replicate}
-    tried = {
+    tried = dict.fromkeys(  # in the search's order: a tie goes the same way every run
         changed(lo, **split, **fixed) for lo in train_layouts(q) if degrees(lo) == degrees(layout)
-    }
+    )
     rows = []
     for lo in tried:
         if check_layout(q, lo):  # a given knob the searched one does not go with
+            continue
+        if lo.async_tp and not lo.sp:  # async TP comes with SP in the search, as in the engines
             continue
         if lo.pp == 1 and "microbatches" in fixed:
             choices = [(lo, mode)] if (mode := least_recompute_that_fits(q, lo)) else []
@@ -1050,6 +1057,13 @@ def check_layout(q: TrainQuestion, layout: Layout) -> str:
         return f"ep={layout.ep} must divide {m.name}'s {m.experts} experts and dp_shard x cp"
     if m.heads % layout.tp or m.kv_heads % layout.tp:
         return f"tp={layout.tp} must divide {m.heads} heads and {m.kv_heads} kv heads"
+    ulysses = layout.tp * layout.cp
+    if (
+        layout.cp_kind == "ulysses"
+        and layout.cp > 1
+        and (m.heads % ulysses or m.kv_heads % ulysses)
+    ):
+        return f"ulysses: tp x cp = {ulysses} must divide {m.heads} heads and {m.kv_heads} kv heads"
     if q.seq % (2 * layout.cp):
         return f"--seq {q.seq} is not divisible by 2 x cp = {2 * layout.cp}"
     if layout.pp == 1 and (layout.virtual > 1 or layout.schedule != "1f1b"):
@@ -1228,8 +1242,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif left:
             print(
-                f"\nLeft out of --layout: {', '.join(left)}. The search has no row of these "
-                "degrees that fits, so they are set for the least memory: "
+                f"\nLeft out of --layout: {', '.join(left)}. The search times no row of these "
+                "degrees that fits (it tries none with tp across nodes, or with fewer sequences "
+                "a dp rank than stages), so they are set for the least memory: "
                 f"{', '.join(LEAST_MEMORY[k] for k in left)}."
             )
         if layout.tp > hw.gpus_per_node:
