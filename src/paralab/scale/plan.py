@@ -993,11 +993,12 @@ def layout_row(
     dp_shard split and every knob given stay; the knobs left out are chosen as the search
     chooses them, over the layouts it tries with these degrees: the least recompute that fits
     (without pp, the fewest passes) and, of those, the fastest (`ac` narrows the AC modes).
-    Where none fits, or the search never tries these degrees (tp across nodes), the least
-    memory instead: SP on under tp (torchtitan applies it with every TP plan; Megatron's
-    published runs set it), async TP off, 1F1B, the widest ep, a sequence a micro-batch (or,
-    without pp, a pass) that the schedule allows, and the least recompute that fits, else full
-    AC. Raises ValueError when no micro-batch count suits the layout's schedule."""
+    Where none fits, or the search never tries these degrees (tp across nodes, or fewer
+    sequences a dp rank than stages), the least memory instead: SP on under tp (torchtitan
+    applies it with every TP plan; Megatron's published runs set it), async TP off, 1F1B, the
+    widest ep, a sequence a micro-batch (or, without pp, a pass) that the schedule allows, and
+    the least recompute that fits, else full AC. Raises ValueError when no micro-batch count
+    suits the layout's schedule."""
     q = replace(q, ac=ac) if ac else q
     fixed = {k: getattr(layout, k) for k in given if k in KNOBS and k != "ac"}
     split = {"dp_shard": layout.dp_shard, "dp_replicate": layout.dp_replicate}
